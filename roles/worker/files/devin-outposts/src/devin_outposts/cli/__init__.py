@@ -12,30 +12,33 @@ Errors print one line to stderr and exit non-zero; tracebacks are reserved for b
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from typing import Callable, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 from devin_outposts import __version__
+from devin_outposts.cli.common import EXIT_USAGE
 
-#: Exit codes shared by every verb.
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_AUTH = 3
-EXIT_NOT_FOUND = 4
-EXIT_CONFLICT = 5
+#: Modules whose ``add_parser`` registers a verb group, and the optional extra each one needs.
+_VERB_MODULES = (
+    ("devin_outposts.cli.outpost", None),
+    ("devin_outposts.cli.worker", None),
+    ("devin_outposts.cli.sim", "sim"),
+)
 
 
-def _verb_modules() -> list[Callable[[argparse._SubParsersAction], None]]:  # type: ignore[type-arg]
-    from devin_outposts.cli import outpost, sim
-
-    adders = [outpost.add_parser, sim.add_parser]
-    try:
-        from devin_outposts.cli import worker
-    except ImportError:  # the worker verbs are optional until they exist
-        pass
-    else:
-        adders.append(worker.add_parser)
+def _verb_adders() -> list[Callable[[Any], None]]:
+    adders: list[Callable[[Any], None]] = []
+    for module_name, extra in _VERB_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            # Only an optional extra that is not installed may hide a verb group; anything else is a bug.
+            if extra is None or exc.name not in ("starlette", "uvicorn"):
+                raise
+            continue
+        adders.append(module.add_parser)
     return adders
 
 
@@ -47,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"devin-outposts {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for add in _verb_modules():
+    for add in _verb_adders():
         add(subparsers)
     return parser
 

@@ -1,0 +1,454 @@
+"""Async client for the Outposts fleet API (contract section 3) and the organization default platform (6).
+
+One :class:`FleetClient` owns the connection: base URL, bearer token, timeouts, TLS verification, the CA
+bundle and proxies (both from the environment, as httpx reads ``SSL_CERT_FILE``, ``HTTPS_PROXY`` and
+``NO_PROXY``), bounded retries on 429/5xx and connection errors, both pagination envelopes, the SSE watch
+and error mapping. Methods return the pydantic models of :mod:`devin_outposts.models`.
+
+Usage::
+
+    async with FleetClient.from_env() as client:
+        entries, cursor = await client.list_all_devins(outpost="outpost_env-...", phase="pending")
+        async for event in client.watch_devins(outpost="outpost_env-...", cursor=cursor):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Optional, Union
+from urllib.parse import quote
+
+import httpx
+from pydantic import ValidationError
+
+from devin_outposts import __version__
+from devin_outposts.errors import (
+    FleetConflict,
+    FleetConnectionError,
+    FleetError,
+    FleetNotFound,
+    FleetProtocolError,
+    error_for_status,
+)
+from devin_outposts.models import (
+    DefaultPlatform,
+    Outpost,
+    OutpostList,
+    QueueEntry,
+    QueueList,
+    WatchEvent,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_API_URL = "https://api.devin.ai"
+QUEUE_PATH = "/opbeta/outposts/devins"
+#: The documented outposts CRUD path; the simulator also serves ``/opbeta/outposts`` and ``…/pools``.
+OUTPOSTS_PATH = "/opbeta/outposts/outposts"
+MAX_PAGE_SIZE = 200
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+VerifyType = Union[bool, str]
+
+
+def normalize_api_url(url: str) -> str:
+    """Return the API base URL without a trailing slash or an ``/opbeta...`` suffix.
+
+    Users sometimes paste ``https://api.devin.ai/opbeta/outposts/``; the contract says to give the base
+    only, so we accept both rather than building ``/opbeta/outposts/opbeta/outposts/...``.
+    """
+    text = url.strip()
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"API URL must start with http:// or https://, got {url!r}")
+    text = text.rstrip("/")
+    for suffix in ("/opbeta/outposts", "/opbeta"):
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+    return text
+
+
+def _segment(value: str) -> str:
+    """Quote a server- or user-provided id for use as one URL path segment."""
+    if not value:
+        raise ValueError("an id cannot be empty")
+    return quote(value, safe="")
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's ``detail`` (FastAPI style), else a truncated body, for error messages."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()
+        return text[:200] if text else response.reason_phrase
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        return detail if isinstance(detail, str) else json.dumps(detail)[:300]
+    return json.dumps(body)[:200]
+
+
+def _retry_after(response: httpx.Response) -> Optional[float]:
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, min(float(value), 60.0))
+    except ValueError:
+        return None
+
+
+class FleetClient:
+    """Async client for one account's fleet API. Use as an async context manager or call :meth:`aclose`."""
+
+    def __init__(
+        self,
+        api_url: str = DEFAULT_API_URL,
+        token: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        watch_idle_timeout: float = 60.0,
+        verify: VerifyType = True,
+        retries: int = 3,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.api_url = normalize_api_url(api_url)
+        self._token = token
+        self._retries = max(0, retries)
+        self._backoff_base = backoff_base
+        self._backoff_max = backoff_max
+        self._watch_timeout = httpx.Timeout(timeout, connect=connect_timeout, read=watch_idle_timeout)
+        headers = {"User-Agent": f"devin-outposts/{__version__}", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(
+            base_url=self.api_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            verify=verify,
+            transport=transport,
+            trust_env=True,
+        )
+
+    @classmethod
+    def from_env(
+        cls,
+        api_url: Optional[str] = None,
+        token: Optional[str] = None,
+        environ: Optional[Mapping[str, str]] = None,
+        **kwargs: Any,
+    ) -> FleetClient:
+        """Build a client from explicit values, falling back to ``DEVIN_API_URL``/``DEVIN_OUTPOSTS_TOKEN``.
+
+        A private CA bundle can be given as ``DEVIN_CA_BUNDLE`` (or the standard ``SSL_CERT_FILE``).
+        """
+        env = os.environ if environ is None else environ
+        url = api_url or env.get("DEVIN_API_URL") or DEFAULT_API_URL
+        tok = token or env.get("DEVIN_OUTPOSTS_TOKEN") or None
+        if "verify" not in kwargs and env.get("DEVIN_CA_BUNDLE"):
+            kwargs["verify"] = env["DEVIN_CA_BUNDLE"]
+        return cls(url, tok, **kwargs)
+
+    async def __aenter__(self) -> FleetClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def __repr__(self) -> str:  # never show the token
+        return f"FleetClient(api_url={self.api_url!r}, token={'set' if self._token else 'unset'})"
+
+    # --- transport --------------------------------------------------------------------------------
+
+    def _backoff(self, attempt: int) -> float:
+        """Full-jitter exponential backoff: uniform in [0, min(max, base * 2**attempt)]."""
+        return random.uniform(0, min(self._backoff_max, self._backoff_base * (2**attempt)))  # noqa: S311
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        operation: str,
+        *,
+        params: Optional[Mapping[str, Any]] = None,
+        body: Optional[Mapping[str, Any]] = None,
+        replay_safe: bool = True,
+    ) -> httpx.Response:
+        """Send one request with bounded retries; raise the mapped :class:`FleetError` on failure.
+
+        ``replay_safe=False`` (outpost creation) retries only when the server cannot have acted on the
+        request: a refused connection or a 429. Claims and releases are safe to replay because a
+        re-claim by the same acceptor is a renewal and a repeated release answers 409/404.
+        """
+        clean_params = {k: v for k, v in (params or {}).items() if v is not None}
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(method, path, params=clean_params, json=body)
+            except httpx.TransportError as exc:
+                unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+                if attempt >= self._retries or not (replay_safe or unsent):
+                    raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
+                delay = self._backoff(attempt)
+                log.debug("retrying %s after %s (%.2fs)", operation, type(exc).__name__, delay)
+            else:
+                if response.status_code < 400:
+                    return response
+                retryable = response.status_code in RETRY_STATUSES and (
+                    replay_safe or response.status_code == 429
+                )
+                if not retryable or attempt >= self._retries:
+                    raise error_for_status(response.status_code)(
+                        operation, _detail(response), response.status_code
+                    )
+                delay = _retry_after(response) or self._backoff(attempt)
+                log.debug("retrying %s after HTTP %s (%.2fs)", operation, response.status_code, delay)
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    @staticmethod
+    def _parse(model: Any, response: httpx.Response, operation: str) -> Any:
+        try:
+            return model.model_validate(response.json())
+        except (ValueError, ValidationError) as exc:
+            raise FleetProtocolError(operation, f"unexpected response: {exc}", response.status_code) from exc
+
+    # --- queue ------------------------------------------------------------------------------------
+
+    async def list_devins(
+        self,
+        *,
+        outpost: Optional[str] = None,
+        phase: Optional[str] = None,
+        acceptor_id: Optional[str] = None,
+        first: int = 100,
+        cursor: Optional[str] = None,
+    ) -> QueueList:
+        """One page of ``GET /opbeta/outposts/devins``."""
+        if not 1 <= first <= MAX_PAGE_SIZE:
+            raise ValueError(f"first must be between 1 and {MAX_PAGE_SIZE}, got {first}")
+        operation = f"list sessions{f' on outpost {outpost}' if outpost else ''}"
+        params = {"outpost": outpost, "phase": phase, "acceptor_id": acceptor_id, "first": first}
+        params["cursor"] = cursor
+        response = await self._request("GET", QUEUE_PATH, operation, params=params)
+        result: QueueList = self._parse(QueueList, response, operation)
+        return result
+
+    async def list_all_devins(
+        self,
+        *,
+        outpost: Optional[str] = None,
+        phase: Optional[str] = None,
+        acceptor_id: Optional[str] = None,
+        first: int = 100,
+        cursor: Optional[str] = None,
+    ) -> tuple[list[QueueEntry], Optional[str]]:
+        """Every matching entry across pages, upserted by session id, and the final cursor.
+
+        Rows at a page boundary come back on the next page; the later copy wins because it is fresher.
+        The returned cursor is the place to start a watch from.
+        """
+        entries: dict[str, QueueEntry] = {}
+        while True:
+            page = await self.list_devins(
+                outpost=outpost, phase=phase, acceptor_id=acceptor_id, first=first, cursor=cursor
+            )
+            for entry in page.items:
+                entries.pop(entry.session_id, None)  # keep the fresher copy, in server order
+                entries[entry.session_id] = entry
+            if not page.has_next_page:
+                return list(entries.values()), page.cursor or cursor
+            if page.cursor is None or page.cursor == cursor:
+                raise FleetProtocolError(
+                    "list sessions", "the server reported another page but did not advance the cursor"
+                )
+            cursor = page.cursor
+
+    async def watch_devins(
+        self, *, outpost: Optional[str] = None, cursor: Optional[str] = None
+    ) -> AsyncIterator[WatchEvent]:
+        """Stream ``MODIFIED``/``DELETED`` events until the server ends the stream.
+
+        Streams end after at most a few minutes by design, so callers reconnect with the last event's
+        cursor. A connection or HTTP error raises :class:`FleetError` (no retry here: the caller's
+        reconnect loop owns the backoff).
+        """
+        operation = f"watch sessions{f' on outpost {outpost}' if outpost else ''}"
+        params = {"watch": "true", "outpost": outpost, "cursor": cursor}
+        clean = {k: v for k, v in params.items() if v is not None}
+        headers = {"Accept": "text/event-stream"}
+        try:
+            async with self._http.stream(
+                "GET", QUEUE_PATH, params=clean, headers=headers, timeout=self._watch_timeout
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise error_for_status(response.status_code)(
+                        operation, _detail(response), response.status_code
+                    )
+                data_lines: list[str] = []
+                async for line in response.aiter_lines():
+                    if line == "":
+                        if data_lines:
+                            yield self._parse_event("\n".join(data_lines), operation)
+                            data_lines = []
+                        continue
+                    if line.startswith(":"):
+                        continue  # keepalive comment
+                    field, _sep, value = line.partition(":")
+                    if field == "data":
+                        data_lines.append(value[1:] if value.startswith(" ") else value)
+                if data_lines:  # a final event without its blank line
+                    yield self._parse_event("\n".join(data_lines), operation)
+        except httpx.TransportError as exc:
+            raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _parse_event(data: str, operation: str) -> WatchEvent:
+        try:
+            return WatchEvent.model_validate_json(data)
+        except ValidationError as exc:
+            raise FleetProtocolError(operation, f"malformed watch event: {exc}") from exc
+
+    async def get_devin(self, session_id: str) -> QueueEntry:
+        """``GET …/devins/{id}``; raises :class:`FleetNotFound` once the entry is gone."""
+        operation = f"get session {session_id}"
+        response = await self._request("GET", f"{QUEUE_PATH}/{_segment(session_id)}", operation)
+        result: QueueEntry = self._parse(QueueEntry, response, operation)
+        return result
+
+    async def claim(self, session_id: str, acceptor_id: str) -> QueueEntry:
+        """Claim (or renew, when ``acceptor_id`` already holds it). Losers get :class:`FleetConflict`."""
+        operation = f"claim session {session_id}"
+        response = await self._request(
+            "POST",
+            f"{QUEUE_PATH}/{_segment(session_id)}/claim",
+            operation,
+            body={"acceptor_id": acceptor_id},
+        )
+        result: QueueEntry = self._parse(QueueEntry, response, operation)
+        return result
+
+    async def release(
+        self, session_id: str, acceptor_id: str, *, missing_ok: bool = True
+    ) -> Optional[QueueEntry]:
+        """Return a claimed session to the queue.
+
+        With ``missing_ok`` (the default) a 409 (not ours any more) or 404 (tombstoned) is treated as
+        "already released", as the contract recommends, and returns ``None``.
+        """
+        operation = f"release session {session_id}"
+        try:
+            response = await self._request(
+                "POST",
+                f"{QUEUE_PATH}/{_segment(session_id)}/release",
+                operation,
+                body={"acceptor_id": acceptor_id},
+            )
+        except (FleetConflict, FleetNotFound):
+            if missing_ok:
+                return None
+            raise
+        result: QueueEntry = self._parse(QueueEntry, response, operation)
+        return result
+
+    # --- outposts ---------------------------------------------------------------------------------
+
+    async def list_outposts(self, *, first: int = 100, after: Optional[str] = None) -> OutpostList:
+        operation = "list outposts"
+        response = await self._request(
+            "GET", OUTPOSTS_PATH, operation, params={"first": first, "after": after}
+        )
+        result: OutpostList = self._parse(OutpostList, response, operation)
+        return result
+
+    async def list_all_outposts(self) -> list[Outpost]:
+        """Every outpost of the account, following ``end_cursor`` until ``has_next_page`` is false."""
+        found: dict[str, Outpost] = {}
+        after: Optional[str] = None
+        while True:
+            page = await self.list_outposts(first=MAX_PAGE_SIZE, after=after)
+            for outpost in page.items:
+                found[outpost.outpost_id] = outpost
+            if not page.has_next_page:
+                return list(found.values())
+            if page.end_cursor is None or page.end_cursor == after:
+                raise FleetProtocolError(
+                    "list outposts", "the server reported another page but did not advance end_cursor"
+                )
+            after = page.end_cursor
+
+    async def find_outpost(self, name_or_id: str) -> Optional[Outpost]:
+        """The outpost with this id or name, or ``None``. Uses the list, which a machine token may read."""
+        for outpost in await self.list_all_outposts():
+            if name_or_id in (outpost.outpost_id, outpost.name):
+                return outpost
+        return None
+
+    async def get_outpost(self, outpost_id: str) -> Outpost:
+        operation = f"get outpost {outpost_id}"
+        response = await self._request("GET", f"{OUTPOSTS_PATH}/{_segment(outpost_id)}", operation)
+        result: Outpost = self._parse(Outpost, response, operation)
+        return result
+
+    async def create_outpost(
+        self, name: str, *, platform: Optional[str] = None, description: Optional[str] = None
+    ) -> Outpost:
+        operation = f"create outpost {name}"
+        body: dict[str, Any] = {"name": name, "platform": platform}
+        if description is not None:
+            body["description"] = description
+        response = await self._request("POST", OUTPOSTS_PATH, operation, body=body, replay_safe=False)
+        result: Outpost = self._parse(Outpost, response, operation)
+        return result
+
+    async def delete_outpost(self, outpost_id: str, *, missing_ok: bool = False) -> bool:
+        """Delete an outpost. Returns False when it was already gone and ``missing_ok`` is set."""
+        operation = f"delete outpost {outpost_id}"
+        try:
+            await self._request("DELETE", f"{OUTPOSTS_PATH}/{_segment(outpost_id)}", operation)
+        except FleetNotFound:
+            if missing_ok:
+                return False
+            raise
+        return True
+
+    # --- organization default platform ------------------------------------------------------------
+
+    async def get_default_platform(self, org_id: str) -> DefaultPlatform:
+        operation = f"get the default platform of organization {org_id}"
+        response = await self._request(
+            "GET", f"/v3beta1/organizations/{_segment(org_id)}/default-platform", operation
+        )
+        result: DefaultPlatform = self._parse(DefaultPlatform, response, operation)
+        return result
+
+    async def set_default_platform(
+        self, org_id: str, *, platform: Optional[str] = None, outpost_pool_id: Optional[str] = None
+    ) -> DefaultPlatform:
+        """Set (or, with neither argument, clear) the organization's default platform."""
+        if platform is not None and outpost_pool_id is not None:
+            raise ValueError("give at most one of platform and outpost_pool_id")
+        operation = f"set the default platform of organization {org_id}"
+        response = await self._request(
+            "PUT",
+            f"/v3beta1/organizations/{_segment(org_id)}/default-platform",
+            operation,
+            body={"platform": platform, "outpost_pool_id": outpost_pool_id},
+        )
+        result: DefaultPlatform = self._parse(DefaultPlatform, response, operation)
+        return result
+
+
+__all__ = ["DEFAULT_API_URL", "FleetClient", "FleetError", "normalize_api_url"]
