@@ -1,0 +1,262 @@
+"""The SQLite layer under the simulator's store: schema, transactions, revisions and change listeners.
+
+One connection, guarded by a lock, in autocommit mode; every write runs inside ``BEGIN IMMEDIATE`` so
+two writers (threads here, or a second process on the same file) can never interleave a
+compare-and-swap. File databases use WAL with ``synchronous=NORMAL``: a committed transaction survives a
+``kill -9`` of the simulator. ``:memory:`` is for tests.
+
+Revisions: every change to a queue row gets a new ``rev``, a float that is the wall clock in Unix seconds
+unless that would not be strictly greater than the last one, in which case it is the last one plus a
+microsecond. The last revision is stored in ``meta``, so revisions keep increasing across restarts (and a
+clock that steps backwards) and cursors issued before a restart stay valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+SCHEMA_VERSION = 1
+_REV_STEP = 1e-6
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS accounts (
+    account_id TEXT PRIMARY KEY, default_org_id TEXT, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS api_tokens (
+    token_hash TEXT PRIMARY KEY, account_id TEXT NOT NULL, scopes TEXT NOT NULL, label TEXT,
+    created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS orgs (
+    org_id TEXT PRIMARY KEY, account_id TEXT NOT NULL, default_platform TEXT,
+    default_outpost_id TEXT, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS outposts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, outpost_id TEXT NOT NULL UNIQUE, account_id TEXT NOT NULL,
+    name TEXT NOT NULL, platform TEXT, description TEXT, allowed_org_ids TEXT, created_at REAL NOT NULL,
+    UNIQUE (account_id, name));
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY, account_id TEXT NOT NULL, outpost_id TEXT NOT NULL,
+    kind TEXT NOT NULL, platform TEXT, remote_binary_sha TEXT, network_policy TEXT,
+    phase TEXT NOT NULL, acceptor_id TEXT, claim_deadline REAL, claim_chain INTEGER,
+    session_status TEXT NOT NULL, created_at REAL NOT NULL, rev REAL NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS sessions_by_rev ON sessions (account_id, rev, session_id);
+CREATE INDEX IF NOT EXISTS sessions_by_outpost ON sessions (outpost_id, deleted, phase);
+CREATE INDEX IF NOT EXISTS sessions_by_deadline ON sessions (phase, claim_deadline);
+CREATE TABLE IF NOT EXISTS claim_history (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, session_id TEXT NOT NULL,
+    account_id TEXT NOT NULL, outpost_id TEXT NOT NULL, action TEXT NOT NULL, acceptor_id TEXT,
+    token_fingerprint TEXT, claim_deadline REAL, chain INTEGER, reason TEXT);
+CREATE INDEX IF NOT EXISTS claim_history_by_session ON claim_history (session_id, seq);
+CREATE TABLE IF NOT EXISTS connect_tokens (
+    token_hash TEXT PRIMARY KEY, session_id TEXT NOT NULL, acceptor_id TEXT NOT NULL,
+    chain INTEGER NOT NULL, issued_at REAL NOT NULL, revoked_at REAL, revoked_reason TEXT);
+CREATE INDEX IF NOT EXISTS connect_tokens_by_session ON connect_tokens (session_id, revoked_at);
+"""
+
+#: Tables wiped by :meth:`StoreBase.reset` (``meta`` survives so revisions keep increasing).
+DATA_TABLES = ("accounts", "api_tokens", "orgs", "outposts", "sessions", "claim_history", "connect_tokens")
+
+
+def token_hash(token: str) -> str:
+    """How tokens are stored: only their SHA-256, never the token itself."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_fingerprint(token: str) -> str:
+    """The short, non-secret id of a connect token recorded in the claim history (16 hex digits).
+
+    Tests compute it from a claim response's ``connect_token`` to match history records.
+    """
+    return token_hash(token)[:16]
+
+
+class StoreBase:
+    """Connection, transactions, revisions and change notification. Not used on its own."""
+
+    def __init__(self, path: str = ":memory:", *, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[], None]] = []
+        self._changed = False
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._conn.row_factory = sqlite3.Row
+        if path != ":memory:" and not path.startswith("file::memory:"):
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA busy_timeout=30000")
+        with self._lock:
+            self._conn.executescript(SCHEMA)
+            self._conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+            self._conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('last_rev', '0')")
+            row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
+            stored = float(row["value"])
+            top = self._conn.execute("SELECT MAX(rev) AS top FROM sessions").fetchone()["top"]
+            self._last_rev = max(stored, float(top or 0.0))
+
+    # --- lifecycle and listeners ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from whatever thread committed) after every committed queue change."""
+        self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        if callback in self._listeners:
+            self._listeners.remove(callback)
+
+    def now(self) -> float:
+        return self._clock()
+
+    # --- transactions --------------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE``); listeners run after a commit that changed rows."""
+        with self._lock:
+            self._changed = False
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                self._reload_last_rev()
+                raise
+            self._conn.execute("COMMIT")
+            changed, self._changed = self._changed, False
+        if changed:
+            for callback in list(self._listeners):
+                callback()
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield self._conn
+
+    def _reload_last_rev(self) -> None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
+        self._last_rev = float(row["value"])
+
+    def _next_rev(self, conn: sqlite3.Connection, now: float) -> float:
+        """A revision strictly greater than every earlier one; marks the transaction as a change."""
+        rev = max(now, self._last_rev + _REV_STEP)
+        if rev <= self._last_rev:  # pragma: no cover - float guard
+            rev = self._last_rev + 2 * _REV_STEP
+        self._last_rev = rev
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'last_rev'", (repr(rev),))
+        self._changed = True
+        return rev
+
+    @property
+    def last_rev(self) -> float:
+        return self._last_rev
+
+    def reset(self) -> None:
+        """Delete every account, token, outpost, session and record (test isolation)."""
+        with self._tx() as conn:
+            for table in DATA_TABLES:
+                conn.execute(f"DELETE FROM {table}")
+            self._changed = True
+
+    # --- claim expiry (used by every queue read and write) -------------------------------------------
+
+    def _revoke_tokens(self, conn: sqlite3.Connection, session_id: str, now: float, reason: str) -> None:
+        conn.execute(
+            "UPDATE connect_tokens SET revoked_at = ?, revoked_reason = ? "
+            "WHERE session_id = ? AND revoked_at IS NULL",
+            (now, reason, session_id),
+        )
+
+    def _record(
+        self,
+        conn: sqlite3.Connection,
+        row: sqlite3.Row,
+        action: str,
+        now: float,
+        *,
+        acceptor_id: Optional[str] = None,
+        fingerprint: Optional[str] = None,
+        deadline: Optional[float] = None,
+        chain: Optional[int] = None,
+        reason: Optional[str] = None,
+    ) -> int:
+        cur = conn.execute(
+            "INSERT INTO claim_history (at, session_id, account_id, outpost_id, action, acceptor_id, "
+            "token_fingerprint, claim_deadline, chain, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                now,
+                row["session_id"],
+                row["account_id"],
+                row["outpost_id"],
+                action,
+                acceptor_id,
+                fingerprint,
+                deadline,
+                chain,
+                reason,
+            ),
+        )
+        seq = cur.lastrowid
+        assert seq is not None
+        return seq
+
+    def _expire_locked(self, conn: sqlite3.Connection, now: float) -> int:
+        """Return expired claims to the queue, except those whose session is ``running``."""
+        rows = conn.execute(
+            "SELECT * FROM sessions WHERE phase = 'claimed' AND deleted = 0 AND claim_deadline <= ? "
+            "AND session_status != 'running' ORDER BY claim_deadline, session_id",
+            (now,),
+        ).fetchall()
+        for row in rows:
+            rev = self._next_rev(conn, now)
+            conn.execute(
+                "UPDATE sessions SET phase = 'pending', acceptor_id = NULL, claim_deadline = NULL, "
+                "claim_chain = NULL, rev = ? WHERE session_id = ?",
+                (rev, row["session_id"]),
+            )
+            self._record(
+                conn,
+                row,
+                "expire",
+                now,
+                acceptor_id=row["acceptor_id"],
+                deadline=row["claim_deadline"],
+                chain=row["claim_chain"],
+                reason="claim deadline passed",
+            )
+            self._revoke_tokens(conn, row["session_id"], now, "expired")
+        return len(rows)
+
+    def expire_claims(self) -> int:
+        """The sweeper's work: expire claims now; returns how many went back to the queue."""
+        with self._tx() as conn:
+            return self._expire_locked(conn, self._clock())
+
+    def _tombstone_locked(self, conn: sqlite3.Connection, row: sqlite3.Row, now: float, reason: str) -> None:
+        """Soft-delete a queue row: it leaves lists, answers 404, and watchers get a DELETED event."""
+        rev = self._next_rev(conn, now)
+        conn.execute(
+            "UPDATE sessions SET deleted = 1, rev = ? WHERE session_id = ?", (rev, row["session_id"])
+        )
+        if row["phase"] == "claimed":
+            self._record(
+                conn,
+                row,
+                "tombstone",
+                now,
+                acceptor_id=row["acceptor_id"],
+                deadline=row["claim_deadline"],
+                chain=row["claim_chain"],
+                reason=reason,
+            )
+        self._revoke_tokens(conn, row["session_id"], now, "tombstoned")
