@@ -1,0 +1,134 @@
+"""Worker metrics in the Prometheus text format, and ``/healthz``, on a tiny asyncio HTTP server.
+
+The server runs on the worker's own event loop, so an answer from ``/healthz`` also proves that the loop
+is not blocked; the runner's health callback adds whether its queue feed and main loop are alive.
+Names are prefixed ``devin_outposts_worker_``; counters end in ``_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Callable, Optional
+
+log = logging.getLogger(__name__)
+
+PREFIX = "devin_outposts_worker_"
+COUNTERS = {
+    "sessions_claimed": "Sessions claimed from the queue (restart recoveries included)",
+    "sessions_served": "Sessions that ended normally (suspended, terminated or gone) and were released",
+    "sessions_failed": "Sessions given up: remote failed past the restart limit, binary refused, claim lost",
+    "claim_conflicts": "Claims answered 409 (another worker won)",
+    "renewals": "Successful claim renewals",
+    "renewal_failures": "Claim renewals that failed and were retried",
+    "watch_reconnects": "Queue watch reconnections",
+    "remote_restarts": "devin-remote restarts after a non-zero exit",
+    "binary_downloads": "devin-remote binaries downloaded and verified",
+    "binary_verification_failures": "devin-remote binaries refused because their sha256 did not match",
+    "api_errors": "Fleet API errors in the main loop (retried with backoff)",
+}
+GAUGES = {
+    "active_sessions": "Sessions being served now",
+    "max_sessions": "Configured concurrent session slots",
+    "draining": "1 while the worker drains after SIGTERM/SIGINT",
+}
+
+
+class Metrics:
+    def __init__(self, labels: Optional[dict[str, str]] = None) -> None:
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.gauges = dict.fromkeys(GAUGES, 0.0)
+        self.labels = dict(labels or {})
+
+    def inc(self, name: str, value: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + value
+
+    def set(self, name: str, value: float) -> None:
+        self.gauges[name] = value
+
+    def _label_text(self) -> str:
+        if not self.labels:
+            return ""
+        body = ",".join(f'{key}="{value}"'.replace("\n", " ") for key, value in sorted(self.labels.items()))
+        return "{" + body + "}"
+
+    def render(self) -> str:
+        labels = self._label_text()
+        lines: list[str] = []
+        for name, help_text in COUNTERS.items():
+            full = f"{PREFIX}{name}_total"
+            lines += [
+                f"# HELP {full} {help_text}",
+                f"# TYPE {full} counter",
+                f"{full}{labels} {self.counters[name]}",
+            ]
+        for name, help_text in GAUGES.items():
+            full = f"{PREFIX}{name}"
+            lines += [
+                f"# HELP {full} {help_text}",
+                f"# TYPE {full} gauge",
+                f"{full}{labels} {self.gauges[name]:g}",
+            ]
+        return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """``GET /metrics`` and ``GET /healthz`` (200 when ``health()`` is true, else 503)."""
+
+    def __init__(
+        self, metrics: Metrics, health: Callable[[], tuple[bool, str]], host: str, port: int
+    ) -> None:
+        self.metrics = metrics
+        self.health = health
+        self.host = host
+        self.port = port
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        sockets = list(self._server.sockets or ())
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        log.info("serving /metrics and /healthz on %s:%d", self.host, self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            while True:  # skip the headers
+                line = await asyncio.wait_for(reader.readline(), 5)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+            if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"method not allowed\n"
+            elif path == "/metrics":
+                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                body = self.metrics.render().encode()
+            elif path in ("/healthz", "/health", "/livez"):
+                ok, state = self.health()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                ctype, body = "application/json", json.dumps({"status": state}).encode() + b"\n"
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
+            writer.write(head + (body if parts[:1] != ["HEAD"] else b""))
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
