@@ -356,6 +356,8 @@ def _check_modes(config: WorkerConfig) -> None:
         raise ConfigError(
             f"no API token: set {ENV_TOKEN} (a service-user token with the account.outposts.machine scope)"
         )
+    if config.max_sessions > 1 and config.pty_bridge_port is not None:
+        raise ConfigError("--pty-bridge-port gives every session the same port: use it with --max-sessions 1")
     if config.max_sessions > 1 and (config.session_id or config.once):
         raise ConfigError("--max-sessions cannot be combined with --session or --once (one session only)")
 
