@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Set up everything the demo and the test suite need, on a fresh Debian 12 machine or an existing checkout.
+#
+#   scripts/bootstrap.sh          # idempotent; about a second when nothing changed
+#
+# 1. Debian packages (git, rsync, python3-venv, shellcheck), installed only when missing.
+# 2. .venv with Python 3.11 (override with OUTPOSTS_PYTHON=/path/to/python3.11).
+# 3. requirements-dev.txt installed into it, skipped when the stamp of the requirements hash matches.
+#
+# Environment: OUTPOSTS_SKIP_APT=1 skips step 1 (for machines where someone else manages packages).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+PKG_DIR="$ROOT/roles/worker/files/devin-outposts"
+STAMP="$VENV/.devin-outposts-requirements.sha256"
+PYTHON="${OUTPOSTS_PYTHON:-python3.11}"
+APT_PACKAGES=(git rsync python3-venv shellcheck)
+
+log() { printf 'bootstrap: %s\n' "$*"; }
+die() { printf 'bootstrap: ERROR: %s\n' "$*" >&2; exit 1; }
+
+install_apt_packages() {
+    [[ "${OUTPOSTS_SKIP_APT:-0}" == 1 ]] && return 0
+    command -v dpkg-query >/dev/null 2>&1 || { log "no dpkg here; make sure ${APT_PACKAGES[*]} are installed"; return 0; }
+    local missing=() pkg
+    for pkg in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    local sudo=()
+    if [[ $(id -u) -ne 0 ]]; then
+        command -v sudo >/dev/null 2>&1 || die "missing Debian packages ${missing[*]}; install them as root"
+        sudo=(sudo -n)
+    fi
+    log "installing Debian packages: ${missing[*]}"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+requirements_hash() {
+    {
+        "$VENV/bin/python" -c 'import sys; print(sys.version)'
+        cat "$ROOT/requirements-dev.txt" "$PKG_DIR/pyproject.toml" "${BASH_SOURCE[0]}"
+    } | sha256sum | cut -d' ' -f1
+}
+
+venv_is_usable() {
+    [[ -x "$VENV/bin/python" ]] &&
+        "$VENV/bin/python" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null
+}
+
+main() {
+    cd "$ROOT"
+    install_apt_packages
+
+    mkdir -p "$ROOT/.cache"
+    # Two stages started at once must not install into the same venv concurrently.
+    exec 9>"$ROOT/.cache/bootstrap.lock"
+    flock 9
+
+    if ! venv_is_usable; then
+        command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found (set OUTPOSTS_PYTHON to a Python 3.11 interpreter)"
+        "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' ||
+            die "$PYTHON is not Python 3.11 (ansible-core 2.19 is the newest core for 3.11; set OUTPOSTS_PYTHON)"
+        [[ -e "$VENV" ]] && { log "recreating $VENV (not a Python 3.11 venv)"; rm -rf "$VENV"; }
+        log "creating $VENV with $("$PYTHON" -c 'import sys; print(sys.executable)')"
+        "$PYTHON" -m venv "$VENV"
+    fi
+
+    local want
+    want=$(requirements_hash)
+    if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+        log "up to date ($VENV)"
+        return 0
+    fi
+    log "installing requirements-dev.txt into $VENV"
+    local start=$SECONDS
+    rm -f "$STAMP"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --quiet -r "$ROOT/requirements-dev.txt"
+    "$VENV/bin/python" -m pip check >/dev/null 2>&1 || { log "WARNING: pip check reports conflicts:"; "$VENV/bin/python" -m pip check || true; }
+    printf '%s\n' "$want" >"$STAMP"
+    log "installed in $((SECONDS - start)) s: $("$VENV/bin/ansible" --version | head -1)"
+}
+
+main "$@"

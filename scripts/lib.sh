@@ -1,0 +1,120 @@
+# shellcheck shell=bash
+# Shared helpers for scripts/*.sh and scripts/stages/*.sh. Source it; do not run it.
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+PKG_DIR="$ROOT/roles/worker/files/devin-outposts"
+# A stage script exits with this code when it has nothing to test; scripts/test.sh reports it as skipped.
+EXIT_SKIPPED=77
+export ROOT VENV PKG_DIR EXIT_SKIPPED
+
+say() { printf '%s\n' "$*"; }
+warn() { printf 'WARNING: %s\n' "$*" >&2; }
+die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
+skip() { say "SKIPPED: $*"; exit "$EXIT_SKIPPED"; }
+
+# Bootstrap once per run (scripts/test.sh does it before the first stage), then use the venv's tools.
+# Ansible finds this checkout as devin.outposts first: ansible-lint and Molecule copy the collection into
+# caches, and a stale copy there must never win over the working tree.
+ensure_env() {
+    if [[ "${OUTPOSTS_BOOTSTRAPPED:-0}" != 1 ]]; then
+        "$ROOT/scripts/bootstrap.sh"
+        export OUTPOSTS_BOOTSTRAPPED=1
+    fi
+    export VIRTUAL_ENV="$VENV"
+    case ":$PATH:" in *":$VENV/bin:"*) ;; *) export PATH="$VENV/bin:$PATH" ;; esac
+    local link_dir="$ROOT/.cache/collections/ansible_collections/devin"
+    if [[ "$(readlink "$link_dir/outposts" 2>/dev/null)" != "$ROOT" ]]; then
+        mkdir -p "$link_dir"
+        ln -sfn "$ROOT" "$link_dir/outposts"
+    fi
+    case ":${ANSIBLE_COLLECTIONS_PATH:-}:" in
+        *":$ROOT/.cache/collections:"*) ;;
+        *) export ANSIBLE_COLLECTIONS_PATH="$ROOT/.cache/collections${ANSIBLE_COLLECTIONS_PATH:+:$ANSIBLE_COLLECTIONS_PATH}" ;;
+    esac
+}
+
+# True when DIR holds at least one pytest-style test file.
+has_pytest_files() {
+    [[ -d "$1" ]] && [[ -n "$(find "$1" -type f \( -name 'test_*.py' -o -name '*_test.py' \) -print -quit)" ]]
+}
+
+# Run pytest, turning "no tests collected" (exit 5) into a clear failure: the caller already checked that
+# test files exist, so collecting nothing means something is broken.
+run_pytest() {
+    local rc=0
+    python -m pytest "$@" || rc=$?
+    if [[ $rc -eq 5 ]]; then
+        say "ERROR: pytest collected no tests from $* although test files exist"
+        return 1
+    fi
+    return "$rc"
+}
+
+# ansible-test downloads a get-pip script from a host this network cannot reach. Write a stand-in that uses
+# ensurepip and then PyPI, for every pip version the installed ansible-test pins.
+ensure_get_pip_standin() {
+    local req versions ver cache="$HOME/.ansible/test/cache"
+    req=$(python -c 'import ansible_test, os; print(os.path.join(os.path.dirname(ansible_test.__file__), "_internal", "python_requirements.py"))')
+    [[ -f "$req" ]] || die "cannot find ansible-test's python_requirements.py at $req"
+    versions=$(python - "$req" <<'PY'
+import re
+import sys
+
+text = open(sys.argv[1], encoding="utf-8").read()
+found = set(re.findall(r"""\bpip\s*=\s*['"](\d+(?:\.\d+)*)['"]""", text))
+found |= set(re.findall(r"""['"]pip['"]\s*:\s*['"](\d+(?:\.\d+)*)['"]""", text))
+print("\n".join(sorted(found)))
+PY
+)
+    [[ -n "$versions" ]] || die "found no pip version in $req; update ensure_get_pip_standin in scripts/lib.sh"
+    mkdir -p "$cache"
+    for ver in $versions; do
+        local target="$cache/get_pip_${ver//./_}.py"
+        [[ -s "$target" ]] && continue  # a stand-in or a real get-pip saved earlier; both work
+        cat >"$target" <<'PY'
+# devin.outposts get-pip stand-in: ansible-test's own download host is unreachable here.
+import subprocess, sys
+args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
+subprocess.check_call([sys.executable, "-m", "ensurepip", "--default-pip"])
+subprocess.check_call([sys.executable, "-m", "pip", "install"] + args)
+PY
+        say "wrote the get-pip stand-in for pip $ver: $target"
+    done
+}
+
+# ansible-test needs the collection at .../ansible_collections/devin/outposts, as a git checkout. Copy what git
+# would see in this working tree (tracked and untracked-but-not-ignored files, uncommitted edits included) to a
+# fresh temporary tree, commit it there, and print its path. The caller removes "${path%/ansible_collections/*}".
+make_collection_copy() {
+    local work coll
+    work=$(mktemp -d "${TMPDIR:-/tmp}/devin-outposts-ansible-test.XXXXXX")
+    coll="$work/ansible_collections/devin/outposts"
+    mkdir -p "$coll"
+    if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        (
+            cd "$ROOT" || exit 1
+            git ls-files -z --cached --others --exclude-standard |
+                while IFS= read -r -d '' f; do [[ -e "$f" || -L "$f" ]] && printf '%s\0' "$f"; done
+        ) | rsync -a --from0 --files-from=- "$ROOT/" "$coll/"
+    else
+        rsync -a --exclude=.venv --exclude=.cache --exclude=.ansible --exclude=tests/output \
+            --exclude=__pycache__ --exclude='*.egg-info' --exclude=.mypy_cache --exclude=.ruff_cache \
+            --exclude=.pytest_cache "$ROOT/" "$coll/"
+    fi
+    git -C "$coll" init -q
+    git -C "$coll" add -A
+    git -C "$coll" -c user.name=devin-outposts-tests -c user.email=tests@devin-outposts.invalid \
+        -c commit.gpgsign=false commit -q --no-verify -m "snapshot of $ROOT for ansible-test"
+    printf '%s\n' "$coll"
+}
+
+# Keep ansible-test's reports where a developer looks for them, then drop the copy.
+finish_collection_copy() {
+    local coll="$1"
+    if [[ -d "$coll/tests/output" ]]; then
+        mkdir -p "$ROOT/tests/output"
+        rsync -a "$coll/tests/output/" "$ROOT/tests/output/"
+    fi
+    rm -rf "${coll%/ansible_collections/*}"
+}
