@@ -172,8 +172,9 @@ def ensure(module, client):
             module.fail_json(msg=describe_differences(name, differences),
                              differences=[dict(field=k, current=c, desired=d) for k, c, d in differences],
                              outpost=current, outpost_id=outpost_id_of(current))
-        module.warn("Recreating outpost {0} ({1}): sessions queued on it are lost, and workers configured with "
-                    "its id must be given the new one.".format(name, outpost_id_of(current)))
+        module.warn("{0} outpost {1} ({2}): sessions queued on it are lost, and workers configured with its id "
+                    "must be given the new one.".format("Would recreate" if module.check_mode else "Recreating",
+                                                        name, outpost_id_of(current)))
 
     after = dict(before, **dict((k, v) for k, v in desired.items() if v is not None))
     if current is None:
