@@ -118,3 +118,18 @@ finish_collection_copy() {
     fi
     rm -rf "${coll%/ansible_collections/*}"
 }
+
+# Run ansible-test in the collection copy (the current directory). Its findings are scattered between pip
+# and progress output; on failure, repeat them together at the end so the stage's result is easy to read.
+run_ansible_test() {
+    local log rc=0
+    log=$(mktemp "${TMPDIR:-/tmp}/devin-outposts-ansible-test-log.XXXXXX")
+    ansible-test "$@" 2>&1 | tee "$log" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        say ""
+        say "---- ansible-test $1: findings ----"
+        grep -E '^(ERROR|FATAL): ' "$log" | grep -v '^FATAL: Command ' || say "(no ERROR lines; see the output above)"
+    fi
+    rm -f "$log"
+    return "$rc"
+}

@@ -10,4 +10,4 @@ coll=$(make_collection_copy)
 trap 'finish_collection_copy "$coll"' EXIT
 say "ansible-test sanity ($(ansible --version | head -1)) in $coll"
 cd "$coll"
-ansible-test sanity --venv --python "${OUTPOSTS_TEST_PYTHON:-3.11}" --color no "$@"
+run_ansible_test sanity --venv --python "${OUTPOSTS_TEST_PYTHON:-3.11}" --color no "$@"

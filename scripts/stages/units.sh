@@ -10,4 +10,4 @@ coll=$(make_collection_copy)
 trap 'finish_collection_copy "$coll"' EXIT
 say "ansible-test units ($(ansible --version | head -1)) in $coll"
 cd "$coll"
-ansible-test units --venv --python "${OUTPOSTS_TEST_PYTHON:-3.11}" --color no "$@"
+run_ansible_test units --venv --python "${OUTPOSTS_TEST_PYTHON:-3.11}" --color no "$@"

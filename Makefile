@@ -1,0 +1,31 @@
+# Entry points for developers and CI. Each target calls a script under scripts/, which does the work.
+#   make demo    set everything up and run the demo against the embedded fleet simulator
+#   make test    the whole suite (CI runs exactly this)
+#   make <stage> one stage: ruff mypy ansible-lint changelog sanity units package integration, or lint
+
+STAGES := ruff mypy ansible-lint changelog sanity units package integration
+
+.PHONY: help demo test bootstrap lint $(STAGES) clean
+
+help:
+	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
+	@scripts/test.sh --list | sed -n '/^Stages:/,$$p'
+
+demo:
+	scripts/demo.sh
+
+test:
+	scripts/test.sh
+
+bootstrap:
+	scripts/bootstrap.sh
+
+lint:
+	scripts/test.sh lint
+
+$(STAGES):
+	scripts/test.sh $@
+
+# Remove test reports and caches (not .venv: delete it by hand to rebuild it from scratch).
+clean:
+	rm -rf tests/output .cache .ansible .pytest_cache .ruff_cache .mypy_cache
