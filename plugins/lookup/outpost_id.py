@@ -17,7 +17,7 @@ description:
   - Reads the outposts list once per call, whatever the number of terms. A term that is already an existing
     outpost's id is returned unchanged.
 author:
-  - devin.outposts contributors
+  - devin.outposts maintainers (@devin-outposts)
 extends_documentation_fragment:
   - devin.outposts.fleet_api
   - devin.outposts.fleet_api.plugins

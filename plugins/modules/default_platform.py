@@ -17,7 +17,7 @@ description:
     (O(platform)) or one of the account's outposts (O(outpost)), or clears it (O(state=absent)).
   - Uses C(GET) and C(PUT /v3beta1/organizations/{org_id}/default-platform).
 author:
-  - devin.outposts contributors
+  - devin.outposts maintainers (@devin-outposts)
 extends_documentation_fragment:
   - devin.outposts.fleet_api
   - devin.outposts.attributes

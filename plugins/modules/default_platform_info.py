@@ -16,7 +16,7 @@ description:
   - Reads C(GET /v3beta1/organizations/{org_id}/default-platform) to learn whether new sessions of the organization
     start on a hosted platform, on one of the account's outposts, or on the product default.
 author:
-  - devin.outposts contributors
+  - devin.outposts maintainers (@devin-outposts)
 extends_documentation_fragment:
   - devin.outposts.fleet_api
   - devin.outposts.attributes

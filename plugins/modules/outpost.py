@@ -19,7 +19,7 @@ description:
     O(description), the module fails and lists the differences, unless O(recreate=true) allows it to delete
     the outpost and create it again.
 author:
-  - devin.outposts contributors
+  - devin.outposts maintainers (@devin-outposts)
 extends_documentation_fragment:
   - devin.outposts.fleet_api
   - devin.outposts.attributes

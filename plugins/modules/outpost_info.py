@@ -17,7 +17,7 @@ description:
   - With O(name) or O(id), returns only that outpost, or an empty list when it does not exist; a missing
     outpost is not an error.
 author:
-  - devin.outposts contributors
+  - devin.outposts maintainers (@devin-outposts)
 extends_documentation_fragment:
   - devin.outposts.fleet_api
   - devin.outposts.attributes

@@ -18,7 +18,7 @@ description:
     fresher copy).
   - Returns the final cursor, where a watch of the queue would start.
 author:
-  - devin.outposts contributors
+  - devin.outposts maintainers (@devin-outposts)
 extends_documentation_fragment:
   - devin.outposts.fleet_api
   - devin.outposts.attributes
