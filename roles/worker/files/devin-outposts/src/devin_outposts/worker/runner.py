@@ -385,6 +385,8 @@ class Worker:
                 log.exception("serving session %s crashed", sid, extra={"session_id": sid})
                 result = SessionResult(sid, FAILED, f"internal error: {exc}")
             self._results.append(result)
+            if self.feed is not None:  # our copy is stale now: wait for the server's next word on it
+                self.feed.discard(sid)
             if active.server.fatal is not None:
                 self.fatal = active.server.fatal
             if result.outcome == SERVED:
@@ -578,9 +580,16 @@ class Worker:
                 log.warning("%s", exc, extra={"session_id": sid})
                 return "error"
             self.metrics.inc("sessions_claimed")
-            if self.draining:  # a signal arrived while the claim was in flight
+            if self.draining or claim.is_finished:
+                # A signal arrived while the claim was in flight, or our copy of the row was stale and
+                # the session is already over: give it straight back.
+                why = "draining" if self.draining else f"session already {claim.status.session_status}"
+                log.info("releasing session %s at once (%s)", sid, why, extra={"session_id": sid})
+                self.feed.discard(sid)
                 await client.release(sid, self.acceptor_id)
-                return "idle"
+                if self.draining:
+                    return "idle"
+                continue
             self._start(claim, client, binaries)
             return "claimed"
         return "idle"
