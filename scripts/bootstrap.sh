@@ -80,7 +80,7 @@ main() {
     "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --quiet -r "$ROOT/requirements-dev.txt"
     "$VENV/bin/python" -m pip check >/dev/null 2>&1 || { log "WARNING: pip check reports conflicts:"; "$VENV/bin/python" -m pip check || true; }
     printf '%s\n' "$want" >"$STAMP"
-    log "installed in $((SECONDS - start)) s: $("$VENV/bin/ansible" --version | head -1)"
+    log "installed in $((SECONDS - start)) s: $("$VENV/bin/ansible" --version | sed -n 1p)"
 }
 
 main "$@"

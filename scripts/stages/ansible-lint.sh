@@ -5,5 +5,5 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 ensure_env
 cd "$ROOT"
-say "$(ansible-lint --version 2>/dev/null | head -1)"
+say "$(ansible-lint --version 2>/dev/null | sed -n 1p)"
 exec ansible-lint --offline "$@"

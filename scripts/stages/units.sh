@@ -8,6 +8,6 @@ ensure_env
 ensure_get_pip_standin
 coll=$(make_collection_copy)
 trap 'finish_collection_copy "$coll"' EXIT
-say "ansible-test units ($(ansible --version | head -1)) in $coll"
+say "ansible-test units ($(ansible --version | sed -n 1p)) in $coll"
 cd "$coll"
 run_ansible_test units --venv --python "${OUTPOSTS_TEST_PYTHON:-3.11}" --color no "$@"
