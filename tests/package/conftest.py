@@ -1,21 +1,25 @@
 """Shared fixtures for tests against the fleet simulator.
 
-* ``sim``: a fresh in-process simulator (``:memory:``) with short timings suitable for tests.
+* ``sim``: an in-process simulator (``:memory:``, ``FAST`` timings), empty at the start of each test
+  (one server per session, reset through the admin API, so tests stay fast).
 * ``make_sim(**config)``: start another one with custom settings (closed at the end of the test).
 * ``orchestrator_token`` / ``machine_token``: API tokens of the default account on ``sim``.
 * ``api(token)``: a sync httpx client on ``sim`` sending ``Authorization: Bearer <token>``.
 * ``outpost``: an outpost (``linux``) created on ``sim``.
+* ``watch(token, **params)``: open a watch stream (:class:`WatchStream`) as a context manager.
+* ``wait_until(predicate, timeout=10)``: bounded polling for a condition.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any, Callable, Optional
 
 import httpx
 import pytest
-
 from devin_outposts.models import Outpost
 from devin_outposts.sim.testing import SimHandle, run_sim
 
@@ -41,9 +45,17 @@ def make_sim() -> Iterator[MakeSim]:
         yield start
 
 
+@pytest.fixture(scope="session")
+def _shared_sim() -> Iterator[SimHandle]:
+    with run_sim(**FAST) as handle:
+        yield handle
+
+
 @pytest.fixture
-def sim(make_sim: MakeSim) -> SimHandle:
-    return make_sim()
+def sim(_shared_sim: SimHandle) -> SimHandle:
+    """The shared simulator (``FAST`` timings), emptied by the admin reset before each test."""
+    _shared_sim.admin.reset()
+    return _shared_sim
 
 
 @pytest.fixture
@@ -71,3 +83,84 @@ def api(sim: SimHandle) -> Iterator[Api]:
 @pytest.fixture
 def outpost(sim: SimHandle) -> Outpost:
     return sim.admin.create_outpost("rhel", "linux")
+
+
+# --- helpers shared by the simulator tests ---------------------------------------------------------
+
+
+def _wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def wait_until() -> Callable[..., Any]:
+    """``wait_until(predicate, timeout=10)``: poll until truthy (returns it); fail after the timeout."""
+    return _wait_until
+
+
+class WatchStream:
+    """An open ``?watch=true`` response, read as SSE events (``data:`` lines) and comments."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self._lines = response.iter_lines()
+        self.comments: list[str] = []
+        self.ended = False
+
+    def next_event(self) -> Optional[dict[str, Any]]:
+        """The next data event (comments are counted, not returned), or None when the stream ended."""
+        for line in self._lines:
+            if line.startswith(":"):
+                self.comments.append(line[1:].strip())
+            elif line.startswith("data:"):
+                event: dict[str, Any] = json.loads(line[len("data:") :].strip())
+                return event
+        self.ended = True
+        return None
+
+    def until(self, predicate: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """Events up to and including the first one matching ``predicate``; fails if the stream ends."""
+        seen: list[dict[str, Any]] = []
+        while True:
+            event = self.next_event()
+            if event is None:
+                pytest.fail(f"the stream ended before the expected event; got {[e['type'] for e in seen]}")
+            seen.append(event)
+            if predicate(event):
+                return seen
+
+    def rest(self) -> list[dict[str, Any]]:
+        """Every remaining event until the server ends the stream."""
+        seen: list[dict[str, Any]] = []
+        while (event := self.next_event()) is not None:
+            seen.append(event)
+        return seen
+
+
+WatchFactory = Callable[..., AbstractContextManager[WatchStream]]
+
+
+@pytest.fixture
+def watch(sim: SimHandle) -> WatchFactory:
+    """``with watch(token, outpost=..., cursor=..., handle=other_sim) as stream: ...``"""
+
+    @contextmanager
+    def open_watch(token: str, *, handle: Optional[SimHandle] = None, **params: Any) -> Iterator[WatchStream]:
+        target = handle or sim
+        query = {"watch": "true", **{k: v for k, v in params.items() if v is not None}}
+        headers = {"Authorization": f"Bearer {token}"}
+        with ExitStack() as stack:  # one ``with`` per context: Python 3.9 has no parenthesised form
+            client = stack.enter_context(httpx.Client(base_url=target.url, headers=headers, timeout=15.0))
+            response = stack.enter_context(client.stream("GET", "/opbeta/outposts/devins", params=query))
+            assert response.status_code == 200, response.read()
+            yield WatchStream(response)
+
+    return open_watch

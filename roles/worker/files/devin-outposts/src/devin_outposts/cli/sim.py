@@ -71,7 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_serve(verbs: Any) -> None:
-    parser = verbs.add_parser("serve", help="run the simulated fleet API")
+    parser = verbs.add_parser("serve", help="run the simulated fleet API", allow_abbrev=False)
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     parser.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"port; 0 picks a free one ({DEFAULT_PORT})"
@@ -241,7 +241,8 @@ def _claims(admin: SimAdmin, args: argparse.Namespace) -> int:
 def _admin_parser(
     verbs: Any, name: str, help_text: str, action: Callable[[SimAdmin, argparse.Namespace], int]
 ) -> Any:
-    parser = verbs.add_parser(name, help=help_text)
+    # No abbreviations: "--admin-token" must not silently mean "--admin-token-file".
+    parser = verbs.add_parser(name, help=help_text, allow_abbrev=False)
     parser.add_argument("--url", default=None, help=f"simulator URL (env {URL_ENV}, default {DEFAULT_URL})")
     parser.add_argument(
         "--admin-token-file",

@@ -127,6 +127,9 @@ class StoreBase:
             self._changed = False
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                # Another process may share the file: take the last revision from the database, now
+                # that this transaction holds the write lock.
+                self._reload_last_rev()
                 yield self._conn
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -145,7 +148,7 @@ class StoreBase:
 
     def _reload_last_rev(self) -> None:
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
-        self._last_rev = float(row["value"])
+        self._last_rev = max(self._last_rev, float(row["value"]))
 
     def _next_rev(self, conn: sqlite3.Connection, now: float) -> float:
         """A revision strictly greater than every earlier one; marks the transaction as a change."""

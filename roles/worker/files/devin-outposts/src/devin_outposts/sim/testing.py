@@ -11,6 +11,7 @@ In-process (fast; one background thread; state in ``:memory:`` unless ``db`` is 
         entry = sim.admin.enqueue(outpost.outpost_id)
         sim.admin.claims(session_id=entry.session_id)  # the claim history
         sim.store.check_connect_token(entry.session_id, "...")  # direct access to the state
+        sim.runtime.notifier.open_streams         # how many watch streams are open right now
 
 As a subprocess (``python -m devin_outposts sim serve``), for restart and kill tests on one database::
 
@@ -45,6 +46,7 @@ from typing import Any, Optional, Union
 
 from devin_outposts.sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts.sim.admin_client import SimAdmin
+from devin_outposts.sim.app import SimRuntime
 from devin_outposts.sim.config import SimConfig
 from devin_outposts.sim.server import ADMIN_TOKEN_ENV, build_server
 from devin_outposts.sim.store import Store, token_fingerprint
@@ -66,6 +68,8 @@ class SimHandle:
     config: SimConfig
     store: Store
     port: int
+    #: The app's shared state: ``runtime.notifier.open_streams`` counts open watch streams.
+    runtime: SimRuntime
 
     def create_token(
         self, scope: Union[str, list[str]] = "machine", *, account: str = DEFAULT_ACCOUNT
@@ -110,7 +114,7 @@ def run_sim(
     url = f"http://{host}:{server.port}"
     admin = SimAdmin(url, config.admin_token)
     try:
-        yield SimHandle(url, admin, config.admin_token, config, store, server.port)
+        yield SimHandle(url, admin, config.admin_token, config, store, server.port, server.runtime)
     finally:
         server.should_exit = True
         thread.join(timeout=15)
