@@ -539,6 +539,15 @@ def entry(sid: str, created: int, **status: Any) -> QueueEntry:
     )
 
 
+def make_feed(**kwargs: Any) -> QueueFeed:
+    """A feed without a server, made on an event loop (Python 3.9 binds its Event to the loop)."""
+
+    async def make() -> QueueFeed:
+        return QueueFeed(object(), "o", "me", **kwargs)  # type: ignore[arg-type]
+
+    return run(make())
+
+
 def test_oldest_first_by_created_at_then_session_id() -> None:
     entries = [entry("b", 2), entry("c", 1), entry("a", 2), entry("d", 3)]
     assert [e.session_id for e in oldest_first(entries)] == ["c", "a", "b", "d"]
@@ -546,7 +555,7 @@ def test_oldest_first_by_created_at_then_session_id() -> None:
 
 def test_feed_offers_only_claimable_rows_oldest_first() -> None:
     now = 1_000_000.0
-    feed = QueueFeed(object(), "o", "me", clock=lambda: now)  # type: ignore[arg-type]
+    feed = make_feed(clock=lambda: now)
     feed.replace_all(
         [
             entry("old-suspended", 1, session_status="suspended"),
@@ -578,7 +587,7 @@ def test_feed_offers_only_claimable_rows_oldest_first() -> None:
 
 
 def test_feed_upserts_watch_events_by_session_id() -> None:
-    feed = QueueFeed(object(), "o", "me")  # type: ignore[arg-type]
+    feed = make_feed()
     seen: list[tuple[str, bool]] = []
     feed.on_update = lambda sid, e: seen.append((sid, e is not None))
     feed.replace_all([entry("a", 1)])

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import random
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Optional, Union
 from urllib.parse import quote
@@ -54,7 +55,8 @@ OUTPOSTS_PATH = "/opbeta/outposts/outposts"
 MAX_PAGE_SIZE = 200
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
-VerifyType = Union[bool, str]
+#: ``verify`` as httpx takes it: on/off, a CA bundle path, or a ready SSL context (shared between clients).
+VerifyType = Union[bool, str, ssl.SSLContext]
 
 
 def normalize_api_url(url: str) -> str:

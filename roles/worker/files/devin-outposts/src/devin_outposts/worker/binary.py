@@ -124,6 +124,7 @@ class BinaryStore:
         static_base_url: str,
         *,
         http: Optional[httpx.AsyncClient] = None,
+        owns_http: bool = False,
         suffix: Optional[str] = None,
         latest_ttl: float = LATEST_TTL,
     ) -> None:
@@ -133,7 +134,7 @@ class BinaryStore:
         self._http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True
         )
-        self._own_http = http is None
+        self._own_http = http is None or owns_http
         self._latest: Optional[tuple[str, float]] = None
         self._latest_ttl = latest_ttl
         self._digests: dict[str, str] = {}

@@ -21,10 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import ssl
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
+
+import httpx
 
 from devin_outposts.client import FleetClient
 from devin_outposts.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
@@ -85,13 +89,17 @@ class Worker:
         binaries: Optional[BinaryStore] = None,
     ) -> None:
         self.config = config
-        self._client_factory = client_factory or (lambda c: FleetClient(c.api_url, c.token))
+        self._client_factory = client_factory or (
+            lambda c: FleetClient(c.api_url, c.token, verify=self._tls())
+        )
         self._binaries = binaries
         self.metrics = Metrics()
         self.metrics.set("max_sessions", config.max_sessions)
         self.acceptor_id = config.acceptor_id or ""
         self.active: dict[str, _Active] = {}
-        self.kick = asyncio.Event()
+        #: Wakes the main loop (queue changes, finished sessions, signals). Made in :meth:`run`, on the loop
+        #: that uses it: on Python 3.9 an Event binds to the loop current when it is created.
+        self.kick: asyncio.Event
         self.draining = False
         self.hard_stop = False
         self.signal_number: Optional[int] = None
@@ -101,11 +109,23 @@ class Worker:
         self._failures: dict[str, int] = {}
         self._results: list[SessionResult] = []
         self.ready = False
+        self._ssl: Optional[ssl.SSLContext] = None
+
+    def _tls(self) -> ssl.SSLContext:
+        """One TLS context for the fleet API and the binary downloads (each context costs megabytes).
+
+        It trusts ``DEVIN_CA_BUNDLE`` when set, else httpx's defaults (certifi, ``SSL_CERT_FILE``/``DIR``).
+        """
+        if self._ssl is None:
+            bundle = os.environ.get("DEVIN_CA_BUNDLE") or True
+            self._ssl = httpx.create_ssl_context(verify=bundle, trust_env=True)
+        return self._ssl
 
     # --- entry point ------------------------------------------------------------------------------
 
     async def run(self) -> int:
         """Run until done; returns the exit code. Raises :class:`WorkerExit` for a one-line failure."""
+        self.kick = asyncio.Event()
         locks: list[FileLock] = []
         metrics_server: Optional[MetricsServer] = None
         client: Optional[FleetClient] = None
@@ -130,7 +150,12 @@ class Worker:
             except OSError as exc:
                 raise WorkerExit(EXIT_ERROR, f"Could not prepare the worker directories: {exc}") from exc
             if binaries is None:
-                binaries = BinaryStore(self.config.cache_dir, self.config.static_base_url)
+                http = httpx.AsyncClient(
+                    timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True, verify=self._tls()
+                )
+                binaries = BinaryStore(
+                    self.config.cache_dir, self.config.static_base_url, http=http, owns_http=True
+                )
             self.metrics.labels = {"acceptor_id": self.acceptor_id} if self.acceptor_id else {}
             if self.config.metrics_addr is not None:
                 metrics_server = MetricsServer(
