@@ -71,7 +71,7 @@ class QueuePage:
         }
 
 
-def _row_cursor(row: sqlite3.Row) -> QueueCursor:
+def row_cursor(row: sqlite3.Row) -> QueueCursor:
     return QueueCursor(float(row["rev"]), str(row["session_id"]))
 
 
@@ -258,14 +258,14 @@ class QueueStore(StoreBase):
                 [*params, first + 1],
             ).fetchall()
             head = self.head_cursor()
-        if cursor is not None and first == 1 and len(rows) > 1 and _row_cursor(rows[0]) == cursor:
+        if cursor is not None and first == 1 and len(rows) > 1 and row_cursor(rows[0]) == cursor:
             rows = rows[1:]
         page = rows[:first]
-        stuck = cursor is not None and len(page) == 1 and _row_cursor(page[0]) == cursor
+        stuck = cursor is not None and len(page) == 1 and row_cursor(page[0]) == cursor
         has_next = len(page) == first and not stuck
         return QueuePage(
             items=[entry_from_row(row) for row in page],
-            cursor=_row_cursor(page[-1]) if has_next else head,
+            cursor=row_cursor(page[-1]) if has_next else head,
             has_next_page=has_next,
             total=int(total),
         )
@@ -294,7 +294,7 @@ class QueueStore(StoreBase):
                 f"SELECT * FROM sessions WHERE {' AND '.join(where)} ORDER BY rev, session_id LIMIT ?",
                 [*params, limit],
             ).fetchall()
-        return [Change(entry_from_row(row), bool(row["deleted"]), _row_cursor(row)) for row in rows]
+        return [Change(entry_from_row(row), bool(row["deleted"]), row_cursor(row)) for row in rows]
 
     # --- claim and release --------------------------------------------------------------------------
 
@@ -389,65 +389,3 @@ class QueueStore(StoreBase):
                 (token_hash(token), session_id),
             ).fetchone()
         return found is not None
-
-    # --- records for tests --------------------------------------------------------------------------
-
-    def claim_history(
-        self,
-        *,
-        session_id: Optional[str] = None,
-        outpost_id: Optional[str] = None,
-        acceptor_id: Optional[str] = None,
-        account_id: Optional[str] = None,
-    ) -> list[dict[str, Any]]:
-        """Every claim, renewal, release, expiry and tombstone of a claim, oldest first."""
-        where, params = ["1 = 1"], []
-        for column, value in (
-            ("session_id", session_id),
-            ("outpost_id", outpost_id),
-            ("acceptor_id", acceptor_id),
-            ("account_id", account_id),
-        ):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        with self._read() as conn:
-            rows = conn.execute(
-                f"SELECT * FROM claim_history WHERE {' AND '.join(where)} ORDER BY seq", params
-            ).fetchall()
-        return [dict(row) for row in rows]
-
-    def admin_sessions(
-        self,
-        *,
-        outpost_id: Optional[str] = None,
-        session_id: Optional[str] = None,
-        include_deleted: bool = False,
-    ) -> list[dict[str, Any]]:
-        """The simulator's full view of queue rows, tombstones included on request."""
-        where, params = ["1 = 1"], []
-        if outpost_id is not None:
-            where.append("outpost_id = ?")
-            params.append(outpost_id)
-        if session_id is not None:
-            where.append("session_id = ?")
-            params.append(session_id)
-        if not include_deleted:
-            where.append("deleted = 0")
-        with self._tx() as conn:
-            self._expire_locked(conn, self._clock())
-            rows = conn.execute(
-                f"SELECT * FROM sessions WHERE {' AND '.join(where)} ORDER BY rev, session_id", params
-            ).fetchall()
-        return [
-            {
-                "entry": entry_from_row(row).to_wire(),
-                "account_id": row["account_id"],
-                "deleted": bool(row["deleted"]),
-                "rev": row["rev"],
-                "cursor": _row_cursor(row).encode(),
-                "claim_deadline": row["claim_deadline"],
-                "claim_chain": row["claim_chain"],
-            }
-            for row in rows
-        ]

@@ -22,9 +22,10 @@ from devin_outposts.sim.accounts import (
 )
 from devin_outposts.sim.db import token_fingerprint
 from devin_outposts.sim.queue import Change, QueuePage, QueueStore
+from devin_outposts.sim.records import RecordStore
 
 
-class Store(AccountStore, QueueStore):
+class Store(AccountStore, QueueStore, RecordStore):
     """Accounts, tokens, organizations, outposts, the queue, claims and their history."""
 
 
