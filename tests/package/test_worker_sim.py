@@ -203,6 +203,19 @@ def test_kill_9_then_restart_with_the_same_identity_takes_the_session_back(harne
     again.stop()
 
 
+def test_a_restarted_worker_stops_orphans_of_sessions_that_ended_meanwhile(harness: Harness) -> None:
+    h = harness
+    worker = h.worker("w1")
+    entry = h.sim.admin.enqueue(h.outpost.outpost_id)
+    orphan = wait(h, lambda: h.remote.runs(entry.session_id), "the remote")[0]
+    worker.kill9()
+    h.sim.admin.set_status(entry.session_id, "terminated")  # the session ends while no worker watches
+    wait(h, lambda: not h.sim.admin.session(entry.session_id)["entry"]["status"]["acceptor_id"], "the TTL")
+    h.worker("w1")
+    wait(h, lambda: not alive(orphan["pid"]), "the orphaned remote to be stopped")
+    assert len(h.remote.runs(entry.session_id)) == 1  # not served again
+
+
 def test_a_dead_workers_session_is_taken_by_another_after_the_ttl(harness: Harness) -> None:
     h = harness
     dead = h.worker("dead")

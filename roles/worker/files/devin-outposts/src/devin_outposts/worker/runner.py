@@ -47,6 +47,7 @@ from devin_outposts.worker.logs import register_secret
 from devin_outposts.worker.metrics import Metrics, MetricsServer
 from devin_outposts.worker.queue import Backoff, QueueFeed, oldest_first
 from devin_outposts.worker.session import FAILED, INTERRUPTED, LOST, SERVED, SessionResult, SessionServer
+from devin_outposts.worker.spawn import reap_stale_remote
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class Worker:
                 )
                 if not self.config.direct and not self.acceptor_id:
                     self.acceptor_id = load_or_create_acceptor_id(self.config.data_dir)
+                await asyncio.to_thread(self._reap_orphans)
             except LockedError as exc:
                 raise WorkerExit(EXIT_LOCKED, str(exc)) from exc
             except IdentityError as exc:
@@ -187,6 +189,19 @@ class Worker:
                 await binaries.aclose()
             for lock in reversed(locks):
                 lock.release()
+
+    def _reap_orphans(self) -> None:
+        """Stop every remote a killed predecessor left running on this data directory.
+
+        We hold the data-dir lock, so no live worker owns them; a session we take back starts a fresh
+        remote, and one we do not (finished, or lost meanwhile) must not keep running with its token.
+        """
+        sessions = self.config.sessions_dir
+        if not sessions.is_dir():
+            return
+        for state_dir in sessions.iterdir():
+            if state_dir.is_dir() and not state_dir.is_symlink() and reap_stale_remote(state_dir):
+                log.warning("stopped an orphaned devin-remote in %s", state_dir)
 
     def health(self) -> tuple[bool, str]:
         if self.fatal is not None:
