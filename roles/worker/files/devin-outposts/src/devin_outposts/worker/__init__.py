@@ -9,7 +9,10 @@ Modules, each one concern:
 * :mod:`.spawn`: the clean session environment, launching and stopping ``devin-remote``;
 * :mod:`.queue`: list-then-watch with reconnects and backoff, or polling;
 * :mod:`.session`: serving one claimed session (renew, watch status, restart, release);
-* :mod:`.runner`: the main loop, slots, restart recovery, signals, exit codes;
+* :mod:`.runner`: the worker: modes, slots, signals and drain, ``/healthz`` state;
+* :mod:`.claiming`: queue mode: restart recovery and the claim loop;
+* :mod:`.outposts`: choosing the outpost, the platform check;
+* :mod:`.exits`: exit codes;
 * :mod:`.metrics`: ``/metrics`` and ``/healthz``;
 * :mod:`.logs`: text or JSON logs with secrets redacted.
 

@@ -24,17 +24,28 @@ import logging
 import os
 import signal
 import ssl
-import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import httpx
 
 from devin_outposts.client import FleetClient
-from devin_outposts.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
-from devin_outposts.models import Outpost, QueueEntry
-from devin_outposts.worker.binary import BinaryStore, host_os
+from devin_outposts.errors import FleetAuthError, FleetConflict, FleetNotFound
+from devin_outposts.models import QueueEntry
+from devin_outposts.worker.binary import BinaryStore
+from devin_outposts.worker.claiming import QueueMode
 from devin_outposts.worker.config import WorkerConfig
+from devin_outposts.worker.exits import (
+    EXIT_AUTH,
+    EXIT_CONFLICT,
+    EXIT_ERROR,
+    EXIT_LOCKED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_SESSION_FAILED,
+    EXIT_USAGE,
+    WorkerExit,
+)
 from devin_outposts.worker.identity import (
     DATA_LOCK_FILE,
     WORKDIR_LOCK_FILE,
@@ -45,33 +56,16 @@ from devin_outposts.worker.identity import (
 )
 from devin_outposts.worker.logs import register_secret
 from devin_outposts.worker.metrics import Metrics, MetricsServer
-from devin_outposts.worker.queue import Backoff, QueueFeed, oldest_first
+from devin_outposts.worker.outposts import check_platform, resolve_outpost
+from devin_outposts.worker.queue import QueueFeed
 from devin_outposts.worker.session import FAILED, INTERRUPTED, LOST, SERVED, SessionResult, SessionServer
 from devin_outposts.worker.spawn import reap_stale_remote
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_AUTH = 3
-EXIT_NOT_FOUND = 4
-EXIT_CONFLICT = 5
-EXIT_PLATFORM = 6
-EXIT_SESSION_FAILED = 7
-EXIT_LOCKED = 8
-
 #: Seconds a session that failed on this worker is not offered to it again (times its failure count).
 FAILED_SESSION_COOLDOWN = 60.0
 HARD_STOP_GRACE = 0.5
-
-
-class WorkerExit(Exception):
-    """Ends the worker with ``code`` after printing ``message`` as one line."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -106,9 +100,9 @@ class Worker:
         self.signal_number: Optional[int] = None
         self.fatal: Optional[FleetAuthError] = None
         self.feed: Optional[QueueFeed] = None
-        self._feed_task: Optional[asyncio.Task[None]] = None
+        self.feed_task: Optional[asyncio.Task[None]] = None
         self._failures: dict[str, int] = {}
-        self._results: list[SessionResult] = []
+        self.results: list[SessionResult] = []
         self.ready = False
         self._ssl: Optional[ssl.SSLContext] = None
 
@@ -176,7 +170,7 @@ class Worker:
             try:
                 if self.config.session_id:
                     return await self._run_session(client, binaries)
-                return await self._run_queue(client, binaries)
+                return await QueueMode(self).run_queue(client, binaries)
             except FleetAuthError as exc:
                 raise WorkerExit(EXIT_AUTH, f"{exc} (check DEVIN_OUTPOSTS_TOKEN and its scopes)") from exc
         finally:
@@ -206,7 +200,7 @@ class Worker:
     def health(self) -> tuple[bool, str]:
         if self.fatal is not None:
             return False, "unauthorized"
-        if self._feed_task is not None and self._feed_task.done() and not self.draining:
+        if self.feed_task is not None and self.feed_task.done() and not self.draining:
             return False, "queue feed stopped"
         if self.draining:
             return True, "draining"
@@ -247,19 +241,19 @@ class Worker:
                 active.server.request_stop(HARD_STOP_GRACE)
         self.kick.set()
 
-    def _is_draining(self) -> bool:
+    def is_draining(self) -> bool:
         return self.draining
 
     def start_drain(self) -> None:
         self.draining = True
         self.metrics.set("draining", 1)
-        if self._feed_task is not None:
-            self._feed_task.cancel()
+        if self.feed_task is not None:
+            self.feed_task.cancel()
         self.kick.set()
 
     # --- direct-serve and single-session modes ----------------------------------------------------
 
-    def _exit_for(self, result: SessionResult) -> int:
+    def exit_for(self, result: SessionResult) -> int:
         if self.fatal is not None:
             raise WorkerExit(EXIT_AUTH, f"{self.fatal} (check DEVIN_OUTPOSTS_TOKEN and its scopes)")
         if result.outcome == SERVED:
@@ -274,8 +268,8 @@ class Worker:
         task.add_done_callback(lambda t: self.kick.set())
         self.metrics.set("active_sessions", len(self.active))
         self.ready = True
-        await self._wait_for_sessions()
-        return self._results[-1]
+        await self.wait_for_sessions()
+        return self.results[-1]
 
     async def _run_direct(self, binaries: BinaryStore) -> int:
         assert self.config.session_id is not None
@@ -292,7 +286,7 @@ class Worker:
             metrics=self.metrics,
             cwd=self.config.slot_dir(0),
         )
-        return self._exit_for(await self._serve_one(server))
+        return self.exit_for(await self._serve_one(server))
 
     async def _run_session(self, client: FleetClient, binaries: BinaryStore) -> int:
         sid = self.config.session_id
@@ -302,16 +296,16 @@ class Worker:
         except FleetNotFound as exc:
             raise WorkerExit(EXIT_NOT_FOUND, str(exc)) from exc
         if self.config.outpost:
-            outpost = await self._resolve_outpost(client)
+            outpost = await resolve_outpost(client, self.config.outpost)
             if entry.metadata.outpost_id != outpost.outpost_id:
                 raise WorkerExit(
                     EXIT_NOT_FOUND,
                     f"session {sid} is queued on outpost {entry.metadata.outpost_id}, "
                     f"not on {self.config.outpost}",
                 )
-            self._check_platform(outpost, entry)
+            check_platform(outpost, entry)
         else:
-            self._check_platform(await client.find_outpost(entry.metadata.outpost_id), entry)
+            check_platform(await client.find_outpost(entry.metadata.outpost_id), entry)
         if entry.is_finished and entry.status.acceptor_id != self.acceptor_id:
             log.info(
                 "session %s is already %s; nothing to serve",
@@ -327,51 +321,12 @@ class Worker:
         except FleetNotFound as exc:
             raise WorkerExit(EXIT_NOT_FOUND, str(exc)) from exc
         self.metrics.inc("sessions_claimed")
-        server = self._server_for(claim, client, binaries, 0)
-        return self._exit_for(await self._serve_one(server))
-
-    # --- outposts and platforms -------------------------------------------------------------------
-
-    async def _resolve_outpost(self, client: FleetClient) -> Outpost:
-        wanted = self.config.outpost
-        if wanted:
-            outpost = await client.find_outpost(wanted)
-            if outpost is None:
-                raise WorkerExit(
-                    EXIT_NOT_FOUND, f"Could not find outpost {wanted}: no outpost has this name or id"
-                )
-            return outpost
-        outposts = await client.list_all_outposts()
-        if len(outposts) == 1:
-            log.info("--outpost not given; serving the account's only outpost %s", outposts[0].name)
-            return outposts[0]
-        if not outposts:
-            raise WorkerExit(EXIT_NOT_FOUND, "the account has no outposts; create one or pass --outpost")
-        if sys.stdin.isatty() and sys.stderr.isatty():
-            return await asyncio.to_thread(_prompt_outpost, outposts)
-        names = ", ".join(sorted(o.name for o in outposts))
-        raise WorkerExit(EXIT_USAGE, f"--outpost is required: the account has several outposts ({names})")
-
-    def _check_platform(self, outpost: Optional[Outpost], entry: Optional[QueueEntry] = None) -> None:
-        here = host_os()
-        platform = outpost.spec.platform if outpost is not None else None
-        if platform is None and entry is not None:
-            platform = entry.spec.platform
-        if platform is not None and platform.value != here:
-            name = outpost.name if outpost is not None else "the session's outpost"
-            raise WorkerExit(
-                EXIT_PLATFORM,
-                f"outpost {name} serves {platform.value} sessions but this machine runs {here}; run the "
-                "worker on a matching machine or use an outpost for this platform",
-            )
-
-    def _entry_platform_ok(self, entry: QueueEntry) -> bool:
-        platform = entry.spec.platform
-        return platform is None or platform.value == host_os()
+        server = self.server_for(claim, client, binaries, 0)
+        return self.exit_for(await self._serve_one(server))
 
     # --- queue mode -------------------------------------------------------------------------------
 
-    def _server_for(
+    def server_for(
         self, claim: QueueEntry, client: FleetClient, binaries: BinaryStore, slot: int
     ) -> SessionServer:
         return SessionServer(
@@ -386,17 +341,17 @@ class Worker:
             slot=slot,
         )
 
-    def _free_slot(self) -> Optional[int]:
+    def free_slot(self) -> Optional[int]:
         used = {active.slot for active in self.active.values()}
         for slot in range(self.config.max_sessions):
             if slot not in used:
                 return slot
         return None
 
-    def _start(self, claim: QueueEntry, client: FleetClient, binaries: BinaryStore) -> None:
-        slot = self._free_slot()
+    def start_session(self, claim: QueueEntry, client: FleetClient, binaries: BinaryStore) -> None:
+        slot = self.free_slot()
         assert slot is not None
-        server = self._server_for(claim, client, binaries, slot)
+        server = self.server_for(claim, client, binaries, slot)
         task = asyncio.ensure_future(server.serve())
         task.add_done_callback(lambda t: self.kick.set())
         self.active[claim.session_id] = _Active(server, task, slot)
@@ -408,12 +363,12 @@ class Worker:
             extra={"session_id": claim.session_id, "slot": slot},
         )
 
-    def _route(self, session_id: str, entry: Optional[QueueEntry]) -> None:
+    def route(self, session_id: str, entry: Optional[QueueEntry]) -> None:
         active = self.active.get(session_id)
         if active is not None:
             active.server.notify(entry)
 
-    def _reap(self) -> None:
+    def reap(self) -> None:
         for sid, active in list(self.active.items()):
             if not active.task.done():
                 continue
@@ -424,7 +379,7 @@ class Worker:
             except Exception as exc:  # a bug: keep serving the other sessions
                 log.exception("serving session %s crashed", sid, extra={"session_id": sid})
                 result = SessionResult(sid, FAILED, f"internal error: {exc}")
-            self._results.append(result)
+            self.results.append(result)
             if self.feed is not None:  # our copy is stale now: wait for the server's next word on it
                 self.feed.discard(sid)
             if active.server.fatal is not None:
@@ -437,7 +392,7 @@ class Worker:
                 if self.feed is not None:
                     self.feed.penalize(sid, FAILED_SESSION_COOLDOWN * count)
 
-    async def _wait_for_sessions(self) -> None:
+    async def wait_for_sessions(self) -> None:
         """Wait for every active session, stopping them when the drain timeout or a second signal comes."""
         drain_deadline: Optional[float] = None
         loop = asyncio.get_running_loop()
@@ -454,199 +409,4 @@ class Worker:
                 timeout = None  # the stop was requested above: the sessions end within their grace
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.kick.wait(), timeout=timeout)
-            self._reap()
-
-    async def _recover(self, client: FleetClient, binaries: BinaryStore, outpost_id: str) -> None:
-        """Take back the sessions this acceptor still holds (a worker restarted after a crash)."""
-        held = (
-            await client.list_all_devins(outpost=outpost_id, phase="claimed", acceptor_id=self.acceptor_id)
-        )[0]
-        for entry in oldest_first(e for e in held if e.status.acceptor_id in (None, self.acceptor_id)):
-            sid = entry.session_id
-            if entry.is_finished or self._free_slot() is None or self.draining:
-                why = f"already {entry.status.session_status}" if entry.is_finished else "no free slot"
-                log.info(
-                    "releasing session %s held from before the restart (%s)",
-                    sid,
-                    why,
-                    extra={"session_id": sid},
-                )
-                with contextlib.suppress(FleetNotFound, FleetConflict):
-                    await client.release(sid, self.acceptor_id)
-                continue
-            try:
-                claim = await client.claim(sid, self.acceptor_id)  # a renewal: fresh connect token
-            except (FleetConflict, FleetNotFound) as exc:
-                log.info("could not take back session %s: %s", sid, exc, extra={"session_id": sid})
-                continue
-            self.metrics.inc("sessions_claimed")
-            log.info("took back session %s after a restart", sid, extra={"session_id": sid})
-            self._start(claim, client, binaries)
-
-    async def _run_queue(self, client: FleetClient, binaries: BinaryStore) -> int:
-        outpost = await self._resolve_outpost(client)
-        self._check_platform(outpost)
-        log.info(
-            "worker %s serving outpost %s (%s) on %s: %d slot(s), %s, workdir %s",
-            self.acceptor_id,
-            outpost.name,
-            outpost.outpost_id,
-            host_os(),
-            self.config.max_sessions,
-            "watching the queue" if self.config.watch else f"polling every {self.config.poll_interval:g}s",
-            self.config.workdir,
-            extra={"outpost": outpost.outpost_id, "acceptor_id": self.acceptor_id},
-        )
-        self.metrics.labels["outpost"] = outpost.outpost_id
-        recovery = Backoff(cap=self.config.backoff_max)
-        while not self.draining:
-            try:
-                await self._recover(client, binaries, outpost.outpost_id)
-                break
-            except FleetAuthError:
-                raise
-            except FleetError as exc:
-                self.metrics.inc("api_errors")
-                await self._sleep(recovery.next_delay(), f"{exc}")
-        self.feed = QueueFeed(
-            client,
-            outpost.outpost_id,
-            self.acceptor_id,
-            watch=self.config.watch,
-            poll_interval=self.config.poll_interval,
-            backoff_max=self.config.backoff_max,
-            metrics=self.metrics,
-            on_update=self._route,
-        )
-        self.feed.changed = self.kick
-        if not self.draining:
-            self._feed_task = asyncio.ensure_future(self.feed.run())
-            self._feed_task.add_done_callback(lambda t: self.kick.set())
-        self.ready = True
-        try:
-            await self._claim_loop(client, binaries)
-        finally:
-            if self._feed_task is not None:
-                self._feed_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self._feed_task
-            await self._wait_for_sessions()
-        if self.fatal is not None:
-            raise WorkerExit(EXIT_AUTH, f"{self.fatal} (check DEVIN_OUTPOSTS_TOKEN and its scopes)")
-        if self.config.once and self._results:
-            return self._exit_for(self._results[-1])
-        return EXIT_OK
-
-    async def _sleep(self, seconds: float, why: str) -> None:
-        log.warning("%s; retrying in %.1fs", why, seconds)
-        self.kick.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._until_drain(), timeout=seconds)
-
-    async def _until_drain(self) -> None:
-        while not self.draining:
-            self.kick.clear()
-            await self.kick.wait()
-
-    async def _claim_loop(self, client: FleetClient, binaries: BinaryStore) -> None:
-        assert self.feed is not None
-        backoff = Backoff(cap=self.config.backoff_max)
-        claimed_once = False
-        while not self.draining:
-            self._reap()
-            if self.fatal is not None:
-                return
-            if self._feed_task is not None and self._feed_task.done():
-                error = None if self._feed_task.cancelled() else self._feed_task.exception()
-                if isinstance(error, FleetAuthError):
-                    self.fatal = error
-                    return
-                log.error("the queue feed stopped (%r); restarting it", error)
-                await self._sleep(backoff.next_delay(), "queue feed stopped")
-                self._feed_task = asyncio.ensure_future(self.feed.run())
-                self._feed_task.add_done_callback(lambda t: self.kick.set())
-                continue
-            if self.config.once and claimed_once:
-                if not self.active:
-                    return
-            elif self._free_slot() is not None:
-                outcome = await self._claim_next(client, binaries)
-                if outcome == "claimed":
-                    claimed_once = True
-                    backoff.reset()
-                    continue
-                if outcome == "error":
-                    await self._sleep(backoff.next_delay(), "claiming failed")
-                    continue
-                if outcome == "fatal":
-                    return
-            self.kick.clear()
-            if self._is_draining():  # a signal may have come while we were claiming
-                break
-            wakeup = self.feed.next_wakeup()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.kick.wait(), timeout=wakeup)
-
-    async def _claim_next(self, client: FleetClient, binaries: BinaryStore) -> str:
-        """Claim the oldest claimable session: ``claimed``, ``idle``, ``error`` (back off) or ``fatal``."""
-        assert self.feed is not None
-        for entry in self.feed.candidates(exclude=self.active):
-            sid = entry.session_id
-            if not self._entry_platform_ok(entry):
-                log.warning(
-                    "not claiming session %s: it wants platform %s, this machine runs %s",
-                    sid,
-                    entry.spec.platform,
-                    host_os(),
-                    extra={"session_id": sid},
-                )
-                self.feed.penalize(sid, 3600)
-                continue
-            try:
-                claim = await client.claim(sid, self.acceptor_id)
-            except FleetConflict:
-                self.metrics.inc("claim_conflicts")
-                log.debug("session %s was claimed by another worker", sid, extra={"session_id": sid})
-                self.feed.penalize(sid, max(2 * self.config.poll_interval, 5.0))
-                continue
-            except FleetNotFound:
-                self.feed.discard(sid)
-                continue
-            except FleetAuthError as exc:
-                self.fatal = exc
-                return "fatal"
-            except FleetError as exc:
-                self.metrics.inc("api_errors")
-                log.warning("%s", exc, extra={"session_id": sid})
-                return "error"
-            self.metrics.inc("sessions_claimed")
-            if self.draining or claim.is_finished:
-                # A signal arrived while the claim was in flight, or our copy of the row was stale and
-                # the session is already over: give it straight back.
-                why = "draining" if self.draining else f"session already {claim.status.session_status}"
-                log.info("releasing session %s at once (%s)", sid, why, extra={"session_id": sid})
-                self.feed.discard(sid)
-                await client.release(sid, self.acceptor_id)
-                if self.draining:
-                    return "idle"
-                continue
-            self._start(claim, client, binaries)
-            return "claimed"
-        return "idle"
-
-
-def _prompt_outpost(outposts: list[Outpost]) -> Outpost:
-    ordered = sorted(outposts, key=lambda o: o.name)
-    print("Outposts of this account:", file=sys.stderr)
-    for number, outpost in enumerate(ordered, 1):
-        platform = outpost.spec.platform.value if outpost.spec.platform else "default"
-        print(f"  {number}. {outpost.name} ({outpost.outpost_id}, {platform})", file=sys.stderr)
-    while True:
-        print("Serve which outpost? [number] ", end="", file=sys.stderr, flush=True)
-        answer = sys.stdin.readline()
-        if not answer:
-            raise WorkerExit(EXIT_USAGE, "no outpost chosen; pass --outpost")
-        with contextlib.suppress(ValueError):
-            choice = int(answer.strip())
-            if 1 <= choice <= len(ordered):
-                return ordered[choice - 1]
+            self.reap()
