@@ -236,6 +236,8 @@ class SessionServer:
         )
         restarts = 0
         while True:
+            if self._stop.is_set():  # stopped while the binary was being fetched, or between restarts
+                return SessionResult(self.session_id, INTERRUPTED, "stopped by the worker")
             token = self._token()
             assert token is not None
             env = build_session_env(
