@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark the fleet API surface: module task time and simulator claim throughput.
 
 Prints, in one run, each figure next to a baseline measured the same way in the same run:

@@ -245,7 +245,7 @@ def test_a_dead_workers_session_is_taken_by_another_after_the_ttl(harness: Harne
 def test_a_second_worker_on_the_same_data_dir_refuses(harness: Harness) -> None:
     h = harness
     h.worker("w1")
-    wait(h, lambda: (h.tmp / "w1" / "data" / "acceptor_id").exists(), "the first worker to start")
+    wait(h, (h.tmp / "w1" / "data" / "acceptor_id").exists, "the first worker to start")
     second = h.worker("w1-again", "--cache-dir", str(h.tmp / "w1" / "data" / "cache"))
     assert second.wait(20) == 8
     assert "another worker is already using the worker data directory" in second.log()

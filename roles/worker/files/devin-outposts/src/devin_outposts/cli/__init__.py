@@ -4,7 +4,10 @@ Each verb group lives in its own module and registers itself through ``add_parse
 
 * ``outpost`` (create/delete/list) mirrors ``devin worker outpost ...``;
 * ``sim`` runs and scripts the fleet simulator;
-* ``worker`` (later) mirrors ``devin worker start``.
+* ``worker`` mirrors ``devin worker start`` and ``devin worker outpost ...``.
+
+Only the module of the verb group being run is imported, so a long-running ``worker start`` never loads
+the simulator's code (it keeps the worker's resident memory small).
 
 Errors print one line to stderr and exit non-zero; tracebacks are reserved for bugs.
 """
@@ -20,17 +23,19 @@ from typing import Any, Callable, Optional
 from devin_outposts import __version__
 from devin_outposts.cli.common import EXIT_USAGE
 
-#: Modules whose ``add_parser`` registers a verb group, and the optional extra each one needs.
-_VERB_MODULES = (
-    ("devin_outposts.cli.outpost", None),
-    ("devin_outposts.cli.worker", None),
-    ("devin_outposts.cli.sim", "sim"),
-)
+#: Verb group -> (module whose ``add_parser`` registers it, the optional extra it needs).
+_VERB_MODULES = {
+    "outpost": ("devin_outposts.cli.outpost", None),
+    "worker": ("devin_outposts.cli.worker", None),
+    "sim": ("devin_outposts.cli.sim", "sim"),
+}
 
 
-def _verb_adders() -> list[Callable[[Any], None]]:
+def _verb_adders(only: Optional[str] = None) -> list[Callable[[Any], None]]:
     adders: list[Callable[[Any], None]] = []
-    for module_name, extra in _VERB_MODULES:
+    for verb, (module_name, extra) in _VERB_MODULES.items():
+        if only is not None and verb != only:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -42,7 +47,8 @@ def _verb_adders() -> list[Callable[[Any], None]]:
     return adders
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that verb group is loaded (the others are unknown to it)."""
     parser = argparse.ArgumentParser(
         prog="devin-outposts",
         description="Devin Outposts worker, fleet client and fleet simulator.",
@@ -50,14 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"devin-outposts {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for add in _verb_adders():
+    for add in _verb_adders(only):
         add(subparsers)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    first = words[0] if words else None
+    parser = build_parser(first if first in _VERB_MODULES else None)
+    args = parser.parse_args(words)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -31,7 +32,8 @@ class SimConfig:
 
     def validate(self) -> None:
         for name in ("claim_ttl", "watch_max_duration", "keepalive_interval", "sweep_interval"):
-            if not getattr(self, name) > 0:
+            value = float(getattr(self, name))
+            if math.isnan(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds")
         if not self.admin_token:
             raise ValueError("an admin token is required")

@@ -10,6 +10,7 @@ raises :class:`ConfigError` (exit code 2) with one clear line.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -204,7 +205,7 @@ def _number(name: str, raw: Optional[str], default: float, *, minimum: float, in
     except ValueError as exc:
         kind = "an integer" if integer else "a number"
         raise ConfigError(f"{name} must be {kind}, got {raw!r}") from exc
-    if value < minimum or value != value:  # NaN
+    if math.isnan(value) or value < minimum:
         raise ConfigError(f"{name} must be at least {minimum:g}, got {raw!r}")
     return value
 

@@ -416,7 +416,7 @@ class SessionServer:
             remaining = (deadline - time.time()) if deadline is not None else self.config.renew_margin * 2
             wait = renew_delay(remaining, self.config.renew_margin)
             if failures:
-                wait = min(wait, min(2.0 * failures, 10.0))
+                wait = min(wait, 2.0 * failures, 10.0)
             self._renew_now.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._renew_now.wait(), timeout=wait)
