@@ -12,14 +12,19 @@ from typing import Any, Callable, TypeVar
 from devin_outposts.client import FleetClient
 from devin_outposts.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 
+# One table of exit codes for every verb (documented in docs/worker.md).
+from devin_outposts.worker.exits import (
+    EXIT_AUTH,
+    EXIT_CONFLICT,
+    EXIT_ERROR,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+)
+
 T = TypeVar("T")
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_AUTH = 3
-EXIT_NOT_FOUND = 4
-EXIT_CONFLICT = 5
+__all__ = ["EXIT_AUTH", "EXIT_CONFLICT", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE"]
 
 
 def add_api_options(parser: argparse.ArgumentParser) -> None:
