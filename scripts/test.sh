@@ -16,7 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 STAGES=(ruff mypy ansible-lint changelog sanity units package integration)
 declare -A ABOUT=(
-    [ruff]="ruff check on the bundled package and tests/package"
+    [ruff]="ruff check on the bundled package"
     [mypy]="mypy --strict on the bundled package"
     [ansible-lint]="ansible-lint, production profile"
     [changelog]="antsibull-changelog lint"
