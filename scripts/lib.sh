@@ -129,6 +129,9 @@ run_ansible_test() {
         say ""
         say "---- ansible-test $1: findings ----"
         grep -E '^(ERROR|FATAL): ' "$log" | grep -v '^FATAL: Command ' || say "(no ERROR lines; see the output above)"
+        if grep -qE 'missing-gplv3-license|tests/sanity/ignore-' "$log"; then
+            say "hint: after adding or removing a module or lookup, run scripts/sanity-ignores.sh"
+        fi
     fi
     rm -f "$log"
     return "$rc"
