@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The roles' tests: the argument-spec drift test (tests/roles), then the Molecule scenarios
+# (extensions/molecule/) on systemd-nspawn test hosts that scripts/test-hosts/build-images.sh builds
+# (Debian 12 and 13, cached under /var/tmp). The fleet simulator runs on this machine's loopback and is
+# relayed into each host; the hosts have no network.
+#
+#   scripts/test.sh molecule                          # every scenario in MOLECULE_SCENARIOS (default: all)
+#   MOLECULE_SCENARIOS=default scripts/test.sh molecule
+#   scripts/test.sh molecule converge -s default      # any molecule command line
+set -euo pipefail
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+ensure_env
+cd "$ROOT"
+run_pytest tests/roles -q -p no:cacheprovider
+[[ $(id -u) -eq 0 ]] || skip "the Molecule scenarios need root (debootstrap, systemd-nspawn)"
+[[ -d /sys/fs/cgroup/systemd || -f /sys/fs/cgroup/cgroup.controllers ]] || skip "no cgroup hierarchy for systemd-nspawn"
+"$ROOT/scripts/test-hosts/build-images.sh"
+export NO_COLOR=1 PY_COLORS=0 ANSIBLE_FORCE_COLOR=0
+if [[ $# -gt 0 ]]; then
+    exec molecule "$@"
+fi
+read -r -a scenarios <<<"${MOLECULE_SCENARIOS:-$(find extensions/molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -n1 basename | sort | tr '\n' ' ')}"
+failed=0
+for scenario in "${scenarios[@]}"; do
+    start=$SECONDS
+    if molecule test -s "$scenario"; then
+        say "molecule $scenario: passed in $((SECONDS - start)) s"
+    else
+        say "molecule $scenario: FAILED after $((SECONDS - start)) s"
+        failed=$((failed + 1))
+    fi
+done
+say "molecule: $(( ${#scenarios[@]} - failed )) passed, $failed failed"
+[[ $failed -eq 0 ]]
