@@ -1,9 +1,9 @@
 # Entry points for developers and CI. Each target calls a script under scripts/, which does the work.
 #   make demo    set everything up and run the demo against the embedded fleet simulator
 #   make test    the whole suite (CI runs exactly this)
-#   make <stage> one stage: ruff mypy ansible-lint changelog sanity units package integration, or lint
+#   make <stage> one stage: ruff mypy ansible-lint changelog sanity units package integration molecule, or lint
 
-STAGES := ruff mypy ansible-lint changelog sanity units package integration
+STAGES := ruff mypy ansible-lint changelog sanity units package integration molecule
 
 .PHONY: help demo test bootstrap lint $(STAGES) clean
 

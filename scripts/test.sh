@@ -14,7 +14,7 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-STAGES=(ruff mypy ansible-lint changelog sanity units package integration)
+STAGES=(ruff mypy ansible-lint changelog sanity units package integration molecule)
 declare -A ABOUT=(
     [ruff]="ruff check on the bundled package"
     [mypy]="mypy --strict on the bundled package"
@@ -24,6 +24,7 @@ declare -A ABOUT=(
     [units]="ansible-test units --venv --python 3.11 (tests/unit)"
     [package]="pytest tests/package"
     [integration]="pytest tests/integration (playbooks against the simulator)"
+    [molecule]="roles: tests/roles, then the Molecule scenarios on systemd-nspawn hosts"
 )
 declare -A GROUPS_=(
     [lint]="ruff mypy ansible-lint changelog"
