@@ -9,6 +9,7 @@
     admin.set_status(entry.session_id, "running")
     admin.tombstone(entry.session_id)
     history = admin.claims(session_id=entry.session_id)   # claim/renew/release/expire/tombstone records
+    admin.add_calls(entry.session_id, [tools.run("make")])  # the brain: see admin_remote.py
 
 Failures raise :class:`SimAdminError`, whose message names the operation, the status and the detail.
 The admin token is never part of a message or ``repr``.
@@ -23,6 +24,7 @@ import httpx
 
 from devin_outposts.models import Outpost, QueueEntry
 from devin_outposts.sim.accounts import DEFAULT_ACCOUNT
+from devin_outposts.sim.admin_remote import RemoteAdmin
 
 
 class SimAdminError(Exception):
@@ -36,8 +38,12 @@ class SimAdminError(Exception):
         super().__init__(f"Could not {operation}: {prefix}{detail}")
 
 
-class SimAdmin:
-    """Synchronous admin client. Use as a context manager, or call :meth:`close`."""
+class SimAdmin(RemoteAdmin):
+    """Synchronous admin client. Use as a context manager, or call :meth:`close`.
+
+    The brain (tool calls, remote connections, ending sessions) and the ``devin-remote`` distribution
+    methods are in :class:`~devin_outposts.sim.admin_remote.RemoteAdmin`.
+    """
 
     def __init__(self, url: str, admin_token: str, *, timeout: float = 10.0) -> None:
         self.url = url.rstrip("/")
@@ -65,10 +71,12 @@ class SimAdmin:
         *,
         body: Optional[dict[str, Any]] = None,
         params: Optional[dict[str, Any]] = None,
+        timeout: Optional[float] = None,
     ) -> Any:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         try:
-            response = self._http.request(method, f"/_sim{path}", json=body, params=clean)
+            response = self._http.request(method, f"/_sim{path}", json=body, params=clean, **extra)
         except httpx.TransportError as exc:
             raise SimAdminError(
                 operation, f"simulator unreachable at {self.url} ({type(exc).__name__})"
@@ -80,6 +88,9 @@ class SimAdmin:
                 detail = response.text[:200]
             raise SimAdminError(operation, detail, response.status_code)
         return response.json()
+
+    def _error(self, operation: str, detail: str) -> Exception:
+        return SimAdminError(operation, detail)
 
     # --- health and settings ----------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """The simulated fleet API as a Starlette app: outposts CRUD, the queue, watch, claim, release, the
-organization default platform, and (under ``/_sim``) the admin API. See docs/simulator.md.
+organization default platform, the ``devin-remote`` distribution and the gateway
+(:mod:`~devin_outposts.sim.gateway`), and (under ``/_sim``) the admin API and the brain
+(:mod:`~devin_outposts.sim.admin`, :mod:`~devin_outposts.sim.brain`). See docs/simulator.md.
 
 :func:`create_app` builds the app around a :class:`~devin_outposts.sim.store.Store`; the lifespan starts
 the claim sweeper and the watch notifier. Every error, including unknown routes and wrong methods, is a
@@ -41,12 +43,20 @@ PHASES = ("pending", "claimed")
 
 @dataclass
 class SimRuntime:
-    """What the routes share: the store, the settings and (while serving) the watch notifier."""
+    """What the routes share: the store, the settings and (while serving) the watch notifier and the
+    gateway's (woken by queue changes and by tool-call changes, for the gateway's and brain's long polls)."""
 
     store: Store
     config: SimConfig
     owns_store: bool = False
     notifier: Optional[Notifier] = None
+    gateway: Optional[Notifier] = None
+
+    def close_notifiers(self) -> None:
+        """End every watch stream and long poll (server shutdown). Call from the loop's thread."""
+        for notifier in (self.notifier, self.gateway):
+            if notifier is not None:
+                notifier.close()
 
 
 def runtime_of(request: Request) -> SimRuntime:
@@ -269,15 +279,21 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     notifier = Notifier(asyncio.get_running_loop())
     sim.notifier = notifier
     sim.store.add_listener(notifier.notify)
+    gateway = Notifier(asyncio.get_running_loop())
+    sim.gateway = gateway
+    sim.store.add_listener(gateway.notify)
+    sim.store.add_call_listener(gateway.notify)
     stop = asyncio.Event()
     sweeper = asyncio.ensure_future(_sweep(sim.store, sim.config.sweep_interval, stop))
     try:
         yield
     finally:
-        notifier.close()
+        sim.close_notifiers()
         stop.set()
         await sweeper
         sim.store.remove_listener(notifier.notify)
+        sim.store.remove_listener(gateway.notify)
+        sim.store.remove_call_listener(gateway.notify)
         if sim.owns_store:
             sim.store.close()
 
@@ -304,11 +320,13 @@ def api_routes() -> list[BaseRoute]:
 def create_app(config: SimConfig, store: Optional[Store] = None) -> Starlette:
     """The simulator app. Without ``store``, it opens ``config.db`` and closes it at shutdown."""
     from devin_outposts.sim.admin import admin_routes
+    from devin_outposts.sim.brain import brain_routes
+    from devin_outposts.sim.gateway import gateway_routes
 
     config.validate()
     runtime = SimRuntime(store=store or Store(config.db), config=config, owns_store=store is None)
     app = Starlette(
-        routes=[*api_routes(), *admin_routes()],
+        routes=[*api_routes(), *gateway_routes(), *admin_routes(), *brain_routes()],
         exception_handlers={SimError: on_sim_error, HTTPException: on_http_error, Exception: on_crash},
         lifespan=_lifespan,
     )

@@ -56,10 +56,38 @@ CREATE TABLE IF NOT EXISTS connect_tokens (
     token_hash TEXT PRIMARY KEY, session_id TEXT NOT NULL, acceptor_id TEXT NOT NULL,
     chain INTEGER NOT NULL, issued_at REAL NOT NULL, revoked_at REAL, revoked_reason TEXT);
 CREATE INDEX IF NOT EXISTS connect_tokens_by_session ON connect_tokens (session_id, revoked_at);
+CREATE TABLE IF NOT EXISTS dist_artifacts (
+    sha TEXT NOT NULL, suffix TEXT NOT NULL, content BLOB NOT NULL, published_sha256 TEXT NOT NULL,
+    created_at REAL NOT NULL, PRIMARY KEY (sha, suffix));
+CREATE TABLE IF NOT EXISTS dist_latest (suffix TEXT PRIMARY KEY, sha TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS remote_connections (
+    connection_id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, at REAL NOT NULL,
+    last_seen REAL NOT NULL, acceptor_id TEXT, chain INTEGER, token_fingerprint TEXT, info TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS remote_connections_by_session ON remote_connections (session_id, connection_id);
+CREATE TABLE IF NOT EXISTS tool_calls (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, call_id TEXT NOT NULL UNIQUE, session_id TEXT NOT NULL,
+    tool TEXT NOT NULL, args TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL,
+    delivered_at REAL, connection_id INTEGER, attempts INTEGER NOT NULL DEFAULT 0, completed_at REAL,
+    result TEXT);
+CREATE INDEX IF NOT EXISTS tool_calls_by_session ON tool_calls (session_id, state, seq);
 """
 
-#: Tables wiped by :meth:`StoreBase.reset` (``meta`` survives so revisions keep increasing).
-DATA_TABLES = ("accounts", "api_tokens", "orgs", "outposts", "sessions", "claim_history", "connect_tokens")
+#: Tables wiped by :meth:`StoreBase.reset` (``meta`` survives so revisions keep increasing). The
+#: ``dist_*`` tables hold published ``devin-remote`` artifacts (the built-in stand-in is not stored);
+#: ``remote_connections`` and ``tool_calls`` are the gateway's and the brain's records.
+DATA_TABLES = (
+    "accounts",
+    "api_tokens",
+    "orgs",
+    "outposts",
+    "sessions",
+    "claim_history",
+    "connect_tokens",
+    "dist_artifacts",
+    "dist_latest",
+    "remote_connections",
+    "tool_calls",
+)
 
 
 def token_hash(token: str) -> str:

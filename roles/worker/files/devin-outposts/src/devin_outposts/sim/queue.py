@@ -7,8 +7,9 @@ background sweeper has run yet.
 
 Connect tokens: each claim or renewal issues a fresh token. All tokens issued to the current holder since
 its claim began (its *claim chain*) stay valid while that chain lasts; release, expiry, a tombstone or a
-takeover by another acceptor revokes them. :meth:`QueueStore.check_connect_token` answers the question a
-gateway asks.
+takeover by another acceptor revokes them.
+:meth:`~devin_outposts.sim.gateway_store.GatewayStore.check_connect_token` answers the question a gateway
+asks.
 """
 
 from __future__ import annotations
@@ -377,15 +378,3 @@ class QueueStore(StoreBase):
                 (rev, session_id),
             )
             return entry_from_row(self._reload(conn, session_id))
-
-    def check_connect_token(self, session_id: str, token: str) -> bool:
-        """True while ``token`` belongs to the current claim chain of ``session_id``'s holder."""
-        with self._tx() as conn:
-            self._expire_locked(conn, self._clock())
-            found = conn.execute(
-                "SELECT t.acceptor_id FROM connect_tokens t JOIN sessions s ON s.session_id = t.session_id "
-                "WHERE t.token_hash = ? AND t.session_id = ? AND t.revoked_at IS NULL AND s.deleted = 0 "
-                "AND s.phase = 'claimed' AND s.acceptor_id = t.acceptor_id AND s.claim_chain = t.chain",
-                (token_hash(token), session_id),
-            ).fetchone()
-        return found is not None

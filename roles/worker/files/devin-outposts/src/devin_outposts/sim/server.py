@@ -1,7 +1,8 @@
 """Running the simulator under uvicorn: the server class, the admin token file and the port file.
 
 :class:`SimServer` is a ``uvicorn.Server`` that reports the port it bound (so ``--port 0`` works) and ends
-every open watch stream when shutting down, so a stop never waits for streams to time out.
+every open watch stream and gateway long poll when shutting down, so a stop never waits for them to
+time out.
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ class SimServer(uvicorn.Server):
             self.on_listening(self.port)
 
     async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
-        if self.runtime.notifier is not None:
-            self.runtime.notifier.close()
+        self.runtime.close_notifiers()
         await super().shutdown(sockets)
 
 

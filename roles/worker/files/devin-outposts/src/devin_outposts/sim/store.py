@@ -21,12 +21,15 @@ from devin_outposts.sim.accounts import (
     Principal,
 )
 from devin_outposts.sim.db import token_fingerprint
-from devin_outposts.sim.queue import Change, QueuePage, QueueStore
+from devin_outposts.sim.dist import DistStore
+from devin_outposts.sim.gateway_store import GatewayStore
+from devin_outposts.sim.queue import Change, QueuePage
 from devin_outposts.sim.records import RecordStore
 
 
-class Store(AccountStore, QueueStore, RecordStore):
-    """Accounts, tokens, organizations, outposts, the queue, claims and their history."""
+class Store(AccountStore, GatewayStore, RecordStore, DistStore):
+    """Accounts, tokens, organizations, outposts, the queue, claims and their history, the gateway's
+    connections, the brain's tool calls and the published ``devin-remote`` artifacts."""
 
 
 __all__ = [

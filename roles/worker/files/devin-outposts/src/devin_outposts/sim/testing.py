@@ -23,10 +23,20 @@ As a subprocess (``python -m devin_outposts sim serve``), for restart and kill t
         proc.kill(); proc.start()  # SIGKILL: no graceful shutdown
         proc.url, proc.admin, proc.log_path
 
-Both handles offer ``url``, ``admin`` (:class:`~devin_outposts.sim.admin_client.SimAdmin`),
-``admin_token`` and ``create_token(scope, account=...)``. The keyword arguments of both are the
+Both handles offer ``url``, ``static_base_url`` (the ``devin-remote`` distribution), ``admin``
+(:class:`~devin_outposts.sim.admin_client.SimAdmin`), ``admin_token`` and
+``create_token(scope, account=...)``. The keyword arguments of both are the
 :class:`~devin_outposts.sim.config.SimConfig` fields: ``claim_ttl``, ``watch_max_duration``,
 ``keepalive_interval``, ``sweep_interval``, ``gateway_url`` (seconds; fractions allowed).
+
+The stand-in ``devin-remote`` without a worker (a claim response gives the gateway URL and the connect
+token); see :mod:`~devin_outposts.sim.remote_testing`::
+
+    with standin_process(workdir, claimed, state_dir=tmp_path / "state") as remote:
+        sim.admin.add_calls(sid, [tools.run("echo hi")])
+        sim.admin.wait_calls(sid)
+        sim.admin.end_session(sid)
+        assert remote.wait(10) == 0
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from devin_outposts.sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts.sim.admin_client import SimAdmin
 from devin_outposts.sim.app import SimRuntime
 from devin_outposts.sim.config import SimConfig
+from devin_outposts.sim.remote_testing import StandinProcess, standin_env, standin_process
 from devin_outposts.sim.server import ADMIN_TOKEN_ENV, build_server
 from devin_outposts.sim.store import Store, token_fingerprint
 
@@ -70,6 +81,11 @@ class SimHandle:
     port: int
     #: The app's shared state: ``runtime.notifier.open_streams`` counts open watch streams.
     runtime: SimRuntime
+
+    @property
+    def static_base_url(self) -> str:
+        """``--static-base-url`` for a worker: ``{url}/devin-rs/remote/``."""
+        return f"{self.url}/devin-rs/remote/"
 
     def create_token(
         self, scope: Union[str, list[str]] = "machine", *, account: str = DEFAULT_ACCOUNT
@@ -161,6 +177,10 @@ class SimProcess:
         if not self.port:
             raise RuntimeError("the simulator has not been started")
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def static_base_url(self) -> str:
+        return f"{self.url}/devin-rs/remote/"
 
     @property
     def admin(self) -> SimAdmin:
@@ -272,4 +292,13 @@ def sim_process(db: Union[str, Path], **options: Any) -> Iterator[SimProcess]:
         proc.close()
 
 
-__all__ = ["SimHandle", "SimProcess", "run_sim", "sim_process", "token_fingerprint"]
+__all__ = [
+    "SimHandle",
+    "SimProcess",
+    "StandinProcess",
+    "run_sim",
+    "sim_process",
+    "standin_env",
+    "standin_process",
+    "token_fingerprint",
+]
