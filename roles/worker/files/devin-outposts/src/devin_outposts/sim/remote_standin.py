@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A stand-in ``devin-remote`` for the fleet simulator: one file, Python 3 standard library only.
 
 The simulator publishes these bytes as ``devin-remote_<sha>_<suffix>`` (see docs/simulator.md), so a worker
