@@ -4,7 +4,8 @@
 from ``--url`` or ``$DEVIN_SIM_URL``; its admin token from ``--admin-token-file``, ``$DEVIN_SIM_ADMIN_TOKEN``
 or ``$DEVIN_SIM_ADMIN_TOKEN_FILE`` (never from argv). They print the essential value (a token, an id) for
 scripts, or the whole object with ``--json``; a failure prints one line and exits non-zero.
-See docs/simulator.md.
+The brain verbs (``call``, ``calls``, ``connections``, ``end``) and ``dist`` are in
+:mod:`devin_outposts.sim.cli_remote`. See docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from devin_outposts.cli.common import (
 )
 from devin_outposts.sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts.sim.admin_client import SimAdmin, SimAdminError
+from devin_outposts.sim.cli_remote import add_remote_verbs
 from devin_outposts.sim.config import DEFAULT_DB, DEFAULT_HOST, DEFAULT_PORT, SimConfig
 from devin_outposts.sim.server import ADMIN_TOKEN_ENV, resolve_admin_token, serve
 
@@ -299,3 +301,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     claims.add_argument("--session", default=None, help="only this session")
     claims.add_argument("--outpost", default=None, help="only this outpost")
     claims.add_argument("--acceptor-id", default=None, help="only this acceptor")
+
+    add_remote_verbs(verbs, _admin_parser)

@@ -161,11 +161,26 @@ class RemoteAdmin:
         return str(result["sha"])
 
     def publish_standin_variant(
-        self, tag: str, *, latest: bool = False, suffixes: Optional[Sequence[str]] = None
+        self,
+        tag: str,
+        *,
+        latest: bool = False,
+        suffixes: Optional[Sequence[str]] = None,
+        python: Optional[str] = None,
     ) -> str:
         """Publish a working build that differs from the built-in stand-in (so it has another SHA,
-        which it reports as its ``version`` on connect); returns that SHA."""
-        content = standin_bytes() + f"\n# stand-in variant {tag}\n".encode()
+        which it reports as its ``version`` on connect); returns that SHA.
+
+        ``python`` (e.g. ``sys.executable``) replaces the ``#!/usr/bin/env python3`` shebang by that
+        interpreter: a launcher such as a pyenv shim adds variables (``PYENV_*``, ``SHLVL``, ``PWD``) to
+        the environment the stand-in sees and reports, which a test of the spawn environment must avoid.
+        """
+        content = standin_bytes()
+        if python is not None:
+            if not python.startswith("/") or any(c.isspace() for c in python):
+                raise ValueError("python must be an absolute path without spaces")
+            content = f"#!{python}\n".encode() + content.split(b"\n", 1)[1]
+        content += f"\n# stand-in variant {tag}\n".encode()
         return self.publish_remote(content, suffixes=suffixes, latest=latest)
 
     def publish_tampered(self, *, sha: Optional[str] = None, suffixes: Optional[Sequence[str]] = None) -> str:

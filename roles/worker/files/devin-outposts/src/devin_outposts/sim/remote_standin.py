@@ -412,6 +412,7 @@ def connection_info(state_dir: str) -> dict[str, Any]:
         "state_dir": state_dir,
         "platform": sys.platform,
         "python": sys.version.split()[0],
+        "executable": sys.executable,
         "hostname": socket.gethostname(),
     }
 

@@ -2,7 +2,7 @@
 
 ::
 
-    claimed = ...  # a claim response (QueueEntry) with the connect token and gateway_url
+    claimed = claim_session(sim.url, machine_token, sid)  # connect token and gateway_url
     with standin_process(workdir, claimed, state_dir=tmp_path / "state") as remote:
         sim.admin.add_calls(sid, [tools.run("echo hi")])
         sim.admin.wait_calls(sid)
@@ -21,8 +21,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Union
 
+import httpx
+
 from devin_outposts.models import QueueEntry
 from devin_outposts.sim.dist import standin_path
+
+
+def claim_session(url: str, token: str, session_id: str, acceptor_id: str = "test-acceptor") -> QueueEntry:
+    """Claim (or renew) ``session_id`` through the fleet API; the answer holds the connect token and the
+    ``gateway_url``. Raises ``httpx.HTTPStatusError`` on a refusal."""
+    response = httpx.post(
+        f"{url}/opbeta/outposts/devins/{session_id}/claim",
+        json={"acceptor_id": acceptor_id},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+    response.raise_for_status()
+    return QueueEntry.model_validate(response.json())
+
 
 #: What a worker passes through to ``devin-remote`` besides the ``DEVIN_*`` variables (contract 4.2).
 PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "TZ")

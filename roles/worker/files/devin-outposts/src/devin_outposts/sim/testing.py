@@ -58,7 +58,12 @@ from devin_outposts.sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts.sim.admin_client import SimAdmin
 from devin_outposts.sim.app import SimRuntime
 from devin_outposts.sim.config import SimConfig
-from devin_outposts.sim.remote_testing import StandinProcess, standin_env, standin_process
+from devin_outposts.sim.remote_testing import (
+    StandinProcess,
+    claim_session,
+    standin_env,
+    standin_process,
+)
 from devin_outposts.sim.server import ADMIN_TOKEN_ENV, build_server
 from devin_outposts.sim.store import Store, token_fingerprint
 
@@ -296,6 +301,7 @@ __all__ = [
     "SimHandle",
     "SimProcess",
     "StandinProcess",
+    "claim_session",
     "run_sim",
     "sim_process",
     "standin_env",
