@@ -22,7 +22,7 @@ import httpx
 import pytest
 from devin_outposts.models import Outpost, QueueEntry
 from devin_outposts.sim import tools
-from devin_outposts.sim.dist import standin_path
+from devin_outposts.sim.dist import builtin_sha, standin_path
 from devin_outposts.sim.remote_testing import PASSTHROUGH
 from devin_outposts.sim.testing import (
     SimHandle,
@@ -153,6 +153,8 @@ def test_the_downloaded_stand_in_runs_every_tool_and_exits_0_when_terminated(
     assert conn["state_dir"] == str(state)
     assert conn["env"]["DEVIN_OUTPOST_CONNECT_TOKEN"] == "***"  # noqa: S105
     assert conn["env"]["DEVIN_OUTPOST_SESSION_ID"] == sid
+    if sys.platform.startswith("linux"):  # what it was exec'd with, not what Python added (LC_CTYPE)
+        assert conn["env_source"] == "/proc/self/environ"
     assert set(conn["env"]) <= SPAWN_VARS | set(PASSTHROUGH)
     assert claimed.connect_token_value() not in json.dumps(conn)
 
@@ -165,7 +167,8 @@ def test_the_downloaded_stand_in_runs_every_tool_and_exits_0_when_terminated(
 
 def test_suspended_also_exits_0(sim: SimHandle, claimed: QueueEntry, workdir: Path, tmp_path: Path) -> None:
     with standin_process(workdir, claimed, state_dir=tmp_path / "state") as remote:
-        sim.admin.wait_connection(claimed.session_id, timeout=20)
+        conn = sim.admin.wait_connection(claimed.session_id, timeout=20)
+        assert conn["version"] == builtin_sha()  # run from the package source, it reports the served SHA
         sim.admin.end_session(claimed.session_id, "suspended")
         assert remote.wait(20) == 0
 

@@ -1,7 +1,8 @@
 """A stand-in ``devin-remote`` for the fleet simulator: one file, Python 3 standard library only.
 
-The simulator publishes these bytes as ``devin-remote_<sha>_<suffix>`` (see docs/simulator.md), so a worker
-downloads, verifies and runs it exactly like the real binary::
+The simulator publishes this file, with a ``#!/usr/bin/env python3`` line prepended, as
+``devin-remote_<sha>_<suffix>`` (see docs/simulator.md), so a worker downloads, verifies and runs it
+exactly like the real binary::
 
     devin-remote serve      # in the session's working directory
 
@@ -15,12 +16,13 @@ Environment (the spawn contract, shared/reference/outposts-contract.md 4.2):
 * ``DEVIN_STANDIN_RETRY_SECONDS`` (default 60) and ``DEVIN_STANDIN_POLL_WAIT`` (default 20): how long
   gateway failures are retried, and how long one long poll waits. Stand-in only.
 
-It connects with the connect token as a Bearer token and reports its pid, cwd, argv, version and
-environment (the connect token's value masked), then asks for tool calls one at a time, runs each in its
-working directory and posts the result. Tools: ``run`` (a shell command or an argv, with a timeout),
-``write``, ``edit`` (replace text; an error when it is not there), ``read`` and ``git_clone`` (a local path
-or ``file://`` URL into ``repos/<name>``, reused when already there). Paths must stay inside the working
-directory. The agent's commands get this process's environment without the connect token.
+It connects with the connect token as a Bearer token and reports its pid, cwd, argv, version and the
+environment it was started with (``/proc/self/environ`` on Linux; the connect token's value masked),
+then asks for tool calls one at a time, runs each in its working directory and posts the result.
+Tools: ``run`` (a shell command or an argv, with a timeout), ``write``, ``edit`` (replace text; an error
+when it is not there), ``read`` and ``git_clone`` (a local path or ``file://`` URL into ``repos/<name>``,
+reused when already there). Paths must stay inside the working directory. The agent's commands get this
+process's environment without the connect token.
 
 Exit codes: 0 the session ended (suspended or terminated); 1 an unexpected error; 2 usage (a missing
 variable, a wrong argument); 3 the gateway rejected the connect token (401/403); 4 the gateway stayed
@@ -85,9 +87,12 @@ def say(message: str, *, error: bool = False) -> None:
 
 
 def version() -> str:
-    """The first 12 hex digits of the SHA-1 of this file: the SHA the simulator publishes it under."""
+    """The first 12 hex digits of the SHA-1 of this file as published: the SHA the simulator serves it
+    under. The package's copy has no shebang (the simulator prepends one), so it is hashed with it."""
     with open(os.path.abspath(__file__), "rb") as handle:
         data = handle.read()
+    if not data.startswith(b"#!"):
+        data = b"#!/usr/bin/env python3\n" + data
     try:
         digest = hashlib.sha1(data, usedforsecurity=False)  # type: ignore[call-arg,unused-ignore]
     except TypeError:  # pragma: no cover - Python < 3.9
@@ -400,14 +405,35 @@ def _number(name: str, default: float) -> float:
     return value if value > 0 else default
 
 
+def exec_environment() -> tuple[dict[str, str], str]:
+    """The environment this process was started with, and where it was read from.
+
+    On Linux ``/proc/self/environ`` holds exactly what the parent passed to exec; ``os.environ`` may
+    already have more (Python's own locale coercion adds ``LC_CTYPE`` when no locale is set).
+    """
+    try:
+        with open("/proc/self/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return dict(os.environ), "os.environ"
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            env[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    return env, "/proc/self/environ"
+
+
 def connection_info(state_dir: str) -> dict[str, Any]:
-    env = {key: (MASK if key == TOKEN_VAR else value) for key, value in os.environ.items()}
+    started_with, source = exec_environment()
+    env = {key: (MASK if key == TOKEN_VAR else value) for key, value in started_with.items()}
     return {
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "cwd": os.getcwd(),
         "argv": sys.argv,
         "env": env,
+        "env_source": source,
         "version": version(),
         "state_dir": state_dir,
         "platform": sys.platform,
