@@ -736,8 +736,21 @@ def test_lost_claim_stops_the_remote_and_does_not_release(tmp_path: Path) -> Non
     remote = FakeRemote(tmp_path / "remote")
     fleet = FakeFleet(ttl=1)
     fleet.statuses["devin-1"] = "running"
-    fleet.renew_error = FleetConflict("claim session devin-1", "Session is already claimed", 409)
-    result = serve_once(tmp_path, fleet, remote)[0]
+
+    async def lose_claim_once_running() -> None:
+        # Only after the remote recorded its start: a loaded machine may take longer than one renewal
+        # interval (a third of the 1 s TTL) to start a Python process.
+        while not remote.runs("devin-1"):  # noqa: ASYNC110 - a file, not an event
+            await asyncio.sleep(0.05)
+        fleet.renew_error = FleetConflict("claim session devin-1", "Session is already claimed", 409)
+
+    async def scenario() -> Any:
+        task = asyncio.ensure_future(lose_claim_once_running())
+        result = await asyncio.to_thread(serve_once, tmp_path, fleet, remote)
+        await task
+        return result
+
+    result = run(scenario())[0]
     assert result.outcome == LOST
     assert fleet.count("release") == 0
     assert remote.runs("devin-1")[0]["pid"] in remote.stopped_pids()
