@@ -184,24 +184,61 @@ def test_next_hands_out_calls_in_order_and_takes_their_results(sim: SimHandle, c
     assert gw.next().json() == {"type": "idle"}
 
 
+def poll_while(sim: SimHandle, gw: Gateway, action: Any) -> httpx.Response:
+    """Open a 30 s long poll, run ``action()`` once the poll waits, and return the poll's answer. Had the
+    poll not been woken, its answer would be ``idle`` (after 30 s): the assertions are on the answer."""
+    answers: list[httpx.Response] = []
+    poll = threading.Thread(target=lambda: answers.append(gw.next(wait=30)))
+    hub = sim.runtime.gateway
+    assert hub is not None
+    waiting = hub.open_streams
+    poll.start()
+    try:
+        for _ in range(1000):
+            if hub.open_streams > waiting:
+                break
+            threading.Event().wait(0.01)
+        action()
+    finally:
+        poll.join(timeout=40)
+    [answer] = answers
+    return answer
+
+
 def test_a_long_poll_wakes_when_the_brain_adds_a_call(sim: SimHandle, claimed: QueueEntry) -> None:
     gw = Gateway(claimed)
     gw.connect()
-    answers: list[dict[str, Any]] = []
-    poll = threading.Thread(target=lambda: answers.append(gw.next(wait=30).json()))
-    poll.start()
-    try:
-        # The poll is open once the gateway notifier has a waiter; then the brain adds a call.
-        for _ in range(500):
-            if sim.runtime.gateway is not None and sim.runtime.gateway.open_streams:
-                break
-            threading.Event().wait(0.01)
-        [call] = sim.admin.add_calls(claimed.session_id, [tools.run("true")])
-    finally:
-        poll.join(timeout=40)
-    assert answers == [
-        {"type": "call", "call": {"id": call["id"], "tool": "run", "args": {"command": "true"}}}
-    ]
+    added: list[dict[str, Any]] = []
+    answer = poll_while(
+        sim, gw, lambda: added.extend(sim.admin.add_calls(claimed.session_id, [tools.run("true")]))
+    )
+    assert answer.json() == {
+        "type": "call",
+        "call": {"id": added[0]["id"], "tool": "run", "args": {"command": "true"}},
+    }
+
+
+def test_a_long_poll_wakes_when_the_session_ends(sim: SimHandle, claimed: QueueEntry) -> None:
+    gw = Gateway(claimed)
+    gw.connect()
+    answer = poll_while(sim, gw, lambda: sim.admin.set_status(claimed.session_id, "suspended"))
+    assert answer.json() == {"type": "end", "session_status": "suspended"}
+
+
+def test_a_long_poll_wakes_when_the_claim_is_released(
+    sim: SimHandle, claimed: QueueEntry, machine_token: str
+) -> None:
+    gw = Gateway(claimed)
+    gw.connect()
+
+    def release() -> None:
+        httpx.post(
+            f"{sim.url}/opbeta/outposts/devins/{claimed.session_id}/release",
+            json={"acceptor_id": "worker-1"},
+            headers={"Authorization": f"Bearer {machine_token}"},
+        ).raise_for_status()
+
+    assert poll_while(sim, gw, release).status_code == 401
 
 
 def test_a_long_poll_without_work_answers_idle(claimed: QueueEntry) -> None:

@@ -324,6 +324,7 @@ def test_the_stand_in_rides_out_a_simulator_restart(tmp_path: Path, workdir: Pat
         token = proc.create_token("machine")
         sid = proc.admin.enqueue(proc.admin.create_outpost("rhel", "linux").outpost_id).session_id
         claimed = claim_session(proc.url, token, sid, "worker-1")
+        published = proc.admin.publish_standin_variant("kept", latest=True)
         with standin_process(workdir, claimed, state_dir=tmp_path / "state") as remote:
             proc.admin.wait_connection(sid, timeout=20)
             proc.restart()  # the open long poll ends; the stand-in retries until the simulator is back
@@ -334,6 +335,7 @@ def test_the_stand_in_rides_out_a_simulator_restart(tmp_path: Path, workdir: Pat
         assert call["result"]["ok"] is True
         assert (workdir / "after-restart.txt").read_text() == "ok"
         assert len(proc.admin.connections(sid)) == 1  # the same connection, persisted
+        assert httpx.get(f"{proc.static_base_url}latest_linux_x64").text.strip() == published  # persisted
 
 
 def test_the_builtin_build_runs_through_its_env_shebang(sim: SimHandle, tmp_path: Path) -> None:
