@@ -14,6 +14,11 @@ Modules:
 * :mod:`~devin_outposts.sim.app` / :mod:`~devin_outposts.sim.admin` / :mod:`~devin_outposts.sim.watch`
   - the HTTP routes, the admin routes, the SSE stream.
 * :mod:`~devin_outposts.sim.server` - uvicorn wiring used by ``devin-outposts sim serve``.
+* :mod:`~devin_outposts.sim.dist` / :mod:`~devin_outposts.sim.gateway` / :mod:`~devin_outposts.sim.brain`
+  - the ``devin-remote`` distribution, the gateway a session's remote connects to, and the brain API
+  that scripts its tool calls (:mod:`~devin_outposts.sim.tools`).
+* :mod:`~devin_outposts.sim.remote_standin` - the stand-in ``devin-remote`` the distribution serves
+  (stdlib only); :mod:`~devin_outposts.sim.remote_testing` runs it in tests.
 
 Importing this package imports nothing heavy; ``admin_client`` needs only httpx, the server needs the
 ``sim`` extra (starlette, uvicorn).
