@@ -194,7 +194,7 @@ def poll_while(sim: SimHandle, gw: Gateway, action: Any) -> httpx.Response:
     waiting = hub.open_streams
     poll.start()
     try:
-        for _ in range(1000):
+        for dummy in range(1000):
             if hub.open_streams > waiting:
                 break
             threading.Event().wait(0.01)
