@@ -14,7 +14,9 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import atexit
 import os
+import shutil
 import tempfile
 
 
@@ -29,6 +31,8 @@ def _install_collection_loader():
         base = os.sep.join(parts[:-3])
     else:
         base = tempfile.mkdtemp(prefix="devin-outposts-units-")
+        # The tree holds only a symlink to the checkout; rmtree removes the link, never the checkout.
+        atexit.register(shutil.rmtree, base, ignore_errors=True)
         os.makedirs(os.path.join(base, "ansible_collections", "devin"))
         os.symlink(root, os.path.join(base, "ansible_collections", "devin", "outposts"))
     os.environ["ANSIBLE_COLLECTIONS_PATH"] = base
