@@ -358,3 +358,45 @@ class FakeFleet:
 
     def count(self, call: str) -> int:
         return sum(1 for name, dummy in self.calls if name == call)
+
+
+# --- helpers for the tests with the simulator's stand-in devin-remote --------------------------------
+
+
+def make_git_repo(path: Path, files: Mapping[str, str]) -> Path:
+    """A git repository at ``path`` with ``files`` in one commit (``git init`` + commit, no user config)."""
+    path.mkdir(parents=True)
+    for name, content in files.items():
+        (path / name).write_text(content)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
+    git += ["-c", "init.defaultBranch=main"]
+    for args in (["init", "-q"], ["add", "--", *files], ["commit", "-q", "-m", "first"]):
+        subprocess.run([*git, *args], cwd=path, check=True, capture_output=True)  # noqa: S603
+    return path
+
+
+def pids_working_under(root: Path) -> list[int]:
+    """Live processes of this user whose working directory is ``root`` or below it (Linux ``/proc``).
+
+    A worker runs every ``devin-remote`` (and the commands it starts) in a working directory under the
+    test's ``tmp_path``, so this finds whatever a test left running, whatever the process group.
+    """
+    base = str(root.resolve())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            cwd = os.readlink(entry / "cwd")
+            if (cwd == base or cwd.startswith(base + os.sep)) and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def kill_pids_working_under(root: Path) -> list[int]:
+    """SIGKILL every process :func:`pids_working_under` finds; returns their pids."""
+    pids = pids_working_under(root)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
