@@ -28,6 +28,7 @@ from devin_outposts.cli.common import (
 )
 from devin_outposts.sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts.sim.admin_client import SimAdmin, SimAdminError
+from devin_outposts.sim.cli_dist_verbs import add_cli_dist_verbs
 from devin_outposts.sim.cli_remote import add_remote_verbs
 from devin_outposts.sim.config import DEFAULT_DB, DEFAULT_HOST, DEFAULT_PORT, SimConfig
 from devin_outposts.sim.server import ADMIN_TOKEN_ENV, resolve_admin_token, serve
@@ -303,3 +304,4 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     claims.add_argument("--acceptor-id", default=None, help="only this acceptor")
 
     add_remote_verbs(verbs, _admin_parser)
+    add_cli_dist_verbs(verbs, _admin_parser)

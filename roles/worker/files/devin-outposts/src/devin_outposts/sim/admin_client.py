@@ -25,6 +25,7 @@ import httpx
 from devin_outposts.models import Outpost, QueueEntry
 from devin_outposts.sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts.sim.admin_remote import RemoteAdmin
+from devin_outposts.sim.cli_dist import CliDistAdmin
 
 
 class SimAdminError(Exception):
@@ -38,7 +39,7 @@ class SimAdminError(Exception):
         super().__init__(f"Could not {operation}: {prefix}{detail}")
 
 
-class SimAdmin(RemoteAdmin):
+class SimAdmin(RemoteAdmin, CliDistAdmin):
     """Synchronous admin client. Use as a context manager, or call :meth:`close`.
 
     The brain (tool calls, remote connections, ending sessions) and the ``devin-remote`` distribution

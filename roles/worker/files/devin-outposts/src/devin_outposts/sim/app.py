@@ -321,12 +321,13 @@ def create_app(config: SimConfig, store: Optional[Store] = None) -> Starlette:
     """The simulator app. Without ``store``, it opens ``config.db`` and closes it at shutdown."""
     from devin_outposts.sim.admin import admin_routes
     from devin_outposts.sim.brain import brain_routes
+    from devin_outposts.sim.cli_dist_routes import cli_dist_routes
     from devin_outposts.sim.gateway import gateway_routes
 
     config.validate()
     runtime = SimRuntime(store=store or Store(config.db), config=config, owns_store=store is None)
     app = Starlette(
-        routes=[*api_routes(), *gateway_routes(), *admin_routes(), *brain_routes()],
+        routes=[*api_routes(), *gateway_routes(), *admin_routes(), *brain_routes(), *cli_dist_routes()],
         exception_handlers={SimError: on_sim_error, HTTPException: on_http_error, Exception: on_crash},
         lifespan=_lifespan,
     )

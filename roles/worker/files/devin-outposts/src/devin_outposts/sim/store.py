@@ -20,6 +20,7 @@ from devin_outposts.sim.accounts import (
     AccountStore,
     Principal,
 )
+from devin_outposts.sim.cli_dist import CliDistStore
 from devin_outposts.sim.db import token_fingerprint
 from devin_outposts.sim.dist import DistStore
 from devin_outposts.sim.gateway_store import GatewayStore
@@ -27,9 +28,10 @@ from devin_outposts.sim.queue import Change, QueuePage
 from devin_outposts.sim.records import RecordStore
 
 
-class Store(AccountStore, GatewayStore, RecordStore, DistStore):
+class Store(AccountStore, GatewayStore, RecordStore, DistStore, CliDistStore):
     """Accounts, tokens, organizations, outposts, the queue, claims and their history, the gateway's
-    connections, the brain's tool calls and the published ``devin-remote`` artifacts."""
+    connections, the brain's tool calls, the published ``devin-remote`` artifacts and the published
+    Devin CLI artifacts."""
 
 
 __all__ = [
