@@ -38,6 +38,10 @@ if [[ ${#need[@]} -gt 0 ]]; then
 fi
 
 mkdir -p "$CACHE"
+# One build at a time per cache: parallel runs (other checkouts, other scenarios) wait here, then find the
+# images built and the stamps in place, instead of deleting each other's half-built root filesystems.
+exec 9>"$CACHE/.build.lock"
+flock 9
 MIRROR=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 [[ -n "$MIRROR" ]] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
 [[ -n "$MIRROR" ]] || MIRROR=http://deb.debian.org/debian

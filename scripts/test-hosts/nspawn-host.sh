@@ -11,11 +11,15 @@
 #   nspawn-host.sh proxy NAME                   ssh ProxyCommand: stdio to the host's sshd (nsenter -n socat)
 #   nspawn-host.sh ssh-args NAME                the ssh options that reach the host
 #
-# Every process started here is recorded under $DEVIN_OUTPOSTS_TEST_HOSTS_RUN/NAME/ (default CACHE/run) and
-# stopped by PID by `stop`.
+# Every process started here is recorded under $DEVIN_OUTPOSTS_TEST_HOSTS_RUN/NAME/ and stopped by PID by
+# `stop`. The default run directory, CACHE/run/<checkout>, and the hosts' cgroups are keyed by this checkout's
+# path: two checkouts can run the same scenario (the same host names) at once, sharing only the read-only
+# images, key and wheelhouses under CACHE (DEVIN_OUTPOSTS_TEST_HOSTS, default /var/tmp/devin-outposts-test-hosts).
 set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CACHE=${DEVIN_OUTPOSTS_TEST_HOSTS:-/var/tmp/devin-outposts-test-hosts}
-RUN=${DEVIN_OUTPOSTS_TEST_HOSTS_RUN:-$CACHE/run}
+CHECKOUT=$(printf '%s' "$ROOT" | sha256sum | cut -c1-8)
+RUN=${DEVIN_OUTPOSTS_TEST_HOSTS_RUN:-$CACHE/run/$CHECKOUT}
 cmd=${1:?usage: nspawn-host.sh start|stop|relay|ssh-args NAME ...}
 name=${2:?host name}
 valid='^[a-z0-9][a-z0-9-]{0,30}$'
@@ -52,7 +56,7 @@ start)
     mkdir -p "$state"
     cp "$CACHE/ssh/id_ed25519.pub" "$state/authorized_keys"
     # Each host in its own cgroups (name=systemd and unified), or parallel hosts break each other.
-    cg="devin-outposts-$name"
+    cg="devin-outposts-$CHECKOUT-$name"
     for h in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified; do if [[ -d $h ]]; then mkdir -p "$h/$cg"; fi; done
     # shellcheck disable=SC2016  # the inner script expands its own positional parameters
     setsid bash -c '
@@ -102,7 +106,7 @@ stop)
         stop_pid "$(cat "$state/nspawn.pid")" 30
         rm -f "$state/nspawn.pid" "$state/leader.pid"
     fi
-    cg="devin-outposts-$name"
+    cg="devin-outposts-$CHECKOUT-$name"
     for h in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified; do
         if [[ -d $h/$cg ]]; then find "$h/$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
     done
