@@ -199,8 +199,8 @@ def test_a_claimed_session_runs_the_brains_tool_calls_then_the_worker_serves_the
 
     h.sim.admin.end_session(first, "terminated")
     h.wait(lambda: h.released(first), "the claim to be released")
+    # It exits 0 on its own or 143 on the worker's SIGTERM, whichever comes first: both end the session.
     h.wait(lambda: not alive(conn["pid"]), "the stand-in to exit")
-    # Exit 0 on its own or 143 from the worker's SIGTERM, whichever came first: both end the session.
     assert [r["action"] for r in h.claims(first) if r["action"] != "renew"] == ["claim", "release"]
 
     second = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
