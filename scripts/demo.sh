@@ -25,8 +25,8 @@ sim_pid=""
 stop_worker() {
     local pid
     pid=$(cat "$work/worker.pid" 2>/dev/null) || return 0
-    # Only a process that is still our worker: the pid file outlives it.
-    grep -qa 'worker' "/proc/$pid/cmdline" 2>/dev/null || return 0
+    # Only a process that is still our worker: the pid file outlives it (its command line names $work).
+    grep -qaF "$work" "/proc/$pid/cmdline" 2>/dev/null || return 0
     # The second SIGTERM makes it stop its devin-remote at once instead of draining; it still releases.
     kill -TERM "$pid" 2>/dev/null || return 0
     sleep 0.5
