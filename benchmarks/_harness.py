@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -91,6 +91,50 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 def ms(seconds: float) -> str:
     return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
+
+
+def cpu_seconds_of(pid: int) -> float:
+    """utime + stime of a process from ``/proc/<pid>/stat`` (fields 14 and 15), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+@dataclass
+class ClaimAnalysis:
+    """What the claim history says about each session's claims (see :func:`analyse_claims`)."""
+
+    overlapping: int = 0  #: claims made while another acceptor held the session: the simulator let two in
+    reclaimed_live: int = 0  #: sessions claimed again, after a release, before they were marked ended
+    reclaimed_after_end: int = 0  #: sessions claimed again after they were marked ended (stale copies)
+    first_claim_at: dict[str, float] = field(default_factory=dict)
+    first_release_at: dict[str, float] = field(default_factory=dict)
+
+
+def analyse_claims(records: Sequence[dict[str, Any]], ended_at: dict[str, float]) -> ClaimAnalysis:
+    """Walk the claim history (oldest first). ``ended_at``: when the benchmark sent each session's
+    ``terminated``; a later claim of that session acted on a stale copy of the queue."""
+    result = ClaimAnalysis()
+    holder: dict[str, str] = {}
+    live_again: set[str] = set()
+    after_end: set[str] = set()
+    for record in records:
+        sid, action, at = record["session_id"], record["action"], float(record["at"])
+        if action == "claim":
+            if holder.get(sid) not in (None, record["acceptor_id"]):
+                result.overlapping += 1
+            holder[sid] = record["acceptor_id"]
+            if sid not in result.first_claim_at:
+                result.first_claim_at[sid] = at
+            elif at < ended_at.get(sid, math.inf):
+                live_again.add(sid)
+            else:
+                after_end.add(sid)
+        elif action in ("release", "expire", "tombstone"):
+            holder.pop(sid, None)
+            if action == "release" and sid in result.first_claim_at:
+                result.first_release_at.setdefault(sid, at)
+    result.reclaimed_live, result.reclaimed_after_end = len(live_again), len(after_end)
+    return result
 
 
 # --- the simulator ------------------------------------------------------------------------------
@@ -322,9 +366,7 @@ class Worker:
         raise BenchError(f"no VmRSS for pid {self.pid}")
 
     def cpu_seconds(self) -> float:
-        """utime + stime from ``/proc/<pid>/stat`` (fields 14 and 15), in seconds."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        return cpu_seconds_of(self.pid)
 
     def terminate(self) -> None:
         """One SIGTERM: the worker drains and releases (a second one would stop its sessions at once)."""

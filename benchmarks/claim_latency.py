@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
@@ -51,7 +51,9 @@ from _harness import (
     BenchError,
     BenchSim,
     Worker,
+    analyse_claims,
     bench_sim,
+    cpu_seconds_of,
     end_marker_session,
     ms,
     publish_marker_remote,
@@ -151,6 +153,8 @@ def fleet(root: Path, sessions: int, worker_count: int) -> dict[str, Any]:
         boot = time.monotonic()
         with running_workers(workers, ready_timeout=max(180.0, worker_count * 6.0)):
             boot_s = time.monotonic() - boot
+            sim_pid = sim.proc.pid or 0
+            cpu_before = (cpu_seconds_of(sim_pid), sum(w.cpu_seconds() for w in workers), time.process_time())
             enqueued: dict[str, float] = {}
             enqueue_window: list[float] = []
 
@@ -164,16 +168,16 @@ def fleet(root: Path, sessions: int, worker_count: int) -> dict[str, Any]:
 
             feeder = threading.Thread(target=enqueue_all, name="enqueue", daemon=True)
             feeder.start()
-            terminated: set[str] = set()
+            ended_at: dict[str, float] = {}
             deadline = time.monotonic() + max(300.0, sessions * 1.0)
             with SimAdmin(sim.proc.url, sim.proc.admin_token) as admin:
-                while feeder.is_alive() or len(terminated) < sessions:
+                while feeder.is_alive() or len(ended_at) < sessions:
                     for sid, pids in remote_starts(runs).items():
-                        if sid not in terminated:
+                        if sid not in ended_at:
+                            ended_at[sid] = time.time()
                             end_marker_session(admin, runs, sid, pids[0])
-                            terminated.add(sid)
                     if time.monotonic() > deadline:
-                        raise BenchError(f"only {len(terminated)} of {sessions} sessions started in time")
+                        raise BenchError(f"only {len(ended_at)} of {sessions} sessions started in time")
                     time.sleep(0.01)
             records = wait_until(
                 lambda: released_all(sim, sessions),
@@ -181,17 +185,13 @@ def fleet(root: Path, sessions: int, worker_count: int) -> dict[str, Any]:
                 interval=1.0,
                 what=f"all {sessions} sessions to be released",
             )
+            cpu_after = (cpu_seconds_of(sim_pid), sum(w.cpu_seconds() for w in workers), time.process_time())
             conflicts = sum(worker.counter("claim_conflicts_total") for worker in workers)
         starts = remote_starts(runs)
-    claims = [r for r in records if r["action"] == "claim"]
-    claims_per_session = Counter(r["session_id"] for r in claims)
-    acceptors: defaultdict[str, set[str]] = defaultdict(set)
-    for record in claims:
-        acceptors[record["session_id"]].add(record["acceptor_id"])
-    first_claim = {r["session_id"]: float(r["at"]) for r in reversed(claims)}
-    last_release = max(float(r["at"]) for r in records if r["action"] == "release")
-    wall = last_release - enqueue_window[0]
-    per_worker = Counter(r["acceptor_id"] for r in claims)
+    found = analyse_claims(records, ended_at)
+    wall = max(found.first_release_at.values()) - enqueue_window[0]
+    per_worker = Counter(r["acceptor_id"] for r in records if r["action"] == "claim")
+    cpu = [after - before for before, after in zip(cpu_before, cpu_after)]
     return {
         "sessions": sessions,
         "workers": worker_count,
@@ -199,15 +199,15 @@ def fleet(root: Path, sessions: int, worker_count: int) -> dict[str, Any]:
         "wall_s": wall,
         "sessions_per_s": sessions / wall,
         "enqueue_per_s": sessions / (enqueue_window[1] - enqueue_window[0]),
-        "claim_latency": summarize(
-            [first_claim[sid] - at for sid, at in enqueued.items() if sid in first_claim]
-        ),
-        "double_claims": sum(1 for n in claims_per_session.values() if n > 1),
-        "multi_acceptor_sessions": sum(1 for found in acceptors.values() if len(found) > 1),
+        "claim_latency": summarize([found.first_claim_at[sid] - at for sid, at in enqueued.items()]),
+        "overlapping_claims": found.overlapping,
+        "reclaimed_live": found.reclaimed_live,
         "double_remote_starts": sum(1 for pids in starts.values() if len(pids) > 1),
+        "reclaimed_after_end": found.reclaimed_after_end,
         "expired_claims": sum(1 for r in records if r["action"] == "expire"),
         "claim_conflicts_409": conflicts,
         "per_worker": f"{min(per_worker.values())}-{max(per_worker.values())}",
+        "cpu_s": {"simulator": cpu[0], "workers": cpu[1], "benchmark": cpu[2]},
         "remote": "marker /bin/sh script (creates a file; exits 0 when told the session ended)",
     }
 
@@ -261,7 +261,7 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str, str, Optional[
         rows.append(("running cold p50 / p99", p50_p99(results["running"]["cold"]), "-", None))
     if "fleet" in results:
         fl = results["fleet"]
-        doubles = fl["double_claims"] + fl["multi_acceptor_sessions"] + fl["double_remote_starts"]
+        doubles = fl["overlapping_claims"] + fl["reclaimed_live"] + fl["double_remote_starts"]
         label = f"fleet {fl['sessions']} x {fl['workers']} workers"
         rows.append((label, f"{fl['sessions_per_s']:.1f} sessions/s", "-", None))
         rows.append(("double serves", str(doubles), "0", doubles == 0))
@@ -293,11 +293,19 @@ def report_details(results: dict[str, Any], say: Out) -> None:
         lat = fl["claim_latency"]
         say(f"fleet: {fl['sessions']} sessions over {fl['workers']} workers; remote: {fl['remote']}")
         say(f"  workers ready after {fl['workers_ready_s']:.1f} s; all served in {fl['wall_s']:.1f} s")
-        say(f"  {fl['sessions_per_s']:.1f} sessions/s (enqueueing alone ran at {fl['enqueue_per_s']:.0f}/s)")
+        rate, enqueues = fl["sessions_per_s"], fl["enqueue_per_s"]
+        say(f"  {rate:.1f} sessions/s (the enqueues meanwhile completed at {enqueues:.0f}/s)")
         say(f"  enqueue -> claimed (waits for a free worker) p50 {ms(lat['p50'])}  p99 {ms(lat['p99'])}")
         say(f"  409s {fl['claim_conflicts_409']:.0f}; sessions per worker {fl['per_worker']}")
-        say(f"  double claims {fl['double_claims']}; claimed by >1 acceptor {fl['multi_acceptor_sessions']};")
-        say(f"  remotes started twice {fl['double_remote_starts']}; expired claims {fl['expired_claims']}")
+        say(f"  double serves: claims overlapping another acceptor's {fl['overlapping_claims']};")
+        again, twice = fl["reclaimed_live"], fl["double_remote_starts"]
+        say(f"    claimed again while live {again}; remote started twice {twice}")
+        stale = fl["reclaimed_after_end"]
+        say(f"  sessions claimed again after they were marked terminated (stale copies): {stale};")
+        say(f"    expired claims {fl['expired_claims']}")
+        cpu = fl["cpu_s"]
+        say(f"  CPU used: simulator {cpu['simulator']:.1f} s, workers {cpu['workers']:.1f} s,")
+        say(f"    this benchmark {cpu['benchmark']:.1f} s")
     if "idle" in results:
         part = results["idle"]
         say(f"idle worker: VmRSS {part['rss_mib']:.1f} MiB")
