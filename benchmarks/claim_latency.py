@@ -265,6 +265,8 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str, str, Optional[
         label = f"fleet {fl['sessions']} x {fl['workers']} workers"
         rows.append((label, f"{fl['sessions_per_s']:.1f} sessions/s", "-", None))
         rows.append(("double serves", str(doubles), "0", doubles == 0))
+        stale = fl["reclaimed_after_end"]  # contract 3.4: never claim a terminated/suspended row
+        rows.append(("claims of ended sessions", str(stale), "0 (3.4)", stale == 0))
     if "idle" in results:
         rss = results["idle"]["rss_mib"]
         rows.append(("idle RSS", f"{rss:.1f} MiB", "<= 40 MiB", rss <= TARGET_IDLE_RSS_MIB))
