@@ -25,6 +25,7 @@ from devin_outposts.worker.binary import (
     parse_digest,
     platform_suffix,
 )
+from devin_outposts.worker.claiming import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
 from devin_outposts.worker.config import ConfigError, WorkerConfig, parse_metrics_addr, parse_start_args
 from devin_outposts.worker.identity import (
     FileLock,
@@ -858,3 +859,193 @@ def test_stale_pidfile_with_a_reused_pid_is_ignored(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+# --- claiming against a queue that moves while a claim is in flight --------------------------------
+
+
+class RacingFleet:
+    """Claims as the simulator does: a 409 for a row someone holds, otherwise the row as it is now.
+
+    Its claim of ``first`` loses, and while that request is in flight another worker serves ``second``
+    to the end: the feed hears that it was claimed, then that it was terminated and released.
+    """
+
+    def __init__(self, feed: QueueFeed, first: str, second: str) -> None:
+        self.feed, self.first, self.second = feed, first, second
+        self.calls: list[tuple[str, str]] = []
+        self.ended: set[str] = set()
+
+    async def claim(self, session_id: str, acceptor_id: str) -> QueueEntry:
+        from devin_outposts.errors import FleetConflict
+
+        self.calls.append(("claim", session_id))
+        if session_id == self.first:
+            self.feed.upsert(
+                entry(
+                    self.second,
+                    2,
+                    phase="claimed",
+                    acceptor_id="other",
+                    claim_deadline=2**31,
+                )
+            )
+            await asyncio.sleep(0)
+            self.ended.add(self.second)
+            self.feed.upsert(entry(self.second, 2, session_status="terminated"))
+            raise FleetConflict(f"claim session {session_id}", "Session is already claimed", 409)
+        status = "terminated" if session_id in self.ended else "pending"
+        return entry(
+            session_id,
+            0,
+            phase="claimed",
+            acceptor_id=acceptor_id,
+            session_status=status,
+        )
+
+    async def release(self, session_id: str, acceptor_id: str) -> None:
+        self.calls.append(("release", session_id))
+
+
+class ClaimingWorker:
+    """What :meth:`QueueMode.claim_next` uses of the runner's ``Worker``."""
+
+    def __init__(self, feed: QueueFeed) -> None:
+        self.feed = feed
+        self.active: dict[str, Any] = {}
+        self.draining = False
+        self.metrics = Metrics()
+        self.config = WorkerConfig(token=TOKEN, poll_interval=5.0)
+        self.acceptor_id = "me"
+        self.fatal: Any = None
+        self.started: list[str] = []
+
+    def is_draining(self) -> bool:
+        return self.draining
+
+    def start_session(self, claim: QueueEntry, client: Any, binaries: Any) -> None:
+        self.started.append(claim.session_id)
+
+
+def test_claim_next_never_claims_a_row_that_ended_during_an_earlier_attempt() -> None:
+    async def scenario() -> tuple[RacingFleet, ClaimingWorker, str]:
+        feed = QueueFeed(object(), "o", "me")  # type: ignore[arg-type]
+        feed.replace_all([entry("a", 1), entry("b", 2), entry("c", 3)])
+        fleet = RacingFleet(feed, "a", "b")
+        worker = ClaimingWorker(feed)
+        outcome = await QueueMode(worker).claim_next(fleet, None)  # type: ignore[arg-type]
+        return fleet, worker, outcome
+
+    fleet, worker, outcome = run(scenario())
+    assert outcome == "claimed"
+    # "b" was served, terminated and released by another worker while our claim of "a" was in flight:
+    # it must not be claimed (contract 3.4), not even to be released at once.
+    assert fleet.calls == [("claim", "a"), ("claim", "c")]
+    assert worker.started == ["c"]
+    assert worker.metrics.counters["claim_conflicts"] == 1
+
+
+def test_next_candidate_matches_the_full_sorted_view() -> None:
+    now = 1_000_000.0
+    feed = make_feed(clock=lambda: now)
+    rows = [entry(f"s{i:03d}", 1 + (i * 7919) % 50) for i in range(120)]
+    rows += [
+        entry("ended", 0, session_status="terminated"),
+        entry(
+            "theirs-expired",
+            0,
+            phase="claimed",
+            acceptor_id="other",
+            claim_deadline=int(now - 5),
+        ),
+        entry(
+            "theirs",
+            0,
+            phase="claimed",
+            acceptor_id="other",
+            claim_deadline=int(now + 60),
+        ),
+    ]
+    feed.replace_all(rows)
+    feed.penalize("s000", 30)
+    taken: list[str] = []
+    while (candidate := feed.next_candidate(exclude=taken)) is not None:
+        assert next(e.session_id for e in feed.candidates(exclude=taken)) == candidate.session_id
+        taken.append(candidate.session_id)
+        if len(taken) % 3 == 0:  # another worker takes the next oldest row meanwhile
+            others = feed.candidates(exclude=taken)
+            if others:
+                feed.upsert(
+                    entry(
+                        others[0].session_id,
+                        others[0].metadata.created_at or 0,
+                        phase="claimed",
+                        acceptor_id="other",
+                        claim_deadline=int(now + 60),
+                    )
+                )
+    assert taken[0] == "theirs-expired"
+    assert "ended" not in taken and "theirs" not in taken and "s000" not in taken
+    # a row released back to the queue is offered again
+    feed.upsert(entry("theirs", 0))
+    again = feed.next_candidate(exclude=taken)
+    assert again is not None and again.session_id == "theirs"
+
+
+def test_conflict_pause_is_bounded_and_grows_with_conflicts_in_a_row() -> None:
+    assert conflict_pause(1, rng=lambda: 1.0) == pytest.approx(CONFLICT_PAUSE)
+    assert conflict_pause(2, rng=lambda: 1.0) == pytest.approx(2 * CONFLICT_PAUSE)
+    assert conflict_pause(50, rng=lambda: 1.0) == pytest.approx(CONFLICT_PAUSE_CAP)
+    assert conflict_pause(3, rng=lambda: 0.0) == 0.0
+
+
+def test_terminated_notice_during_the_remote_start_is_not_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch reports "terminated" while RemoteProcess.start is awaited: no status poll may be needed."""
+    from devin_outposts.worker import session as session_module
+
+    remote = FakeRemote(tmp_path / "remote")
+    fleet = FakeFleet(ttl=600.0)  # no renewal (which would also report "terminated") for minutes
+    servers: list[SessionServer] = []
+    real_start = session_module.RemoteProcess.start
+
+    async def start_and_hear_terminated(*args: Any, **kwargs: Any) -> Any:
+        started = await real_start(*args, **kwargs)
+        fleet.statuses["devin-1"] = "terminated"
+        servers[0].notify(fleet.entry("devin-1"))  # the watch event, delivered while start was awaited
+        return started
+
+    monkeypatch.setattr(session_module.RemoteProcess, "start", start_and_hear_terminated)
+
+    async def scenario() -> Any:
+        config = WorkerConfig(
+            token=TOKEN,
+            cache_dir=tmp_path / "data" / "cache",
+            workdir=tmp_path / "wd",
+            poll_interval=30.0,  # a poll would also see "terminated", but only after 30 s (and a "get")
+            stop_grace=2.0,
+        )
+        with DistServer("abc1234", remote.script) as dist:
+            store = BinaryStore(config.cache_dir, dist.url)
+            try:
+                claim = await fleet.claim("devin-1", "me")
+                server = SessionServer(
+                    config,
+                    session_id="devin-1",
+                    acceptor_id="me",
+                    binaries=store,
+                    metrics=Metrics(),
+                    cwd=config.workdir,
+                    fleet=fleet,
+                    claim=claim,
+                )
+                servers.append(server)
+                return await server.serve()
+            finally:
+                await store.aclose()
+
+    result = run(scenario())
+    assert (result.outcome, result.session_status) == (SERVED, "terminated")
+    # noticed from the notice itself, not from a status poll or a renewal
+    assert fleet.count("get") == 0
+    assert fleet.count("renew") == 0
+    assert fleet.calls[-1] == ("release", "devin-1")

@@ -21,10 +21,16 @@ import logging
 import os
 import random
 import ssl
+import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Optional, Union
 from urllib.parse import quote
 
+# httpx imports its command-line client (rich, click, pygments: about 5 MiB resident) whenever those
+# happen to be installed, and falls back to a stub when that import fails. Nothing here uses it, so
+# make the import fail: a None entry in sys.modules makes ``import httpx._main`` raise ImportError.
+if "httpx" not in sys.modules:
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 import httpx
 from pydantic import ValidationError
 

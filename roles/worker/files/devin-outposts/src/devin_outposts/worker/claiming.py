@@ -7,9 +7,13 @@ sessions, the signals and the metrics) through one run of ``worker start`` witho
 2. restart recovery: list ``phase=claimed&acceptor_id=<mine>`` on the outpost and take each session back
    by re-claiming it (a renewal, for a fresh connect token), releasing what no slot can hold;
 3. start the :class:`~devin_outposts.worker.queue.QueueFeed` and, whenever it or a finished session wakes
-   the loop, claim candidates oldest first. A 409 counts as a conflict and moves to the next candidate;
-   a 404 forgets it; other API errors back off with jitter (1 s doubling to ``--backoff-max-secs``);
-   401/403 end the worker (exit 3). ``--once`` stops claiming after its first claim.
+   the loop, claim the oldest claimable row. Each attempt asks the feed afresh, so the row is judged on
+   its current copy (phase, session_status, acceptor, deadline) and never from a list built before an
+   earlier attempt's round trip. A 409 counts as a conflict, sets the row aside for a while and waits a
+   short random pause (so the losers of one race do not all stampede the next row together, and the
+   winners' claims reach the feed first) before the next attempt; a 404 forgets the row; other API
+   errors back off with jitter (1 s doubling to ``--backoff-max-secs``); 401/403 end the worker
+   (exit 3). ``--once`` stops claiming after its first claim.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+import random
+from typing import TYPE_CHECKING, Callable
 
 from devin_outposts.client import FleetClient
 from devin_outposts.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
@@ -30,6 +35,15 @@ if TYPE_CHECKING:
     from devin_outposts.worker.runner import Worker
 
 log = logging.getLogger(__name__)
+
+#: The pause after the n-th conflict in a row is uniform in [0, CONFLICT_PAUSE * 2**(n-1)], capped at
+#: CONFLICT_PAUSE_CAP: long enough for the winner's claim to reach the watch, short next to a claim.
+CONFLICT_PAUSE = 0.02
+CONFLICT_PAUSE_CAP = 0.2
+
+
+def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> float:
+    return rng() * min(CONFLICT_PAUSE * 2.0 ** min(conflicts - 1, 16), CONFLICT_PAUSE_CAP)
 
 
 class QueueMode:
@@ -176,7 +190,11 @@ class QueueMode:
         """Claim the oldest claimable session: ``claimed``, ``idle``, ``error`` (back off) or ``fatal``."""
         w = self.worker
         assert w.feed is not None
-        for entry in w.feed.candidates(exclude=w.active):
+        conflicts = 0
+        while not w.is_draining():  # a method: the flag changes while claims are awaited
+            entry = w.feed.next_candidate(exclude=w.active)
+            if entry is None:
+                return "idle"
             sid = entry.session_id
             if not entry_platform_ok(entry):
                 log.warning(
@@ -194,6 +212,8 @@ class QueueMode:
                 w.metrics.inc("claim_conflicts")
                 log.debug("session %s was claimed by another worker", sid, extra={"session_id": sid})
                 w.feed.penalize(sid, max(2 * w.config.poll_interval, 5.0))
+                conflicts += 1
+                await asyncio.sleep(conflict_pause(conflicts))
                 continue
             except FleetNotFound:
                 w.feed.discard(sid)
@@ -207,8 +227,8 @@ class QueueMode:
                 return "error"
             w.metrics.inc("sessions_claimed")
             if w.draining or claim.is_finished:
-                # A signal arrived while the claim was in flight, or our copy of the row was stale and
-                # the session is already over: give it straight back.
+                # A signal arrived while the claim was in flight, or the session ended after the
+                # feed's last word on it (watch lag): give it straight back.
                 why = "draining" if w.draining else f"session already {claim.status.session_status}"
                 log.info("releasing session %s at once (%s)", sid, why, extra={"session_id": sid})
                 w.feed.discard(sid)

@@ -14,16 +14,20 @@ sessions may be claimed (contract sections 3.3 and 3.4):
 
 Claimable means: ``phase=pending`` and ``session_status`` neither ``suspended`` nor ``terminated``, or
 claimed by another acceptor whose ``claim_deadline`` has passed (its claim returns to the queue). The
-runner takes them oldest first: ``created_at``, then ``session_id``.
+runner takes them oldest first: ``created_at``, then ``session_id``, one at a time through
+:meth:`QueueFeed.next_candidate`, which judges the feed's *current* copy of each row. It keeps pending rows
+in a heap (pruned lazily) and other acceptors' claims in a small map, so a queue event costs O(log n)
+instead of a sort of the whole outpost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Callable, Optional, Protocol
 
 from devin_outposts.errors import FleetAuthError, FleetError, FleetInvalid, FleetProtocolError
@@ -90,8 +94,13 @@ class QueueSource(Protocol):
     ) -> AsyncIterator[WatchEvent]: ...
 
 
+def age_key(entry: QueueEntry) -> tuple[int, str]:
+    """The claiming order: oldest ``created_at`` first, then ``session_id``."""
+    return (entry.metadata.created_at or 0, entry.session_id)
+
+
 def oldest_first(entries: Iterable[QueueEntry]) -> list[QueueEntry]:
-    return sorted(entries, key=lambda e: (e.metadata.created_at or 0, e.session_id))
+    return sorted(entries, key=age_key)
 
 
 class QueueFeed:
@@ -125,18 +134,33 @@ class QueueFeed:
         self.synced = False
         self._penalties: dict[str, float] = {}
         self._last_list = 0.0
+        # Rows seen pending, oldest on top. An item whose row is no longer pending is dropped when it
+        # reaches the top; a row that turns pending again is pushed again (``_in_heap`` avoids duplicates).
+        self._pending: list[tuple[tuple[int, str], str]] = []
+        self._in_heap: set[str] = set()
+        #: session_id -> when another acceptor's claim of it expires.
+        self._foreign: dict[str, float] = {}
 
     # --- the picture ------------------------------------------------------------------------------
 
     def upsert(self, entry: QueueEntry) -> None:
-        self.entries[entry.session_id] = entry
+        sid = entry.session_id
+        self.entries[sid] = entry
+        expiry = self._expiry(entry)
+        if expiry is None:
+            self._foreign.pop(sid, None)
+        else:
+            self._foreign[sid] = expiry
+        if entry.status.phase == Phase.PENDING and not entry.is_finished and sid not in self._in_heap:
+            heapq.heappush(self._pending, (age_key(entry), sid))
+            self._in_heap.add(sid)
         if self.on_update:
             self.on_update(entry.session_id, entry)
-        if self.claimable(entry) or self._expiry(entry) is not None:
+        if self.claimable(entry) or expiry is not None:
             self.changed.set()
 
     def remove(self, session_id: str) -> None:
-        self.entries.pop(session_id, None)
+        self.discard(session_id)
         if self.on_update:
             self.on_update(session_id, None)
 
@@ -181,8 +205,48 @@ class QueueFeed:
     def discard(self, session_id: str) -> None:
         """Forget ``session_id`` until the server tells us about it again."""
         self.entries.pop(session_id, None)
+        self._foreign.pop(session_id, None)
+
+    def _blocked(self, session_id: str, exclude: Collection[str], mono: float) -> bool:
+        until = self._penalties.get(session_id)
+        if until is not None and until <= mono:
+            del self._penalties[session_id]
+            until = None
+        return until is not None or session_id in exclude
+
+    def next_candidate(self, exclude: Collection[str] = ()) -> Optional[QueueEntry]:
+        """The oldest claimable row right now, judged on the current copy (None when there is none).
+
+        Called again before every claim attempt, so a row another worker claimed, or that ended, while
+        an earlier attempt was in flight is never tried on an old copy.
+        """
+        now, mono = self.clock(), time.monotonic()
+        best: Optional[QueueEntry] = None
+        stepped_over: list[tuple[tuple[int, str], str]] = []
+        while self._pending:
+            sid = self._pending[0][1]
+            current = self.entries.get(sid)
+            if current is None or current.status.phase != Phase.PENDING or current.is_finished:
+                heapq.heappop(self._pending)
+                self._in_heap.discard(sid)
+                continue
+            if self._blocked(sid, exclude, mono):  # ours already, or cooling down after a conflict
+                stepped_over.append(heapq.heappop(self._pending))
+                continue
+            best = current
+            break
+        for item in stepped_over:
+            heapq.heappush(self._pending, item)
+        for sid, expiry in list(self._foreign.items()):
+            if expiry > now or self._blocked(sid, exclude, mono):
+                continue
+            current = self.entries[sid]
+            if self.claimable(current, now) and (best is None or age_key(current) < age_key(best)):
+                best = current
+        return best
 
     def candidates(self, exclude: Iterable[str] = ()) -> list[QueueEntry]:
+        """Every claimable row, sorted: a full view for inspection (the claim loop uses next_candidate)."""
         now, mono = self.clock(), time.monotonic()
         skip = set(exclude)
         for sid, until in list(self._penalties.items()):
@@ -198,10 +262,7 @@ class QueueFeed:
         """Seconds until a penalty or a foreign claim runs out (None when nothing is waiting)."""
         waits = [until - time.monotonic() for until in self._penalties.values()]
         now = self.clock()
-        for entry in self.entries.values():
-            expiry = self._expiry(entry)
-            if expiry is not None and expiry > now:
-                waits.append(expiry - now)
+        waits.extend(expiry - now for expiry in self._foreign.values() if expiry > now)
         return max(0.0, min(waits)) if waits else None
 
     # --- following the server ---------------------------------------------------------------------

@@ -345,29 +345,40 @@ class SessionServer:
         exited = asyncio.ensure_future(remote.proc.wait())
         stop = asyncio.ensure_future(self._stop.wait())
         next_check = time.monotonic() + self.config.poll_interval
+        # The watch may have reported a change while the binary was fetched or the remote was being
+        # started: that notice is still flagged, so the latest known state is judged before the first
+        # wait. The flag is cleared only right before the state is judged, so a notice that arrives at
+        # any other moment is seen on the next turn instead of waiting for the next status poll.
         try:
             while True:
                 if self._ended is not None:
                     return self._ended
                 if self.fatal is not None:
                     return "fatal"
-                self._wake.clear()
-                wake = asyncio.ensure_future(self._wake.wait())
-                timeout = max(0.0, next_check - time.monotonic())
-                done = (
-                    await asyncio.wait(
-                        {exited, stop, wake}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                    )
-                )[0]
-                wake.cancel()
-                if exited in done:
-                    return "exit"
-                if stop in done:
-                    return "stop"
                 why: Optional[str] = None
-                if wake in done and not self._poll_soon and self._latest is not None:
-                    why = self._evaluate(self._latest)
+                if self._wake.is_set():
+                    self._wake.clear()
+                    if self._poll_soon:  # the entry was deleted: ask the server what became of it
+                        self._poll_soon = False
+                        why = await self._check_status()
+                        next_check = time.monotonic() + self.config.poll_interval
+                    elif self._latest is not None:
+                        why = self._evaluate(self._latest)
                 else:
+                    wake = asyncio.ensure_future(self._wake.wait())
+                    timeout = max(0.0, next_check - time.monotonic())
+                    done = (
+                        await asyncio.wait(
+                            {exited, stop, wake}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    )[0]
+                    wake.cancel()
+                    if exited in done:
+                        return "exit"
+                    if stop in done:
+                        return "stop"
+                    if wake in done:
+                        continue  # judged at the top of the next turn
                     self._poll_soon = False
                     why = await self._check_status()
                     next_check = time.monotonic() + self.config.poll_interval
