@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 
 #: The pause after the n-th conflict in a row is uniform in [0, CONFLICT_PAUSE * 2**(n-1)], capped at
 #: CONFLICT_PAUSE_CAP: long enough for the winner's claim to reach the watch, short next to a claim.
-CONFLICT_PAUSE = 0.02
-CONFLICT_PAUSE_CAP = 0.2
+CONFLICT_PAUSE = 0.05
+CONFLICT_PAUSE_CAP = 0.4
 
 
 def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> float:
