@@ -1049,3 +1049,15 @@ def test_terminated_notice_during_the_remote_start_is_not_lost(tmp_path: Path, m
     assert fleet.count("get") == 0
     assert fleet.count("renew") == 0
     assert fleet.calls[-1] == ("release", "devin-1")
+
+
+def test_run_out_penalties_of_rows_nobody_offers_again_are_dropped() -> None:
+    """A penalised row the winner claimed is never met again: its run-out penalty must not wake the loop."""
+    feed = make_feed()
+    feed.replace_all([entry("won-by-other", 1, phase="claimed", acceptor_id="other")])
+    feed.penalize("won-by-other", 0.0)  # already run out
+    assert feed.next_candidate() is None
+    assert feed.next_wakeup() is None
+    feed.penalize("won-by-other", 30)
+    wakeup = feed.next_wakeup()
+    assert wakeup is not None and 25 < wakeup <= 30

@@ -207,6 +207,14 @@ class QueueFeed:
         self.entries.pop(session_id, None)
         self._foreign.pop(session_id, None)
 
+    def _drop_expired_penalties(self) -> None:
+        # Most penalised rows are claimed by the winner and never offered again, so they are not met
+        # by _blocked; without this the map would grow and a run-out penalty would wake the loop at once.
+        mono = time.monotonic()
+        for sid, until in list(self._penalties.items()):
+            if until <= mono:
+                del self._penalties[sid]
+
     def _blocked(self, session_id: str, exclude: Collection[str], mono: float) -> bool:
         until = self._penalties.get(session_id)
         if until is not None and until <= mono:
@@ -247,19 +255,16 @@ class QueueFeed:
 
     def candidates(self, exclude: Iterable[str] = ()) -> list[QueueEntry]:
         """Every claimable row, sorted: a full view for inspection (the claim loop uses next_candidate)."""
-        now, mono = self.clock(), time.monotonic()
-        skip = set(exclude)
-        for sid, until in list(self._penalties.items()):
-            if until <= mono:
-                del self._penalties[sid]
-            else:
-                skip.add(sid)
+        now = self.clock()
+        self._drop_expired_penalties()
+        skip = set(exclude) | set(self._penalties)
         return oldest_first(
             e for e in self.entries.values() if e.session_id not in skip and self.claimable(e, now)
         )
 
     def next_wakeup(self) -> Optional[float]:
         """Seconds until a penalty or a foreign claim runs out (None when nothing is waiting)."""
+        self._drop_expired_penalties()
         waits = [until - time.monotonic() for until in self._penalties.values()]
         now = self.clock()
         waits.extend(expiry - now for expiry in self._foreign.values() if expiry > now)
