@@ -1061,3 +1061,17 @@ def test_run_out_penalties_of_rows_nobody_offers_again_are_dropped() -> None:
     feed.penalize("won-by-other", 30)
     wakeup = feed.next_wakeup()
     assert wakeup is not None and 25 < wakeup <= 30
+
+
+def test_the_pending_heap_stays_bounded_when_nobody_asks_for_candidates() -> None:
+    """A worker whose slots stay busy never asks for a candidate: the heap must not grow with history."""
+    feed = make_feed()
+    for i in range(2000):
+        sid = f"s{i:04d}"
+        feed.upsert(entry(sid, i))
+        feed.upsert(entry(sid, i, phase="claimed", acceptor_id="other", claim_deadline=2**31))
+        feed.upsert(entry(sid, i, session_status="terminated"))
+    assert len(feed._pending) <= 2 * 64 + 1  # noqa: SLF001 - the structure under test
+    feed.upsert(entry("fresh", 5000))
+    candidate = feed.next_candidate()
+    assert candidate is not None and candidate.session_id == "fresh"

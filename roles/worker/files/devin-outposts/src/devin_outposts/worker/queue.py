@@ -138,6 +138,7 @@ class QueueFeed:
         # reaches the top; a row that turns pending again is pushed again (``_in_heap`` avoids duplicates).
         self._pending: list[tuple[tuple[int, str], str]] = []
         self._in_heap: set[str] = set()
+        self._compact_at = 64
         #: session_id -> when another acceptor's claim of it expires.
         self._foreign: dict[str, float] = {}
 
@@ -154,10 +155,26 @@ class QueueFeed:
         if entry.status.phase == Phase.PENDING and not entry.is_finished and sid not in self._in_heap:
             heapq.heappush(self._pending, (age_key(entry), sid))
             self._in_heap.add(sid)
+            if len(self._pending) > 2 * self._compact_at:
+                self._compact()
         if self.on_update:
             self.on_update(entry.session_id, entry)
         if self.claimable(entry) or expiry is not None:
             self.changed.set()
+
+    def _compact(self) -> None:
+        """Rebuild the heap from the rows pending now (amortised O(1) per push).
+
+        A worker whose slots stay busy never calls next_candidate, so nothing else prunes the heap.
+        """
+        self._pending = [
+            (age_key(e), e.session_id)
+            for e in self.entries.values()
+            if e.status.phase == Phase.PENDING and not e.is_finished
+        ]
+        heapq.heapify(self._pending)
+        self._in_heap = {item[1] for item in self._pending}
+        self._compact_at = max(len(self._pending), 64)
 
     def remove(self, session_id: str) -> None:
         self.discard(session_id)
