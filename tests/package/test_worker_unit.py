@@ -1075,3 +1075,21 @@ def test_the_pending_heap_stays_bounded_when_nobody_asks_for_candidates() -> Non
     feed.upsert(entry("fresh", 5000))
     candidate = feed.next_candidate()
     assert candidate is not None and candidate.session_id == "fresh"
+
+
+def test_worker_start_path_loads_no_cli_or_plugin_scanning_modules() -> None:
+    """What ``worker start`` imports: not httpx's CLI (rich/click/pygments), not the simulator, and not
+    importlib.metadata (pydantic's plugin scan); models still validate."""
+    code = (
+        "import sys\n"
+        "from devin_outposts.cli import build_parser\n"
+        "build_parser('worker')\n"
+        "import devin_outposts.worker.runner\n"
+        "from devin_outposts.models import QueueEntry\n"
+        "QueueEntry.model_validate({'metadata': {'session_id': 's', 'outpost_id': 'o'}, 'status': {}})\n"
+        "heavy = ('rich', 'click', 'pygments', 'importlib.metadata', 'zipfile', 'starlette', 'uvicorn',\n"
+        "         'sqlite3', 'devin_outposts.sim')\n"
+        "print(sorted(m for m in sys.modules if m in heavy or m.startswith(tuple(h + '.' for h in heavy))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
+    assert out.stdout.strip() == "[]"

@@ -15,10 +15,31 @@ from what the client parses. They follow ``shared/reference/outposts-contract.md
 from __future__ import annotations
 
 import datetime as _dt
+import sys
+import types
 from enum import Enum
 from typing import Any, Optional, Union
 
-from pydantic import (
+
+def _skip_pydantic_plugin_discovery() -> None:
+    """Stand in for pydantic's plugin loader before the first model is built.
+
+    Building the first model imports ``pydantic.plugin._loader``, which imports ``importlib.metadata``
+    (and with it zipfile, email, csv ...) only to scan every installed distribution for pydantic
+    plugins: about 1 MiB of a long-running worker's resident memory. This package uses no pydantic
+    plugins. Its sole interface is ``get_plugins()`` (pydantic 2.5 and later); if pydantic already
+    loaded the real one, it is kept.
+    """
+    name = "pydantic.plugin._loader"
+    if name not in sys.modules:
+        stub = types.ModuleType(name, "devin_outposts: no pydantic plugins (see devin_outposts.models)")
+        stub.__dict__["get_plugins"] = lambda: ()
+        sys.modules[name] = stub
+
+
+_skip_pydantic_plugin_discovery()
+
+from pydantic import (  # noqa: E402 - after the plugin-loader stand-in
     BaseModel,
     ConfigDict,
     Field,
