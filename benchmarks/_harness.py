@@ -262,6 +262,11 @@ def end_marker_session(admin: SimAdmin, runs: Path, session_id: str, pid: int) -
 
 
 def worker_command() -> list[str]:
+    # DEVIN_OUTPOSTS_BENCH_WORKER: another installation's devin-outposts, e.g. a venv holding only the
+    # package and its runtime dependencies, as the worker role installs it (the dev .venv has many more).
+    other = os.environ.get("DEVIN_OUTPOSTS_BENCH_WORKER")
+    if other:
+        return [other, "worker", "start"]
     script = Path(sys.executable).with_name("devin-outposts")
     if script.exists():
         return [str(script), "worker", "start"]

@@ -1093,3 +1093,18 @@ def test_worker_start_path_loads_no_cli_or_plugin_scanning_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
     assert out.stdout.strip() == "[]"
+
+
+def test_pydantic_loader_stand_in_hands_unknown_names_to_the_real_loader() -> None:
+    """A later pydantic that imports another name from its plugin loader gets the real one, not an error."""
+    code = (
+        "import sys\n"
+        "import devin_outposts.models\n"
+        "from pydantic.plugin._loader import get_plugins\n"
+        "assert list(get_plugins()) == [], 'the stand-in reports no plugins'\n"
+        "assert 'importlib.metadata' not in sys.modules\n"
+        "from pydantic.plugin._loader import PYDANTIC_ENTRY_POINT_GROUP\n"
+        "print(PYDANTIC_ENTRY_POINT_GROUP, 'importlib.metadata' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
+    assert out.stdout.split() == ["pydantic", "True"]

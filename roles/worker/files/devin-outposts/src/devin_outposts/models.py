@@ -15,6 +15,7 @@ from what the client parses. They follow ``shared/reference/outposts-contract.md
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import sys
 import types
 from enum import Enum
@@ -31,10 +32,21 @@ def _skip_pydantic_plugin_discovery() -> None:
     loaded the real one, it is kept.
     """
     name = "pydantic.plugin._loader"
-    if name not in sys.modules:
-        stub = types.ModuleType(name, "devin_outposts: no pydantic plugins (see devin_outposts.models)")
-        stub.__dict__["get_plugins"] = lambda: ()
-        sys.modules[name] = stub
+    if name in sys.modules:
+        return
+    stub = types.ModuleType(name, "devin_outposts: no pydantic plugins (see devin_outposts.models)")
+
+    def real_attribute(attribute: str) -> Any:
+        # A later pydantic that asks the loader for anything else gets the real loader, not an error.
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        del sys.modules[name]
+        real = importlib.import_module(name)
+        return getattr(real, attribute)
+
+    stub.__dict__["get_plugins"] = lambda: ()
+    stub.__dict__["__getattr__"] = real_attribute
+    sys.modules[name] = stub
 
 
 _skip_pydantic_plugin_discovery()
