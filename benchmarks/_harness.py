@@ -297,7 +297,7 @@ class Worker:
 
     def start(self) -> Worker:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(  # noqa: S603
+            self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
             )
         return self

@@ -365,7 +365,7 @@ def main() -> int:
     results: dict[str, Any] = {"targets": {"claim_sse_p99_s": TARGET_CLAIM_P99, "double_serves": 0,
                                            "idle_rss_mib": TARGET_IDLE_RSS_MIB}}  # fmt: skip
     walls: dict[str, float] = {}
-    rng = random.Random(args.seed)  # noqa: S311 - spreads enqueues over the poll interval, not a secret
+    rng = random.Random(args.seed)
     started = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="devin-bench-claims-") as tmpdir:

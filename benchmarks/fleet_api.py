@@ -29,7 +29,6 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-
 from devin_outposts.sim.testing import SimProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +50,7 @@ def ansible_adhoc(module: str, args: str, env: dict[str, str]) -> float:
     if args:
         argv += ["-a", args]
     started = time.perf_counter()
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)  # noqa: S603
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"{module} failed:\n{result.stdout}\n{result.stderr}")
@@ -131,13 +130,15 @@ def claim_throughput(sim: SimProcess, sessions: int, claimers: int) -> int:
         f"  claim                        {attempts / claim_s:8.0f} req/s  {dict(claim_statuses)}"
         f"  (x{read_s / claim_s:.2f} of baseline)"
     )
-    print(f"  sessions won                 {len(wins)} of {sessions}; won claims {sessions / claim_s:.0f}/s")
-    print(f"  double claims                {doubles_client} (claimers' 200s), {doubles_history} (sim history)")
+    print(f"  sessions won                 {len(wins)} of {sessions}; {sessions / claim_s:.0f} won claims/s")
+    print(f"  double claims                {doubles_client} (claimers' 200s), {doubles_history} (history)")
     return doubles_client + doubles_history + (sessions - len(wins))
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--claimers", type=int, default=50)

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from devin_outposts.client import FleetClient
 from devin_outposts.errors import FleetAuthError, FleetConflict, FleetInvalid, FleetNotFound
 from devin_outposts.models import Phase, WatchEventType
@@ -157,7 +156,7 @@ def test_default_platform_round_trip(sim: SimHandle) -> None:
 
 def cli(sim: SimHandle, *args: str, token: str) -> subprocess.CompletedProcess[str]:
     env = {"DEVIN_API_URL": sim.url, "DEVIN_OUTPOSTS_TOKEN": token, "PATH": "/usr/bin:/bin"}
-    return subprocess.run(  # noqa: S603
+    return subprocess.run(
         [sys.executable, "-m", "devin_outposts", *args], env=env, capture_output=True, text=True, timeout=60,
         check=False,
     )

@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 import httpx
 import pytest
-
 from devin_outposts import client as client_module
 from devin_outposts.client import FleetClient, normalize_api_url
 from devin_outposts.errors import (
@@ -28,7 +27,7 @@ from devin_outposts.errors import (
 )
 from devin_outposts.models import Phase, SessionStatus
 
-TOKEN = "cog_unit_test_token_value"  # noqa: S105
+TOKEN = "cog_unit_test_token_value"
 
 
 def entry(session_id: str, updated_at: int = 1781050000, **status: Any) -> dict[str, Any]:
@@ -193,7 +192,7 @@ def test_list_all_outposts_follows_end_cursor() -> None:
 
 def test_claim_posts_acceptor_and_keeps_token_secret() -> None:
     claimed = entry("devin-1", phase="claimed", acceptor_id="w1", claim_deadline=1781050300,
-                    connect_token="ct_secret_value", gateway_url="wss://gw.example.test")  # noqa: S106
+                    connect_token="ct_secret_value", gateway_url="wss://gw.example.test")
     rec = Recorder([httpx.Response(200, json=claimed)])
 
     async def go() -> Any:

@@ -105,7 +105,7 @@ def test_generated_admin_token_is_kept_in_a_private_file_and_reused(tmp_path: Pa
     for _dummy_round in range(2):
         port_file.unlink(missing_ok=True)
         log = (tmp_path / "serve.log").open("ab")
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 20
             while not (port_file.exists() and port_file.read_text().strip()):

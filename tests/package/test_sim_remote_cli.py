@@ -70,7 +70,7 @@ def test_calls_connections_and_end_with_a_running_stand_in(
         result = cli("connections", sid, "--wait", "10")
         assert result.out.split("\t")[1] == str(remote.pid)
         env = json.loads(cli("connections", sid, "--json").out)[0]["env"]
-        assert env["DEVIN_OUTPOST_CONNECT_TOKEN"] == "***"  # noqa: S105 - the mask
+        assert env["DEVIN_OUTPOST_CONNECT_TOKEN"] == "***"
         assert cli("end", sid, "--status", "suspended").out.strip() == f"{sid} suspended"
         assert remote.wait(20) == 0
 

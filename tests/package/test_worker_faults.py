@@ -22,9 +22,10 @@ from devin_outposts.client import FleetClient
 from devin_outposts.sim.testing import run_sim, sim_process
 from devin_outposts.worker.config import WorkerConfig
 from devin_outposts.worker.runner import Worker
+
 from worker_fakes import DistServer, FakeRemote, WorkerProcess, kill_pids, wait_for
 
-TOKEN = "cog_fault_test_account_token"  # noqa: S105
+TOKEN = "cog_fault_test_account_token"
 HOSTILE_CONNECT = "ct_hostile_token"
 
 

@@ -20,11 +20,12 @@ from typing import Any, Optional
 import pytest
 from devin_outposts.models import Outpost
 from devin_outposts.sim.testing import SimHandle, run_sim
+
 from worker_fakes import DistServer, FakeRemote, WorkerProcess, alive, kill_pids, wait_for
 
 CANARY = "canary-secret-that-must-not-reach-a-session"
-BAD_TOKEN = "cog_not_a_real_token_at_all_000000"  # noqa: S105
-DIRECT_TOKEN = "ct_direct_serve_token_value"  # noqa: S105
+BAD_TOKEN = "cog_not_a_real_token_at_all_000000"
+DIRECT_TOKEN = "ct_direct_serve_token_value"
 SPAWN_ENV = {
     "DEVIN_OUTPOST_GATEWAY_URL", "DEVIN_OUTPOST_CONNECT_TOKEN", "DEVIN_OUTPOST_SESSION_ID",
     "DEVIN_REMOTE_STATE_DIR", "DEVIN_PTY_BRIDGE_PORT", "DEVIN_CHROME_PATH", "DEVIN_OUTPOST_DESKTOP",

@@ -24,6 +24,7 @@ import pytest
 from devin_outposts.models import Outpost
 from devin_outposts.sim import tools
 from devin_outposts.sim.testing import SimHandle, run_sim
+
 from worker_fakes import (
     WorkerProcess,
     alive,
@@ -246,7 +247,7 @@ def test_the_stand_in_gets_exactly_the_spawn_contract_environment(harness: Harne
     assert env["DEVIN_REMOTE_STATE_DIR"] == conn["state_dir"] == str(state_dir)
     assert env["DEVIN_CHROME_PATH"] == CHROME
     assert int(env["DEVIN_PTY_BRIDGE_PORT"]) > 0
-    assert env["DEVIN_OUTPOST_CONNECT_TOKEN"] == "***"  # noqa: S105 - the stand-in masks the value it got
+    assert env["DEVIN_OUTPOST_CONNECT_TOKEN"] == "***"
     # The token it really used is the one the claim issued: the gateway recorded its fingerprint.
     fingerprints = {r["token_fingerprint"] for r in h.claims(sid) if r["action"] in ("claim", "renew")}
     assert conn["token_fingerprint"] in fingerprints

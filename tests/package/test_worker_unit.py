@@ -36,9 +36,10 @@ from devin_outposts.worker.metrics import Metrics
 from devin_outposts.worker.paths import UnsafePathError, child_dir, safe_component
 from devin_outposts.worker.queue import Backoff, QueueFeed, oldest_first
 from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionServer, renew_delay
+
 from worker_fakes import SUFFIX, DistServer, FakeFleet, FakeRemote, sha256_hex
 
-TOKEN = "cog_unit_account_token_do_not_leak"  # noqa: S105
+TOKEN = "cog_unit_account_token_do_not_leak"
 CONNECT = "ct_unit_connect_token"
 BASE_ENV = {"DEVIN_OUTPOSTS_TOKEN": TOKEN}
 
@@ -117,7 +118,7 @@ def test_config_env_is_used_and_flags_win(tmp_path: Path) -> None:
     assert flags.cache_dir == tmp_path / "c"
     assert flags.remote_binary_sha == "1234567"
     assert flags.pty_bridge_port == 7001
-    assert flags.token == "cog_from_flag"  # noqa: S105
+    assert flags.token == "cog_from_flag"
     assert flags.gateway_url == "wss://gw.flag"
     assert flags.watch is False
     assert flags.poll_interval == 0.5
@@ -207,7 +208,7 @@ def test_data_dir_lock_excludes_a_second_worker_process(tmp_path: Path) -> None:
             "from devin_outposts.worker.identity import FileLock, LockedError\n"
             "try:\n FileLock(Path(sys.argv[1]), 'x').acquire()\nexcept LockedError:\n sys.exit(9)\n"
         )
-        other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "worker.lock")], check=False)  # noqa: S603
+        other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "worker.lock")], check=False)
         assert other.returncode == 9
     finally:
         lock.release()
@@ -999,7 +1000,9 @@ def test_conflict_pause_is_bounded_and_grows_with_conflicts_in_a_row() -> None:
     assert conflict_pause(3, rng=lambda: 0.0) == 0.0
 
 
-def test_terminated_notice_during_the_remote_start_is_not_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_terminated_notice_during_the_remote_start_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The watch reports "terminated" while RemoteProcess.start is awaited: no status poll may be needed."""
     from devin_outposts.worker import session as session_module
 
@@ -1008,7 +1011,9 @@ def test_terminated_notice_during_the_remote_start_is_not_lost(tmp_path: Path, m
     servers: list[SessionServer] = []
     real_start = session_module.RemoteProcess.start
 
-    async def start_and_hear_terminated(binary: Path, *, cwd: Path, env: Any, state_dir: Path, session_id: str) -> Any:
+    async def start_and_hear_terminated(
+        binary: Path, *, cwd: Path, env: Any, state_dir: Path, session_id: str
+    ) -> Any:
         started = await real_start(binary, cwd=cwd, env=env, state_dir=state_dir, session_id=session_id)
         fleet.statuses["devin-1"] = "terminated"
         servers[0].notify(fleet.entry("devin-1"))  # the watch event, delivered while start was awaited
@@ -1071,7 +1076,7 @@ def test_the_pending_heap_stays_bounded_when_nobody_asks_for_candidates() -> Non
         feed.upsert(entry(sid, i))
         feed.upsert(entry(sid, i, phase="claimed", acceptor_id="other", claim_deadline=2**31))
         feed.upsert(entry(sid, i, session_status="terminated"))
-    assert len(feed._pending) <= 2 * 64 + 1  # noqa: SLF001 - the structure under test
+    assert len(feed._pending) <= 2 * 64 + 1
     feed.upsert(entry("fresh", 5000))
     candidate = feed.next_candidate()
     assert candidate is not None and candidate.session_id == "fresh"
@@ -1091,7 +1096,7 @@ def test_worker_start_path_loads_no_cli_or_plugin_scanning_modules() -> None:
         "         'sqlite3', 'devin_outposts.sim')\n"
         "print(sorted(m for m in sys.modules if m in heavy or m.startswith(tuple(h + '.' for h in heavy))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
@@ -1106,5 +1111,5 @@ def test_pydantic_loader_stand_in_hands_unknown_names_to_the_real_loader() -> No
         "from pydantic.plugin._loader import PYDANTIC_ENTRY_POINT_GROUP\n"
         "print(PYDANTIC_ENTRY_POINT_GROUP, 'importlib.metadata' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["pydantic", "True"]

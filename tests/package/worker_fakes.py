@@ -216,7 +216,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         argv = [sys.executable, "-m", "devin_outposts", "worker", "start", *self.args]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(  # noqa: S603
+            self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
             )
         return self
@@ -371,7 +371,7 @@ def make_git_repo(path: Path, files: Mapping[str, str]) -> Path:
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
     git += ["-c", "init.defaultBranch=main"]
     for args in (["init", "-q"], ["add", "--", *files], ["commit", "-q", "-m", "first"]):
-        subprocess.run([*git, *args], cwd=path, check=True, capture_output=True)  # noqa: S603
+        subprocess.run([*git, *args], cwd=path, check=True, capture_output=True)
     return path
 
 
