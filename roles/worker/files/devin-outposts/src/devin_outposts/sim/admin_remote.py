@@ -20,31 +20,15 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from devin_outposts.models import QueueEntry
+from devin_outposts.sim.admin_mixin import AdminMixin
 from devin_outposts.sim.dist import sha256_hex, standin_bytes, version_id
 
 #: Seconds one admin long poll may last; longer waits are several polls.
 POLL_SLICE = 25.0
 
 
-class RemoteAdmin:
+class RemoteAdmin(AdminMixin):
     """Mixed into ``SimAdmin``, which provides ``_call`` and ``url``."""
-
-    url: str
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        operation: str,
-        *,
-        body: Optional[dict[str, Any]] = None,
-        params: Optional[dict[str, Any]] = None,
-        timeout: Optional[float] = None,
-    ) -> Any:  # pragma: no cover - provided by SimAdmin
-        raise NotImplementedError
-
-    def _error(self, operation: str, detail: str) -> Exception:  # pragma: no cover - provided by SimAdmin
-        raise NotImplementedError
 
     # --- the brain -------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from devin_outposts.sim.admin_mixin import AdminMixin
 from devin_outposts.sim.db import StoreBase
 from devin_outposts.sim.errors import Invalid
 
@@ -190,27 +191,13 @@ class CliDistStore(StoreBase):
         return {"prefix": PREFIX + "/", "platforms": list(PLATFORMS), "artifacts": artifacts}
 
 
-class CliDistAdmin:
+class CliDistAdmin(AdminMixin):
     """The CLI distribution methods of :class:`~devin_outposts.sim.admin_client.SimAdmin`::
 
     admin.publish_cli("1.2.3")                   # the stand-in devin 1.2.3, every platform
     admin.publish_cli("9.9.9", tampered=True)    # its .sha256 does not match its bytes
     admin.cli_base_url                           # the role's devin_outposts_cli_base_url
     """
-
-    url: str
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        operation: str,
-        *,
-        body: Optional[dict[str, Any]] = None,
-        params: Optional[dict[str, Any]] = None,
-        timeout: Optional[float] = None,
-    ) -> Any:  # pragma: no cover - provided by SimAdmin
-        raise NotImplementedError
 
     @property
     def cli_base_url(self) -> str:
