@@ -203,6 +203,20 @@ def looks_like_outpost_id(value):
     return to_text(value).startswith(OUTPOST_ID_PREFIX)
 
 
+def run_module(module, work):
+    """Exit ``module`` with the result dict that ``work(client)`` returns, or fail it with the API error.
+
+    Every fleet module ends this way: a FleetAPIError becomes ``fail_json`` with its message, HTTP status and
+    detail (FleetAPIError.to_result); anything else is a bug and keeps its traceback.
+    """
+    client = FleetClient.from_module(module)
+    try:
+        result = work(client)
+    except FleetAPIError as exc:
+        module.fail_json(msg=to_native(exc), **exc.to_result())
+    module.exit_json(**result)
+
+
 class FleetClient:
     """A synchronous client for one account's fleet API, built on ``open_url``."""
 

@@ -93,16 +93,14 @@ default_platform:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_native
 
 from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
-    FleetAPIError,
-    FleetClient,
     default_platform_matches,
     default_platform_settings,
     fleet_argument_spec,
     outpost_id_of,
     outpost_name_of,
+    run_module,
 )
 
 
@@ -141,12 +139,7 @@ def main():
         required_if=[("state", "present", ("platform", "outpost"), True)],
         supports_check_mode=True,
     )
-    client = FleetClient.from_module(module)
-    try:
-        result = ensure(module, client)
-    except FleetAPIError as exc:
-        module.fail_json(msg=to_native(exc), **exc.to_result())
-    module.exit_json(**result)
+    run_module(module, lambda client: ensure(module, client))
 
 
 if __name__ == "__main__":

@@ -65,13 +65,11 @@ default_platform:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_native
 
 from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
-    FleetAPIError,
-    FleetClient,
     default_platform_settings,
     fleet_argument_spec,
+    run_module,
 )
 
 
@@ -80,12 +78,12 @@ def main():
         argument_spec=fleet_argument_spec(org_id=dict(type="str", required=True)),
         supports_check_mode=True,
     )
-    client = FleetClient.from_module(module)
-    try:
+
+    def read(client):
         current = client.get_default_platform(module.params["org_id"])
-    except FleetAPIError as exc:
-        module.fail_json(msg=to_native(exc), **exc.to_result())
-    module.exit_json(changed=False, default_platform=default_platform_settings(current))
+        return dict(changed=False, default_platform=default_platform_settings(current))
+
+    run_module(module, read)
 
 
 if __name__ == "__main__":

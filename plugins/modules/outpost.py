@@ -128,16 +128,14 @@ outpost_id:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_native
 
 from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     PLATFORMS,
-    FleetAPIError,
-    FleetClient,
     fleet_argument_spec,
     outpost_differences,
     outpost_id_of,
     outpost_settings,
+    run_module,
 )
 
 
@@ -200,12 +198,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    client = FleetClient.from_module(module)
-    try:
-        result = ensure(module, client)
-    except FleetAPIError as exc:
-        module.fail_json(msg=to_native(exc), **exc.to_result())
-    module.exit_json(**result)
+    run_module(module, lambda client: ensure(module, client))
 
 
 if __name__ == "__main__":

@@ -92,12 +92,10 @@ outposts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_native
 
 from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
-    FleetAPIError,
-    FleetClient,
     fleet_argument_spec,
+    run_module,
 )
 
 
@@ -110,17 +108,15 @@ def main():
         mutually_exclusive=[("name", "id")],
         supports_check_mode=True,
     )
-    client = FleetClient.from_module(module)
     name, outpost_id = module.params["name"], module.params["id"]
-    try:
+
+    def read(client):
         if name is None and outpost_id is None:
-            outposts = client.list_outposts()
-        else:
-            found = client.find_outpost(name=name, outpost_id=outpost_id)
-            outposts = [found] if found else []
-    except FleetAPIError as exc:
-        module.fail_json(msg=to_native(exc), **exc.to_result())
-    module.exit_json(changed=False, outposts=outposts)
+            return dict(changed=False, outposts=client.list_outposts())
+        found = client.find_outpost(name=name, outpost_id=outpost_id)
+        return dict(changed=False, outposts=[found] if found else [])
+
+    run_module(module, read)
 
 
 if __name__ == "__main__":

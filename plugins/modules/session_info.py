@@ -112,16 +112,14 @@ outpost_id:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_native
 
 from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     MAX_PAGE_SIZE,
     PHASES,
-    FleetAPIError,
-    FleetClient,
     fleet_argument_spec,
     looks_like_outpost_id,
     outpost_id_of,
+    run_module,
 )
 
 
@@ -139,8 +137,8 @@ def main():
     params = module.params
     if not 1 <= params["page_size"] <= MAX_PAGE_SIZE:
         module.fail_json(msg="page_size must be between 1 and {0}, got {1}".format(MAX_PAGE_SIZE, params["page_size"]))
-    client = FleetClient.from_module(module)
-    try:
+
+    def read(client):
         outpost_id = params["outpost"]
         if outpost_id and not looks_like_outpost_id(outpost_id):
             outpost_id = outpost_id_of(client.resolve_outpost(outpost_id))
@@ -151,9 +149,9 @@ def main():
             page_size=params["page_size"],
             cursor=params["cursor"],
         )
-    except FleetAPIError as exc:
-        module.fail_json(msg=to_native(exc), **exc.to_result())
-    module.exit_json(changed=False, sessions=sessions, cursor=cursor, outpost_id=outpost_id)
+        return dict(changed=False, sessions=sessions, cursor=cursor, outpost_id=outpost_id)
+
+    run_module(module, read)
 
 
 if __name__ == "__main__":
