@@ -12,7 +12,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from devin_outposts.models import QueueEntry, WatchEvent
@@ -612,8 +612,15 @@ def test_feed_upserts_watch_events_by_session_id() -> None:
 
 
 def serve_once(
-    tmp_path: Path, fleet: FakeFleet, remote: FakeRemote, sid: str = "devin-1", **overrides: Any
+    tmp_path: Path,
+    fleet: FakeFleet,
+    remote: FakeRemote,
+    sid: str = "devin-1",
+    servers: Optional[list[SessionServer]] = None,
+    **overrides: Any,
 ) -> Any:
+    """Serve ``sid`` once with a fresh SessionServer; ``servers`` receives it before it serves."""
+
     async def scenario() -> Any:
         options: dict[str, Any] = {
             "poll_interval": 0.1,
@@ -638,6 +645,8 @@ def serve_once(
                     fleet=fleet,
                     claim=claim,
                 )
+                if servers is not None:
+                    servers.append(server)
                 result = await server.serve()
                 return result, server.metrics
             finally:
@@ -1020,35 +1029,8 @@ def test_terminated_notice_during_the_remote_start_is_not_lost(
         return started
 
     monkeypatch.setattr(session_module.RemoteProcess, "start", start_and_hear_terminated)
-
-    async def scenario() -> Any:
-        config = WorkerConfig(
-            token=TOKEN,
-            cache_dir=tmp_path / "data" / "cache",
-            workdir=tmp_path / "wd",
-            poll_interval=30.0,  # a poll would also see "terminated", but only after 30 s (and a "get")
-            stop_grace=2.0,
-        )
-        with DistServer("abc1234", remote.script) as dist:
-            store = BinaryStore(config.cache_dir, dist.url)
-            try:
-                claim = await fleet.claim("devin-1", "me")
-                server = SessionServer(
-                    config,
-                    session_id="devin-1",
-                    acceptor_id="me",
-                    binaries=store,
-                    metrics=Metrics(),
-                    cwd=config.workdir,
-                    fleet=fleet,
-                    claim=claim,
-                )
-                servers.append(server)
-                return await server.serve()
-            finally:
-                await store.aclose()
-
-    result = run(scenario())
+    # a poll would also see "terminated", but only after 30 s (and a "get")
+    result, dummy_metrics = serve_once(tmp_path, fleet, remote, servers=servers, poll_interval=30.0)
     assert (result.outcome, result.session_status) == (SERVED, "terminated")
     # noticed from the notice itself, not from a status poll or a renewal
     assert fleet.count("get") == 0
