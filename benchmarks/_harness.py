@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from devin_outposts.sim import testing
 from devin_outposts.sim.admin_client import SimAdmin
 from devin_outposts.sim.testing import SimProcess
+from devin_outposts.worker.spawn import process_alive
 
 METRICS_LINE = re.compile(r"serving /metrics and /healthz on [^\s:]+:(\d+)")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -56,14 +58,10 @@ def wait_until(
     predicate: Callable[[], Any], *, timeout: float, interval: float = 0.05, what: str = "a condition"
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy; :class:`BenchError` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+    try:
+        return testing.wait_until(predicate, timeout=timeout, interval=interval, what=what)
+    except TimeoutError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -219,16 +217,6 @@ def wait_remote_start(runs: Path, session_id: str, timeout: float = 60.0) -> int
         started, timeout=timeout, interval=0.002, what=f"the remote of session {session_id} to start"
     )
     return pid
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def end_marker_session(admin: SimAdmin, runs: Path, session_id: str, pid: int) -> None:

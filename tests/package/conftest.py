@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any, Callable, Optional
@@ -21,6 +20,7 @@ from typing import Any, Callable, Optional
 import httpx
 import pytest
 from devin_outposts.models import Outpost
+from devin_outposts.sim import testing as sim_testing
 from devin_outposts.sim.testing import SimHandle, run_sim
 
 #: Timings for tests: short enough to expire and end streams quickly, long enough not to race.
@@ -90,14 +90,10 @@ def outpost(sim: SimHandle) -> Outpost:
 
 def _wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(interval)
+    try:
+        return sim_testing.wait_until(predicate, timeout=timeout, interval=interval)
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture

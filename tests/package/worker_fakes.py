@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from devin_outposts.sim.testing import wait_until
 from devin_outposts.worker.binary import platform_suffix
 
 SUFFIX = platform_suffix()
@@ -189,14 +190,10 @@ def wait_for(
     predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = ""
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or predicate}")
-        time.sleep(interval)
+    try:
+        return wait_until(predicate, timeout=timeout, interval=interval, what=what or repr(predicate))
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 class WorkerProcess:

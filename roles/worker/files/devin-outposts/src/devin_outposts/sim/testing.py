@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from devin_outposts.sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts.sim.admin_client import SimAdmin
@@ -68,6 +68,24 @@ from devin_outposts.sim.server import ADMIN_TOKEN_ENV, build_server
 from devin_outposts.sim.store import Store, token_fingerprint
 
 START_TIMEOUT = 20.0
+
+
+def wait_until(
+    predicate: Callable[[], Any], *, timeout: float, interval: float = 0.05, what: str = "a condition"
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Raises :class:`TimeoutError` after ``timeout`` seconds; tests and benchmarks turn it into their own
+    failure (an assertion, ``pytest.fail``, a benchmark error).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
 
 
 def _new_admin_token() -> str:

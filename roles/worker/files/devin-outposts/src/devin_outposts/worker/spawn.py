@@ -120,7 +120,8 @@ def _proc_start_time(pid: int) -> Optional[str]:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` exists (a process we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -143,7 +144,7 @@ def reap_stale_remote(state_dir: Path) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     killed = False
-    if os.name != "nt" and started is not None and _proc_start_time(pid) == started and _alive(pid):
+    if os.name != "nt" and started is not None and _proc_start_time(pid) == started and process_alive(pid):
         log.warning("stopping devin-remote pid %d left behind by a previous worker", pid, extra={"pid": pid})
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
