@@ -21,8 +21,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Callable, Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _REV_STEP = 1e-6
+#: The grace a claim gets when its session stops running, for a claim made before ``claim_ttl`` was
+#: recorded (a database from schema version 1): the contract's usual claim TTL.
+FALLBACK_CLAIM_TTL = 300.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -72,6 +75,12 @@ CREATE TABLE IF NOT EXISTS tool_calls (
 CREATE INDEX IF NOT EXISTS tool_calls_by_session ON tool_calls (session_id, state, seq);
 """
 
+#: Columns of ``sessions`` added after schema version 1. They are added by ``ALTER TABLE`` on every open
+#: (when missing), so a database written by an older simulator keeps its state and its cursors.
+#: ``claim_ttl``: the TTL of the current claim or renewal, the grace a claim gets when its session stops
+#: running (see :meth:`StoreBase._write_status_locked`).
+ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"),)
+
 #: Tables wiped by :meth:`StoreBase.reset` (``meta`` survives so revisions keep increasing). The
 #: ``dist_*`` tables hold published ``devin-remote`` artifacts (the built-in stand-in is not stored);
 #: ``remote_connections`` and ``tool_calls`` are the gateway's and the brain's records.
@@ -120,14 +129,23 @@ class StoreBase:
         self._conn.execute("PRAGMA busy_timeout=30000")
         with self._lock:
             self._conn.executescript(SCHEMA)
-            self._conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
+            self._upgrade()
             self._conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('last_rev', '0')")
             row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
             stored = float(row["value"])
             top = self._conn.execute("SELECT MAX(rev) AS top FROM sessions").fetchone()["top"]
             self._last_rev = max(stored, float(top or 0.0))
+
+    def _upgrade(self) -> None:
+        """Bring a database of an older schema version (or a new one) up to :data:`SCHEMA_VERSION`."""
+        conn = self._conn
+        columns = {str(row["name"]) for row in conn.execute("PRAGMA table_info(sessions)")}
+        for name, declaration in ADDED_SESSION_COLUMNS:
+            if name not in columns:
+                conn.execute(f"ALTER TABLE sessions ADD COLUMN {name} {declaration}")
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+        )
 
     # --- lifecycle and listeners ---------------------------------------------------------------------
 
@@ -252,7 +270,7 @@ class StoreBase:
             rev = self._next_rev(conn, now)
             conn.execute(
                 "UPDATE sessions SET phase = 'pending', acceptor_id = NULL, claim_deadline = NULL, "
-                "claim_chain = NULL, rev = ? WHERE session_id = ?",
+                "claim_chain = NULL, claim_ttl = NULL, rev = ? WHERE session_id = ?",
                 (rev, row["session_id"]),
             )
             self._record(
@@ -267,6 +285,34 @@ class StoreBase:
             )
             self._revoke_tokens(conn, row["session_id"], now, "expired")
         return len(rows)
+
+    def _write_status_locked(
+        self, conn: sqlite3.Connection, row: sqlite3.Row, status: str, now: float
+    ) -> None:
+        """Set ``session_status`` (a queue change). When a claimed session stops running, its claim
+        lasts at least one claim TTL from now.
+
+        Why: a claim may outlive its deadline while the session runs (it stays with its worker). Were it
+        voided the instant the session stopped running, the holder's connect tokens would be revoked
+        before the remote got the end notice (its pending long poll would get 401, contract 4.3 says
+        tokens cover the session's lifetime) and the holder's release would get 409, although contract
+        4.2 has the remote told first, then the worker confirm the status and release. The grace gives
+        the holder that time; a holder that never releases loses the claim when the grace runs out.
+        """
+        deadline = row["claim_deadline"]
+        if (
+            row["phase"] == "claimed"
+            and deadline is not None
+            and row["session_status"] == "running"
+            and status != "running"
+        ):
+            ttl = row["claim_ttl"] if row["claim_ttl"] is not None else FALLBACK_CLAIM_TTL
+            deadline = max(float(deadline), now + float(ttl))
+        rev = self._next_rev(conn, now)
+        conn.execute(
+            "UPDATE sessions SET session_status = ?, claim_deadline = ?, rev = ? WHERE session_id = ?",
+            (status, deadline, rev, row["session_id"]),
+        )
 
     def expire_claims(self) -> int:
         """The sweeper's work: expire claims now; returns how many went back to the queue."""

@@ -257,12 +257,8 @@ class GatewayStore(QueueStore):
         with self._tx() as conn:
             now = self._clock()
             self._expire_locked(conn, now)
-            self._live_row(conn, None, session_id)
-            rev = self._next_rev(conn, now)
-            conn.execute(
-                "UPDATE sessions SET session_status = ?, rev = ? WHERE session_id = ?",
-                (session_status, rev, session_id),
-            )
+            row = self._live_row(conn, None, session_id)
+            self._write_status_locked(conn, row, session_status, now)
             conn.execute(
                 "UPDATE tool_calls SET state = 'cancelled', completed_at = ? "
                 "WHERE session_id = ? AND state = 'queued'",

@@ -7,7 +7,9 @@ background sweeper has run yet.
 
 Connect tokens: each claim or renewal issues a fresh token. All tokens issued to the current holder since
 its claim began (its *claim chain*) stay valid while that chain lasts; release, expiry, a tombstone or a
-takeover by another acceptor revokes them.
+takeover by another acceptor revokes them. The end of a session does not: a claimed session that stops
+running keeps its claim for at least one more claim TTL (:meth:`StoreBase._write_status_locked`), so the
+remote hears of the end and the holder can release.
 :meth:`~devin_outposts.sim.gateway_store.GatewayStore.check_connect_token` answers the question a gateway
 asks.
 """
@@ -198,12 +200,8 @@ class QueueStore(StoreBase):
         with self._tx() as conn:
             now = self._clock()
             self._expire_locked(conn, now)
-            self._live_row(conn, None, session_id)
-            rev = self._next_rev(conn, now)
-            conn.execute(
-                "UPDATE sessions SET session_status = ?, rev = ? WHERE session_id = ?",
-                (session_status, rev, session_id),
-            )
+            row = self._live_row(conn, None, session_id)
+            self._write_status_locked(conn, row, session_status, now)
             return entry_from_row(self._reload(conn, session_id))
 
     def tombstone(self, session_id: str, reason: str = "tombstoned by the admin API") -> QueueEntry:
@@ -341,8 +339,8 @@ class QueueStore(StoreBase):
             rev = self._next_rev(conn, now)
             conn.execute(
                 "UPDATE sessions SET phase = 'claimed', acceptor_id = ?, claim_deadline = ?, "
-                "claim_chain = ?, rev = ? WHERE session_id = ?",
-                (acceptor_id, deadline, chain, rev, session_id),
+                "claim_chain = ?, claim_ttl = ?, rev = ? WHERE session_id = ?",
+                (acceptor_id, deadline, chain, ttl, rev, session_id),
             )
             conn.execute(
                 "INSERT INTO connect_tokens (token_hash, session_id, acceptor_id, chain, issued_at) "
@@ -374,7 +372,7 @@ class QueueStore(StoreBase):
             rev = self._next_rev(conn, now)
             conn.execute(
                 "UPDATE sessions SET phase = 'pending', acceptor_id = NULL, claim_deadline = NULL, "
-                "claim_chain = NULL, rev = ? WHERE session_id = ?",
+                "claim_chain = NULL, claim_ttl = NULL, rev = ? WHERE session_id = ?",
                 (rev, session_id),
             )
             return entry_from_row(self._reload(conn, session_id))
