@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import pytest
 from devin_outposts.models import Outpost, QueueList
+from devin_outposts.sim.store import Store
 from devin_outposts.sim.testing import SimHandle
 
 QUEUE = "/opbeta/outposts/devins"
@@ -64,6 +66,40 @@ def test_enqueue_defaults_and_overrides(sim: SimHandle, outpost: Outpost) -> Non
     assert wire["spec"]["platform"] == "windows"
     assert wire["spec"]["network_policy"]["allow"][0]["hostname"] == "*.github.com"
     assert wire["status"]["session_status"] == "suspended"
+
+
+def test_entries_of_a_default_platform_outpost_carry_a_concrete_platform(
+    sim: SimHandle, api, machine_token: str
+) -> None:
+    # Only the outpost's platform is nullable (contract 3.2); clients filter entries on a concrete one.
+    default = sim.admin.create_outpost("anyos")  # spec.platform null: the default platform
+    assert default.spec.platform is None
+    sid = sim.admin.enqueue(default.outpost_id).session_id
+    client = api(machine_token)
+    assert client.get(f"{QUEUE}/{sid}").json()["spec"]["platform"] == "linux"
+    [listed] = client.get(QUEUE, params={"outpost": default.outpost_id}).json()["items"]
+    assert listed["spec"]["platform"] == "linux"
+    assert sim.admin.session(sid)["entry"]["spec"]["platform"] == "linux"
+    claimed = client.post(f"{QUEUE}/{sid}/claim", json={"acceptor_id": "w1"}).json()
+    assert claimed["spec"]["platform"] == "linux"
+    # An explicit platform still wins over the default.
+    assert sim.admin.enqueue(default.outpost_id, platform="macos").spec.platform == "macos"
+
+
+def test_a_database_with_null_entry_platforms_is_repaired_on_open(tmp_path: Path) -> None:
+    # A database written before the default was resolved at enqueue: its null platforms become concrete.
+    path = str(tmp_path / "old.db")
+    store = Store(path)
+    oid = store.create_outpost("acct-default", "old").outpost_id
+    sid = store.enqueue(oid).session_id
+    with store._tx() as conn:  # noqa: SLF001 - writing the old state directly
+        conn.execute("UPDATE sessions SET platform = NULL WHERE session_id = ?", (sid,))
+    store.close()
+    reopened = Store(path)
+    try:
+        assert reopened.get_entry("acct-default", sid).spec.platform == "linux"
+    finally:
+        reopened.close()
 
 
 def test_enqueue_refuses_a_live_duplicate_and_an_unknown_outpost(sim: SimHandle, outpost: Outpost) -> None:

@@ -23,6 +23,12 @@ from typing import Callable, Optional
 
 SCHEMA_VERSION = 2
 _REV_STEP = 1e-6
+#: The platform of a queue entry whose outpost uses the default platform (``spec.platform: null``). Only
+#: the outpost's platform is nullable (contract 3.2): entries always name a concrete one, which clients
+#: filter on. Devin's default machine is Ubuntu and ``linux_x64`` is the first ``devin-remote`` build,
+#: so the default platform is ``linux``. (The organization default-platform API names a hosted platform
+#: label or an outpost, not an OS, so it cannot decide this.)
+DEFAULT_PLATFORM = "linux"
 #: The grace a claim gets when its session stops running, for a claim made before ``claim_ttl`` was
 #: recorded (a database from schema version 1): the contract's usual claim TTL.
 FALLBACK_CLAIM_TTL = 300.0
@@ -143,6 +149,8 @@ class StoreBase:
         for name, declaration in ADDED_SESSION_COLUMNS:
             if name not in columns:
                 conn.execute(f"ALTER TABLE sessions ADD COLUMN {name} {declaration}")
+        # Schema version 1 queued sessions of a default-platform outpost with a null platform.
+        conn.execute("UPDATE sessions SET platform = ? WHERE platform IS NULL", (DEFAULT_PLATFORM,))
         conn.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from devin_outposts.models import NetworkPolicy, QueueEntry
 from devin_outposts.sim.cursor import QueueCursor
-from devin_outposts.sim.db import StoreBase, token_fingerprint, token_hash
+from devin_outposts.sim.db import DEFAULT_PLATFORM, StoreBase, token_fingerprint, token_hash
 from devin_outposts.sim.errors import (
     ALREADY_CLAIMED,
     NOT_CLAIMED_BY_ACCEPTOR,
@@ -153,7 +153,9 @@ class QueueStore(StoreBase):
         session_status: str = "pending",
         network_policy: Optional[dict[str, Any]] = None,
     ) -> QueueEntry:
-        """Queue a session on an outpost (of any account). ``platform`` defaults to the outpost's.
+        """Queue a session on an outpost (of any account). ``platform`` defaults to the outpost's, and
+        for an outpost of the default platform (null) to :data:`DEFAULT_PLATFORM`: an entry always
+        names a concrete platform.
 
         A live entry with the same id is a 409; a tombstoned one is replaced (a ``resume`` entry for a
         session whose earlier entry was swept away).
@@ -185,7 +187,7 @@ class QueueStore(StoreBase):
                     outpost["account_id"],
                     outpost_id,
                     kind,
-                    platform if platform is not None else outpost["platform"],
+                    platform or outpost["platform"] or DEFAULT_PLATFORM,
                     remote_binary_sha,
                     policy_json,
                     session_status,
