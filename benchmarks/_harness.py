@@ -76,10 +76,11 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
-    """``n``, ``p50``, ``p99``, ``min``, ``max`` and ``mean`` of ``values`` (seconds in, seconds out)."""
+    """``n``, ``p50``, ``p90``, ``p99``, ``min``, ``max`` and ``mean`` of ``values`` (seconds in and out)."""
     return {
         "n": len(values),
         "p50": percentile(values, 0.50),
+        "p90": percentile(values, 0.90),
         "p99": percentile(values, 0.99),
         "min": min(values) if values else math.nan,
         "max": max(values) if values else math.nan,

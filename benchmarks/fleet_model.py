@@ -1,0 +1,759 @@
+"""Fleet model: many workers in one process, the real claim code, the real client, a real simulator.
+
+``claim_latency.py`` runs one ``devin-outposts worker start`` process per worker, which caps a 2-core
+machine at about 50 workers. This model runs W :class:`~devin_outposts.worker.runner.Worker` objects on
+one event loop instead, so that 10, 50, 200 and 1,000 workers can be measured. Each worker is the real
+code from end to end (``Worker``, ``QueueMode``, ``QueueFeed``, ``SessionServer`` and ``FleetClient``:
+list, watch, claims, 409 handling, renewals, status checks, confirm reads, release), each with its own
+acceptor id, data directory, working directory and HTTP connections, over real sockets to a
+``devin-outposts sim serve`` process with default settings (one fresh SQLite file per run). Only two
+things are stood in for, because a process per session would be the whole cost at this scale:
+
+* the process layer: ``devin_outposts.worker.session.RemoteProcess`` is replaced by an in-process
+  stand-in with what ``SessionServer`` uses (``start()``, ``pid``, ``proc.wait()``, ``wait()``,
+  ``returncode``, ``stop()``). Its "process" exits 0 when the driver ends the session, and "dies" of
+  SIGTERM at once when the worker stops it;
+* the binary store: ``resolve_sha``/``ensure`` return a fixed SHA and path without downloading.
+
+The driver enqueues N sessions through the simulator's admin API (one thread, back to back, as fast as
+the simulator takes them; session ids and lengths are drawn from ``--seed`` so every run gets the same
+sessions). A session's length (uniform in ``--min-duration``..``--max-duration``) starts when its
+stand-in remote starts; at its end the driver marks the session ``terminated`` through the admin API and
+then lets the remote exit 0, as a real remote exits when its session ends.
+
+Measured, per run, from the moment every worker is watching until every session has been released:
+
+* **requests**: every HTTP request the workers send, counted by a wrapper around each client's transport
+  and sorted by kind (list, watch, claim won, claim answered 409, renewal, release, get, other);
+  "claim POSTs" counts every claim request (won, 409 and renewals);
+* **queue wait**: from just before the enqueue request was sent to the session's first ``claim`` record
+  in the simulator's claim history (p50/p90/p99/max);
+* **sessions/s**: N / (last release - first enqueue);
+* **double serves**: claims overlapping another acceptor's claim, a live session claimed again after a
+  release, or a stand-in remote started twice for one session (claim history and stand-in starts);
+  claims of sessions already marked ``terminated`` (a stale copy crossing the status change) are shown
+  separately, as in ``claim_latency.py``;
+* **lost**: sessions never served before the run's deadline;
+* CPU seconds of the simulator and of this process (all workers and the driver), and warnings logged.
+
+Each size runs twice when the worker has the ``claim_spread`` option (``WorkerConfig(claim_spread=...)``,
+``--no-claim-spread``): claims spread over the oldest pending rows, and strict oldest-first as the
+baseline of the same run, printed side by side with their ratios. Without the option only today's
+code runs.
+
+Run: ``.venv/bin/python benchmarks/fleet_model.py [--quick] [--sizes 10:200,50:1000] [--json FILE|-]``.
+The figures are measurements, not assertions: the exit code is 0 unless the benchmark itself broke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import math
+import random
+import resource
+import signal
+import ssl
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Optional, TextIO, cast
+from urllib.parse import unquote
+
+import httpx
+from devin_outposts.client import QUEUE_PATH, FleetClient
+from devin_outposts.sim.admin_client import SimAdmin, SimAdminError
+from devin_outposts.worker import session as session_module
+from devin_outposts.worker.binary import BinaryStore
+from devin_outposts.worker.config import WorkerConfig
+from devin_outposts.worker.exits import WorkerExit
+from devin_outposts.worker.runner import Worker
+from devin_outposts.worker.session import SERVED
+
+from _harness import BenchError, BenchSim, analyse_claims, bench_sim, cpu_seconds_of, summarize
+
+Out = Callable[[str], None]
+FIXED_SHA = "0123456789abcdef0123456789abcdef01234567"
+#: Workers started at once: a thousand list-then-watch starts in one burst only measure the backlog.
+START_BATCH = 50
+#: The headline of issue 14 is checked at this size (workers, sessions).
+HEADLINE = (50, 1000)
+DEFAULT_SIZES = "10:200,50:1000,200:1000,1000:1000"
+QUICK_SIZES = "10:40,50:100"
+
+
+def spread_supported() -> bool:
+    return any(f.name == "claim_spread" for f in dataclasses.fields(WorkerConfig))
+
+
+# --- counting requests ------------------------------------------------------------------------------
+
+
+def request_kind(request: httpx.Request) -> tuple[str, Optional[str]]:
+    """The kind of a fleet API request and the session id it names (None for list/watch/outposts)."""
+    path = request.url.path
+    if path == QUEUE_PATH:
+        return ("watch" if request.url.params.get("watch") == "true" else "list"), None
+    if path.startswith(QUEUE_PATH + "/"):
+        rest = path[len(QUEUE_PATH) + 1 :].split("/")
+        sid = unquote(rest[0])
+        if len(rest) == 2 and rest[1] in ("claim", "release"):
+            return rest[1], sid
+        if len(rest) == 1 and request.method == "GET":
+            return "get", sid
+    if "/outposts" in path:
+        return "outposts", None
+    return "other", None
+
+
+class CountingTransport(httpx.AsyncBaseTransport):
+    """The worker's own transport (what ``FleetClient`` would build), counting each request by kind.
+
+    A claim is told from a renewal by this worker's view of what it holds: a won claim of a session it
+    does not hold is a claim, a won claim of one it holds (until it releases it) is a renewal.
+    """
+
+    def __init__(self, verify: ssl.SSLContext) -> None:
+        self.inner = httpx.AsyncHTTPTransport(verify=verify, trust_env=True)
+        self.counts: Counter[str] = Counter()
+        self.held: set[str] = set()
+        self.watching = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        kind, sid = request_kind(request)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except httpx.TransportError:
+            self.counts[f"{kind}_failed"] += 1
+            raise
+        status = response.status_code
+        if kind == "claim" and sid is not None:
+            renewal = sid in self.held
+            if status == 409:
+                kind = "renew_409" if renewal else "claim_409"
+                self.held.discard(sid)
+            elif status < 300:
+                kind = "renew" if renewal else "claim"
+                self.held.add(sid)
+        elif kind == "release" and sid is not None:
+            self.held.discard(sid)
+        elif kind == "watch" and status < 300:
+            self.watching = True
+        if status >= 500:
+            self.counts["5xx"] += 1
+        self.counts[kind] += 1
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+# --- the stand-ins ----------------------------------------------------------------------------------
+
+
+class FixedBinaries:
+    """What ``SessionServer`` uses of ``BinaryStore``: one SHA, one path, no download."""
+
+    downloads = 0
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def resolve_sha(self, session_sha: Optional[str], fallback_sha: Optional[str]) -> tuple[str, str]:
+        return FIXED_SHA, "latest"
+
+    async def ensure(self, sha: str) -> Path:
+        return self.path
+
+    async def aclose(self) -> None:
+        return None
+
+
+class StandinProc:
+    """The ``proc`` of a stand-in remote: ``wait()`` returns once the driver or the worker ends it."""
+
+    def __init__(self) -> None:
+        self.returncode: Optional[int] = None
+        self._exited = asyncio.Event()
+
+    def exit(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self._exited.set()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+
+class StandinRemote:
+    """Replaces ``RemoteProcess`` in ``devin_outposts.worker.session`` for the length of a run."""
+
+    driver: ClassVar[Optional[Driver]] = None
+    _next_pid: ClassVar[int] = 4_000_000  # above pid_max, so it can never name a real process
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.proc = StandinProc()
+        StandinRemote._next_pid += 1
+        self.pid = StandinRemote._next_pid
+
+    @classmethod
+    async def start(
+        cls, binary: Path, *, cwd: Path, env: Mapping[str, str], state_dir: Path, session_id: str
+    ) -> StandinRemote:
+        remote = cls(session_id)
+        if cls.driver is None:
+            raise BenchError("a stand-in remote started outside a run")
+        cls.driver.started(remote)
+        return remote
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.proc.returncode
+
+    async def wait(self) -> int:
+        return await self.proc.wait()
+
+    async def stop(self, grace: float) -> int:
+        """The worker stops it (SIGTERM): a real marker remote dies at once."""
+        if self.proc.returncode is None:
+            if self.driver is not None:
+                self.driver.stopped_by_worker += 1
+            self.proc.exit(-signal.SIGTERM)  # what asyncio reports for a process killed by SIGTERM
+        return await self.proc.wait()
+
+
+@contextlib.contextmanager
+def standin_process_layer(driver: Driver) -> Iterator[None]:
+    saved = session_module.RemoteProcess
+    session_module.RemoteProcess = StandinRemote  # type: ignore[misc,assignment]
+    StandinRemote.driver = driver
+    try:
+        yield
+    finally:
+        session_module.RemoteProcess = saved  # type: ignore[misc]
+        StandinRemote.driver = None
+
+
+# --- the driver -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Plan:
+    """The sessions of a run: ids (random-looking, as real ones) and lengths, both drawn from the seed."""
+
+    ids: list[str]
+    durations: dict[str, float]
+
+    @classmethod
+    def draw(cls, sessions: int, seed: int, low: float, high: float) -> Plan:
+        rng = random.Random(seed)
+        ids = [f"devin-{rng.getrandbits(128):032x}" for dummy in range(sessions)]
+        return cls(ids, {sid: rng.uniform(low, high) for sid in ids})
+
+    @property
+    def mean_duration(self) -> float:
+        return sum(self.durations.values()) / max(len(self.durations), 1)
+
+
+class Driver:
+    """Enqueues the plan and ends each session when its length has passed since its remote started.
+
+    Admin calls are blocking (``SimAdmin``), so they run on a small thread pool, one ``SimAdmin`` per
+    thread, off the event loop the workers run on.
+    """
+
+    def __init__(self, sim: BenchSim, plan: Plan, loop: asyncio.AbstractEventLoop) -> None:
+        self.sim = sim
+        self.plan = plan
+        self.loop = loop
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="driver")
+        self._local = threading.local()
+        self._admins: list[SimAdmin] = []
+        self._admins_lock = threading.Lock()
+        self.sent_at: dict[str, float] = {}
+        self.enqueue_window: list[float] = []
+        self.starts: Counter[str] = Counter()
+        self.ended_at: dict[str, float] = {}
+        self.stopped_by_worker = 0
+        self.errors: list[str] = []
+
+    def admin(self) -> SimAdmin:
+        admin: Optional[SimAdmin] = getattr(self._local, "admin", None)
+        if admin is None:
+            admin = SimAdmin(self.sim.proc.url, self.sim.proc.admin_token, timeout=60)
+            self._local.admin = admin
+            with self._admins_lock:
+                self._admins.append(admin)
+        return admin
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        for admin in self._admins:
+            admin.close()
+
+    # enqueue (a pool thread) ------------------------------------------------------------------------
+
+    def _enqueue_all(self) -> None:
+        admin = self.admin()
+        self.enqueue_window.append(time.time())
+        for sid in self.plan.ids:
+            sent = time.time()
+            admin.enqueue(self.sim.outpost_id, session_id=sid)
+            self.sent_at[sid] = sent
+        self.enqueue_window.append(time.time())
+
+    def enqueue_all(self) -> asyncio.Future[None]:
+        return self.loop.run_in_executor(self.pool, self._enqueue_all)
+
+    # ends (on the loop, admin call on a pool thread) ------------------------------------------------
+
+    def started(self, remote: StandinRemote) -> None:
+        sid = remote.session_id
+        self.starts[sid] += 1
+        duration = self.plan.durations.get(sid, self.plan.mean_duration)
+        self.loop.call_later(duration, self._end, remote)
+
+    def _end(self, remote: StandinRemote) -> None:
+        if remote.returncode is not None:
+            return  # the worker stopped it first
+        sid = remote.session_id
+        if sid in self.ended_at:  # a second start of an ended session: it ends at once
+            remote.proc.exit(0)
+            return
+        self.ended_at[sid] = time.time()
+        future = self.loop.run_in_executor(self.pool, self._terminate, sid)
+        future.add_done_callback(lambda f: remote.proc.exit(0))
+
+    def _terminate(self, sid: str) -> None:
+        try:
+            self.admin().set_status(sid, "terminated")
+        except SimAdminError as exc:
+            self.errors.append(f"set_status {sid}: {exc}")
+
+
+# --- one run ----------------------------------------------------------------------------------------
+
+
+class CountingLog(logging.Handler):
+    """Counts the workers' warnings and errors, and keeps the first few distinct ones."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: Counter[str] = Counter()
+        self.samples: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[record.levelname] += 1
+        key = record.getMessage()[:160]
+        if key in self.samples or len(self.samples) < 200:
+            self.samples[key] = self.samples.get(key, 0) + 1
+
+
+def worker_config(sim: BenchSim, root: Path, index: int, spread: Optional[bool]) -> WorkerConfig:
+    home = root / f"w{index:04d}"
+    options: dict[str, Any] = {
+        "api_url": sim.proc.url,
+        "token": sim.token,
+        "outpost": sim.outpost_id,
+        "acceptor_id": f"fleet-{index:04d}",
+        "cache_dir": home / "data" / "cache",
+        "workdir": home / "work",
+        "static_base_url": sim.admin.static_base_url,
+        "drain_timeout": 5.0,
+    }
+    if spread is not None:
+        options["claim_spread"] = spread
+    return WorkerConfig(**options)
+
+
+def counts_of(transports: Sequence[CountingTransport]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for transport in transports:
+        total.update(transport.counts)
+    return total
+
+
+async def run_fleet(sim: BenchSim, workers: int, plan: Plan, spread: Optional[bool]) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    driver = Driver(sim, plan, loop)
+    shared_tls = httpx.create_ssl_context()  # one context for all: each one costs megabytes
+    transports = [CountingTransport(shared_tls) for dummy in range(workers)]
+    root = sim.root
+    binary = root / "devin-remote-standin"
+    binary.write_text("#!/bin/sh\nexit 0\n")  # never run: the stand-in remote replaces the process
+    fleet: list[Worker] = []
+    for index, transport in enumerate(transports):
+
+        def factory(config: WorkerConfig, transport: CountingTransport = transport) -> FleetClient:
+            return FleetClient(config.api_url, config.token, transport=transport)
+
+        fleet.append(
+            Worker(
+                worker_config(sim, root / "workers", index, spread),
+                client_factory=factory,
+                binaries=cast(BinaryStore, FixedBinaries(binary)),
+            )
+        )
+    tasks: list[asyncio.Task[int]] = []
+    log_counter = CountingLog()
+    logging.getLogger().addHandler(log_counter)
+    result: dict[str, Any] = {}
+    try:
+        with standin_process_layer(driver):
+            boot = time.monotonic()
+            for start in range(0, workers, START_BATCH):
+                batch = fleet[start : start + START_BATCH]
+                tasks.extend(asyncio.ensure_future(worker.run()) for worker in batch)
+                await wait_for(
+                    functools.partial(all_watching, fleet[: start + len(batch)], transports, tasks),
+                    timeout=120 + workers * 0.5,
+                    what=f"workers {start}..{start + len(batch) - 1} to watch the queue",
+                )
+            boot_s = time.monotonic() - boot
+            before = counts_of(transports)
+            cpu_before = (cpu_seconds_of(sim.proc.pid or 0), time.process_time())
+            await driver.enqueue_all()
+            # the driver ends sessions; wait until every one has been served and released, or give up
+            ideal = len(plan.ids) * plan.mean_duration / workers
+            deadline = time.monotonic() + 120 + 4 * ideal
+            while served(fleet) < len(plan.ids) and time.monotonic() < deadline:
+                check_alive(tasks)
+                await asyncio.sleep(0.2)
+            cpu_after = (cpu_seconds_of(sim.proc.pid or 0), time.process_time())
+            after = counts_of(transports)
+            timed_out = served(fleet) < len(plan.ids)
+            records = await loop.run_in_executor(driver.pool, lambda: driver.admin().claims(
+                outpost_id=sim.outpost_id))  # fmt: skip
+            for worker in fleet:
+                worker.on_signal(signal.SIGTERM)
+            codes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+            result = analyse(plan, driver, fleet, records, after - before, workers, timed_out)
+            result.update(
+                workers_ready_s=boot_s,
+                cpu_s={"simulator": cpu_after[0] - cpu_before[0], "model": cpu_after[1] - cpu_before[1]},
+                worker_exit_codes=dict(Counter(str(code) for code in codes)),
+                warnings=dict(log_counter.counts),
+                warning_samples=sorted(log_counter.samples.items(), key=lambda kv: -kv[1])[:5],
+                stopped_by_worker=driver.stopped_by_worker,
+                driver_errors=driver.errors[:5],
+                enqueue_per_s=len(plan.ids) / (driver.enqueue_window[1] - driver.enqueue_window[0]),
+                max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            )
+    finally:
+        logging.getLogger().removeHandler(log_counter)
+        for task in tasks:
+            task.cancel()
+        for transport in transports:
+            await transport.aclose()
+        driver.close()
+    return result
+
+
+def all_watching(
+    fleet: Sequence[Worker], transports: Sequence[CountingTransport], tasks: Sequence[Any]
+) -> bool:
+    check_alive(tasks)
+    return all(
+        worker.feed is not None and worker.feed.synced and transport.watching
+        for worker, transport in zip(fleet, transports)
+    )
+
+
+def check_alive(tasks: Sequence[asyncio.Task[int]]) -> None:
+    for task in tasks:
+        if task.done():
+            error = task.exception()
+            if isinstance(error, WorkerExit):
+                raise BenchError(f"a worker exited: {error}")
+            raise BenchError(f"a worker stopped early: {error or task.result()!r}")
+
+
+async def wait_for(predicate: Callable[[], bool], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def served(fleet: Sequence[Worker]) -> int:
+    return len({r.session_id for worker in fleet for r in worker.results if r.outcome == SERVED})
+
+
+def analyse(
+    plan: Plan,
+    driver: Driver,
+    fleet: Sequence[Worker],
+    records: list[dict[str, Any]],
+    requests: Counter[str],
+    workers: int,
+    timed_out: bool,
+) -> dict[str, Any]:
+    found = analyse_claims(records, driver.ended_at)
+    served_ids = {r.session_id for worker in fleet for r in worker.results if r.outcome == SERVED}
+    n = max(len(served_ids), 1)
+    waits = [
+        found.first_claim_at[sid] - at for sid, at in driver.sent_at.items() if sid in found.first_claim_at
+    ]
+    releases = [found.first_release_at[sid] for sid in served_ids if sid in found.first_release_at]
+    wall = (max(releases) - driver.enqueue_window[0]) if releases else math.nan
+    claim_posts = sum(requests[k] for k in ("claim", "claim_409", "renew", "renew_409", "claim_failed"))
+    per_worker = Counter(r["acceptor_id"] for r in records if r["action"] == "claim")
+    outcomes = Counter(r.outcome for worker in fleet for r in worker.results)
+    return {
+        "workers": workers,
+        "sessions": len(plan.ids),
+        "served": len(served_ids),
+        "timed_out": timed_out,
+        "lost": len(plan.ids) - len(served_ids),
+        "outcomes": dict(outcomes),
+        "wall_s": wall,
+        "sessions_per_s": len(served_ids) / wall if releases else math.nan,
+        "ideal_sessions_per_s": workers / plan.mean_duration,
+        "queue_wait": summarize(waits),
+        "requests": dict(requests),
+        "requests_per_session": sum(requests.values()) / n,
+        "claim_posts_per_session": claim_posts / n,
+        "conflicts_per_session": (requests["claim_409"] + requests["renew_409"]) / n,
+        "overlapping_claims": found.overlapping,
+        "reclaimed_live": found.reclaimed_live,
+        "double_remote_starts": sum(1 for count in driver.starts.values() if count > 1),
+        "reclaimed_after_end": found.reclaimed_after_end,
+        "expired_claims": sum(1 for r in records if r["action"] == "expire"),
+        "sessions_per_worker": f"{min(per_worker.values(), default=0)}-{max(per_worker.values(), default=0)}",
+        "mean_duration_s": plan.mean_duration,
+    }
+
+
+def double_serves(part: Mapping[str, Any]) -> int:
+    return int(part["overlapping_claims"] + part["reclaimed_live"] + part["double_remote_starts"])
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+KIND_COLUMNS = ("list", "watch", "claim", "claim_409", "renew", "release", "get", "outposts", "other", "5xx")
+
+
+def fmt_s(seconds: float) -> str:
+    return "n/a" if seconds is None or math.isnan(seconds) else f"{seconds:.2f}"
+
+
+def ratio(new: float, base: float) -> str:
+    if base is None or new is None or math.isnan(base) or math.isnan(new):
+        return "n/a"
+    if base == 0:
+        return "=" if new == 0 else "inf"
+    return f"x{new / base:.2f}"
+
+
+def report(results: list[dict[str, Any]], say: Out) -> None:
+    say("")
+    say(f"{'W x N':>11} {'mode':7} {'sess/s':>7} {'ideal':>6} {'req/s.':>7} {'claim/s.':>8} {'409/s.':>7} "
+        f"{'wait p50':>8} {'p90':>6} {'p99':>6} {'max':>6} {'double':>6} {'stale':>5} {'lost':>4} "
+        f"{'sim CPU':>7} {'model CPU':>9}")  # fmt: skip
+    for part in results:
+        wait = part["queue_wait"]
+        say(f"{part['workers']:>4} x {part['sessions']:<4} {part['mode']:7} {part['sessions_per_s']:7.1f} "
+            f"{part['ideal_sessions_per_s']:6.1f} {part['requests_per_session']:7.2f} "
+            f"{part['claim_posts_per_session']:8.2f} {part['conflicts_per_session']:7.2f} "
+            f"{fmt_s(wait['p50']):>8} {fmt_s(wait['p90']):>6} {fmt_s(wait['p99']):>6} "
+            f"{fmt_s(wait['max']):>6} "
+            f"{double_serves(part):6d} {part['reclaimed_after_end']:5d} {part['lost']:4d} "
+            f"{part['cpu_s']['simulator']:6.1f}s {part['cpu_s']['model']:8.1f}s")  # fmt: skip
+    say("(per served session: req/s. = HTTP requests, claim/s. = claim POSTs incl. 409s and renewals, "
+        "409/s. = 409 answers; queue wait in seconds, enqueue -> first claim; stale = claims of sessions "
+        "already marked terminated)")  # fmt: skip
+    say("")
+    say("requests per served session, by kind:")
+    say(f"{'W x N':>11} {'mode':7} " + " ".join(f"{k:>9}" for k in KIND_COLUMNS))
+    for part in results:
+        n = max(part["served"], 1)
+        cells = " ".join(f"{part['requests'].get(k, 0) / n:9.3f}" for k in KIND_COLUMNS)
+        say(f"{part['workers']:>4} x {part['sessions']:<4} {part['mode']:7} {cells}")
+    pairs = paired(results)
+    if pairs:
+        say("")
+        say("spread / strict oldest-first, same sizes, same sessions:")
+        say(f"{'W x N':>11} {'sess/s':>7} {'req/s.':>7} {'claim/s.':>8} {'409/s.':>7} {'wait p50':>8} "
+            f"{'p99':>7} {'p99 diff':>8}")  # fmt: skip
+        for spread, strict in pairs:
+            diff = spread["queue_wait"]["p99"] - strict["queue_wait"]["p99"]
+            say(f"{spread['workers']:>4} x {spread['sessions']:<4} "
+                f"{ratio(spread['sessions_per_s'], strict['sessions_per_s']):>7} "
+                f"{ratio(spread['requests_per_session'], strict['requests_per_session']):>7} "
+                f"{ratio(spread['claim_posts_per_session'], strict['claim_posts_per_session']):>8} "
+                f"{ratio(spread['conflicts_per_session'], strict['conflicts_per_session']):>7} "
+                f"{ratio(spread['queue_wait']['p50'], strict['queue_wait']['p50']):>8} "
+                f"{ratio(spread['queue_wait']['p99'], strict['queue_wait']['p99']):>7} "
+                f"{diff:+7.2f}s")  # fmt: skip
+    headline(results, say)
+    say("")
+    for part in results:
+        notes = [f"workers ready in {part['workers_ready_s']:.1f}s",
+                 f"enqueues {part['enqueue_per_s']:.0f}/s",
+                 f"sessions per worker {part['sessions_per_worker']}",
+                 f"expired claims {part['expired_claims']}",
+                 f"remotes stopped by the worker {part['stopped_by_worker']}",
+                 f"worker exits {part['worker_exit_codes']}",
+                 f"peak RSS {part['max_rss_mib']:.0f} MiB"]  # fmt: skip
+        if part["warnings"]:
+            notes.append(f"log {part['warnings']}")
+        if part["timed_out"]:
+            notes.append("GAVE UP WAITING: the unserved sessions count as lost")
+        say(f"{part['workers']:>4} x {part['sessions']:<4} {part['mode']:7} " + "; ".join(notes))
+        for message, count in part["warning_samples"]:
+            say(f"{'':21}{count:5d} x {message}")
+        for error in part["driver_errors"]:
+            say(f"{'':21}driver: {error}")
+
+
+def paired(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    by_size: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for part in results:
+        by_size.setdefault((part["workers"], part["sessions"]), {})[part["mode"]] = part
+    return [
+        (modes["spread"], modes["strict"]) for modes in by_size.values() if {"spread", "strict"} <= set(modes)
+    ]
+
+
+def headline(results: list[dict[str, Any]], say: Out) -> None:
+    """Issue 14's check at 50 workers x 1,000 sessions (printed, never asserted)."""
+    size = {(p["workers"], p["sessions"], p["mode"]): p for p in results}
+    spread = size.get((*HEADLINE, "spread")) or size.get((*HEADLINE, "today"))
+    if spread is None:
+        return
+    strict = size.get((*HEADLINE, "strict"))
+    say("")
+    say(f"issue 14 at {HEADLINE[0]} workers x {HEADLINE[1]} sessions ({spread['mode']}):")
+    rows: list[tuple[str, str, str, Optional[bool]]] = [
+        ("claim POSTs per served session", f"{spread['claim_posts_per_session']:.2f}", "<= 2",
+         spread["claim_posts_per_session"] <= 2),
+        ("double serves", str(double_serves(spread)), "0", double_serves(spread) == 0),
+        ("lost sessions", str(spread["lost"]), "0", spread["lost"] == 0),
+    ]  # fmt: skip
+    if strict is not None:
+        diff = spread["queue_wait"]["p99"] - strict["queue_wait"]["p99"]
+        bound = spread["mean_duration_s"]
+        rows.append(("queue-wait p99 - strict's p99", f"{diff:+.2f} s", f"<= {bound:.2f} s (mean length)",
+                     diff <= bound))  # fmt: skip
+    for name, value, target, met in rows:
+        say(f"  {name:32s} {value:>10s}   target {target:28s} {'MET' if met else 'MISSED'}")
+
+
+def without_nan(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nan(item) for item in value]
+    return value
+
+
+# --- main -------------------------------------------------------------------------------------------
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    sizes = []
+    for item in text.split(","):
+        workers, sep, sessions = item.strip().partition(":")
+        if not sep or not workers.isdigit() or not sessions.isdigit():
+            raise argparse.ArgumentTypeError(f"a size is WORKERS:SESSIONS, got {item!r}")
+        sizes.append((int(workers), int(sessions)))
+    return sizes
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=parse_sizes, default=None,
+                        help=f"WORKERS:SESSIONS,... (default {DEFAULT_SIZES})")  # fmt: skip
+    parser.add_argument("--min-duration", type=float, default=1.0, help="shortest session, seconds (1)")
+    parser.add_argument("--max-duration", type=float, default=3.0, help="longest session, seconds (3)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the session ids and lengths (1)")
+    parser.add_argument("--mode", choices=("both", "spread", "strict"), default="both",
+                        help="with the claim_spread option: run both (default) or one")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: sizes {QUICK_SIZES}")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-' = stdout)")
+    args = parser.parse_args()
+    if args.sizes is None:
+        args.sizes = parse_sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    if not 0 < args.min_duration <= args.max_duration:
+        parser.error("--min-duration must be positive and at most --max-duration")
+    return args
+
+
+def raise_fd_limit(workers: int) -> None:
+    """A worker holds a watch stream, a pooled connection and two lock files; the simulator (a child,
+    which inherits the limit) one socket per connection."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    if wanted < workers * 4 + 256:
+        print(f"warning: RLIMIT_NOFILE {wanted} may be too low for {workers} workers", file=sys.stderr)
+
+
+def main() -> int:
+    args = parse_args()
+    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=stream, flush=True)
+
+    raise_fd_limit(max(w for w, dummy in args.sizes))
+    logging.basicConfig(level=logging.WARNING, handlers=[logging.NullHandler()])  # counted, not printed
+    if spread_supported():
+        modes = {"both": ["spread", "strict"], "spread": ["spread"], "strict": ["strict"]}[args.mode]
+    else:
+        modes = ["today"]
+        say("this worker has no claim_spread option: one run per size of today's claim code")
+    say(f"sessions last {args.min_duration:g}-{args.max_duration:g} s (uniform, seed {args.seed}); "
+        "simulator with default settings, a fresh database per run")  # fmt: skip
+    results: list[dict[str, Any]] = []
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="devin-bench-fleet-") as tmpdir:
+            root = Path(tmpdir)
+            for workers, sessions in args.sizes:
+                plan = Plan.draw(sessions, args.seed, args.min_duration, args.max_duration)
+                for mode in modes:
+                    name = f"{workers}x{sessions}-{mode}"
+                    say(f"... {workers} workers x {sessions} sessions, {mode}")
+                    spread = None if mode == "today" else mode == "spread"
+                    with bench_sim(root, name) as sim:
+                        part = asyncio.run(run_fleet(sim, workers, plan, spread))
+                    part["mode"] = mode
+                    results.append(part)
+    except (BenchError, SimAdminError, OSError, RuntimeError) as exc:
+        say(f"benchmark broke: {exc}")
+        if results:
+            report(results, say)
+        return 1
+    report(results, say)
+    say(f"wall time {time.monotonic() - started:.0f} s")
+    if args.json:
+        text = json.dumps(without_nan({"runs": results}), indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
