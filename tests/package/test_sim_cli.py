@@ -127,6 +127,9 @@ def test_serve_rejects_bad_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     code = main(["sim", "serve", "--db", str(tmp_path / "db"), "--claim-ttl", "0"])
     assert code == 2
     assert "claim_ttl" in capsys.readouterr().err
+    code = main(["sim", "serve", "--db", str(tmp_path / "db"), "--status-lag", "-1"])
+    assert code == 2
+    assert "status_lag" in capsys.readouterr().err
 
 
 def test_the_module_entry_point_runs_the_cli(sim: SimHandle, outpost: Outpost) -> None:

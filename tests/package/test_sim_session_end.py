@@ -49,7 +49,9 @@ def _actions(store: Store, sid: str) -> list[str]:
 
 
 @pytest.mark.parametrize("status", ["terminated", "suspended"])
-def test_ending_a_session_past_its_deadline_keeps_the_claim_and_tokens_for_the_end_notice(status: str) -> None:
+def test_ending_a_session_past_its_deadline_keeps_the_claim_and_tokens_for_the_end_notice(
+    status: str,
+) -> None:
     clock = SteppingClock(1_781_050_000.0)
     store = Store(":memory:", clock=clock)
     sid, token, connection = _running_claim(store, clock)
@@ -140,3 +142,95 @@ def test_the_stand_in_exits_0_and_the_release_succeeds_when_a_long_session_ends(
     )
     assert response.status_code == 200, response.text
     assert [r["action"] for r in handle.admin.claims(session_id=sid)] == ["claim", "release"]
+
+
+# --- the status lag -------------------------------------------------------------------------------------
+
+
+def test_with_a_status_lag_the_remote_is_told_first_and_the_status_written_later() -> None:
+    clock = SteppingClock(1_781_050_000.0)
+    store = Store(":memory:", clock=clock)
+    sid, token, connection = _running_claim(store, clock)
+    ended_at = clock.now
+    returned = store.end_session(sid, "terminated", lag=2.0)
+    assert returned.status.session_status == "running"  # not written yet
+    # The remote is told at once, and so is a remote that connects again meanwhile.
+    assert store.remote_next(sid, token, connection) == {"type": "end", "session_status": "terminated"}
+    assert store.remote_connect(sid, token, {"pid": 2})["end"] is True
+    [view] = store.admin_sessions(session_id=sid)
+    assert view["ending"] == {"session_status": "terminated", "at": ended_at + 2.0}
+    clock.now = ended_at + 1.9
+    assert store.get_entry(ACCT, sid).status.session_status == "running"
+    clock.now = ended_at + 2.0
+    entry = store.get_entry(ACCT, sid)  # any read writes a due status first
+    assert entry.status.session_status == "terminated"
+    assert entry.metadata.updated_at == int(ended_at + 2.0)
+    assert store.admin_sessions(session_id=sid)[0]["ending"] is None
+    assert store.release(ACCT, sid, "w1").status.phase == "pending"
+    assert _actions(store, sid) == ["claim", "release"]
+    store.close()
+
+
+def test_a_lagging_status_is_written_by_the_sweep_and_gets_the_grace() -> None:
+    clock = SteppingClock(1_781_050_000.0)
+    store = Store(":memory:", clock=clock)
+    sid, token, dummy = _running_claim(store, clock, ttl=300.0)
+    clock.now += 400  # past the deadline while running
+    store.end_session(sid, "suspended", lag=2.0)
+    clock.now += 2.0
+    assert store.expire_claims() == 0  # the status is written, and the claim gets its grace
+    [view] = store.admin_sessions(session_id=sid)
+    assert view["entry"]["status"]["session_status"] == "suspended"
+    assert view["claim_deadline"] == clock.now + 300.0
+    assert store.check_connect_token(sid, token)
+    store.close()
+
+
+def test_a_status_set_during_the_lag_replaces_the_lagging_one() -> None:
+    clock = SteppingClock(1_781_050_000.0)
+    store = Store(":memory:", clock=clock)
+    sid, dummy, dummy_connection = _running_claim(store, clock)
+    store.end_session(sid, "terminated", lag=2.0)
+    store.set_session_status(sid, "suspended")
+    clock.now += 5
+    assert store.get_entry(ACCT, sid).status.session_status == "suspended"
+    store.close()
+
+
+def test_a_tombstone_during_the_lag_drops_the_lagging_status() -> None:
+    clock = SteppingClock(1_781_050_000.0)
+    store = Store(":memory:", clock=clock)
+    sid, dummy, dummy_connection = _running_claim(store, clock)
+    store.end_session(sid, "terminated", lag=2.0)
+    store.tombstone(sid)
+    clock.now += 5
+    store.expire_claims()
+    [view] = store.admin_sessions(session_id=sid, include_deleted=True)
+    assert view["deleted"] is True
+    assert view["ending"] is None
+    assert view["entry"]["status"]["session_status"] == "running"  # its last state before removal
+    store.close()
+
+
+def test_watchers_get_the_lagging_status_when_it_falls_due_without_any_request(
+    make_sim: Any, watch: Any
+) -> None:
+    # No sweeper to speak of: the end route schedules the write, so a watcher hears of it on time.
+    handle: SimHandle = make_sim(status_lag=0.5, sweep_interval=3600)
+    token = handle.create_token("machine")
+    sid = handle.admin.enqueue(handle.admin.create_outpost("lag", "linux").outpost_id).session_id
+    handle.admin.set_status(sid, "running")
+    cursor = handle.admin.session(sid)["cursor"]
+    with watch(token, handle=handle, cursor=cursor) as stream:
+        stream.until(lambda e: e["object"]["status"]["session_status"] == "running")
+        assert handle.admin.end_session(sid).status.session_status == "running"
+        events = stream.until(lambda e: e["object"]["status"]["session_status"] != "running")
+    assert events[-1]["object"]["status"]["session_status"] == "terminated"
+    assert handle.admin.config()["status_lag"] == 0.5
+
+
+def test_sim_serve_takes_a_status_lag(tmp_path: Path) -> None:
+    from devin_outposts.sim.testing import sim_process
+
+    with sim_process(tmp_path / "sim.db", status_lag=1.5) as proc:
+        assert proc.admin.config()["status_lag"] == 1.5

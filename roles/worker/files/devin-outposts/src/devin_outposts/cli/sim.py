@@ -56,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
         keepalive_interval=args.keepalive_interval,
         sweep_interval=args.sweep_interval,
         gateway_url=args.gateway_url,
+        status_lag=args.status_lag,
         admin_token=token,
     )
     try:
@@ -96,6 +97,12 @@ def _add_serve(verbs: Any) -> None:
     )
     parser.add_argument(
         "--sweep-interval", type=float, default=1.0, help="seconds between expired-claim sweeps (1)"
+    )
+    parser.add_argument(
+        "--status-lag",
+        type=float,
+        default=0.0,
+        help="seconds between telling a remote its session ended and writing the status (0)",
     )
     parser.add_argument(
         "--gateway-url",

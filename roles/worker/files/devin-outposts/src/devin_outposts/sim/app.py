@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from starlette.applications import Starlette
@@ -51,12 +51,32 @@ class SimRuntime:
     owns_store: bool = False
     notifier: Optional[Notifier] = None
     gateway: Optional[Notifier] = None
+    #: Sweeps scheduled by :meth:`sweep_after`, cancelled at shutdown.
+    timers: set[asyncio.Future[None]] = field(default_factory=set)
 
     def close_notifiers(self) -> None:
         """End every watch stream and long poll (server shutdown). Call from the loop's thread."""
         for notifier in (self.notifier, self.gateway):
             if notifier is not None:
                 notifier.close()
+        for timer in list(self.timers):
+            timer.cancel()
+
+    def sweep_after(self, delay: float) -> None:
+        """Sweep (write due lagging statuses, expire due claims) ``delay`` seconds from now, so watchers
+        hear of a change that falls due between two runs of the sweeper. Call from the loop's thread."""
+
+        async def later() -> None:
+            # A hair late: the due time is on the wall clock, asyncio sleeps on the monotonic one.
+            await asyncio.sleep(delay + 0.01)
+            try:
+                await run_in_threadpool(self.store.expire_claims)
+            except Exception:
+                log.exception("delayed sweep failed")
+
+        timer = asyncio.ensure_future(later())
+        self.timers.add(timer)
+        timer.add_done_callback(self.timers.discard)
 
 
 def runtime_of(request: Request) -> SimRuntime:

@@ -10,7 +10,8 @@ Brain (see :mod:`~devin_outposts.sim.gateway_store` for the call life cycle):
   connection reported (pid, cwd, env with the connect token masked, version, ...). With ``wait``, the
   answer comes once there are ``N`` (default 1) connections.
 * ``POST /_sim/sessions/{id}/end`` ``{"session_status":"suspended"|"terminated"}``: the entry; queued
-  calls are cancelled and connected remotes are told to exit 0.
+  calls are cancelled and connected remotes are told to exit 0. With ``status_lag`` set, the status is
+  written that many seconds after the remotes are told (the entry returned still shows the old one).
 
 Distribution (see :mod:`~devin_outposts.sim.dist`):
 
@@ -90,7 +91,13 @@ async def list_connections(request: Request) -> Response:
 async def end_session(request: Request) -> Response:
     sim = admin(request)
     status = (await body_of(request)).get("session_status", "terminated")
-    entry = await run_in_threadpool(sim.store.end_session, request.path_params["session_id"], status)
+    lag = sim.config.status_lag
+    entry = await run_in_threadpool(
+        lambda: sim.store.end_session(request.path_params["session_id"], status, lag=lag)
+    )
+    if lag > 0:
+        # Every read writes a due status first; this writes it on time for watchers too.
+        sim.sweep_after(lag)
     return JSONResponse(entry.to_wire())
 
 

@@ -27,6 +27,10 @@ class SimConfig:
     sweep_interval: float = 1.0
     #: ``status.gateway_url`` of claim responses; None = ``ws(s)://<host:port the client used>/gateway``.
     gateway_url: Optional[str] = None
+    #: When the brain ends a session, its remote is told at once and ``session_status`` is written this
+    #: many seconds later (0: at once). The real status update can lag the remote's exit (contract 3.4),
+    #: so clients re-read it; this lets tests exercise that path.
+    status_lag: float = 0.0
     #: Bearer token of the ``/_sim`` admin API (required; the CLI generates one when none is given).
     admin_token: str = ""
 
@@ -35,6 +39,9 @@ class SimConfig:
             value = float(getattr(self, name))
             if math.isnan(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds")
+        lag = float(self.status_lag)
+        if math.isnan(lag) or lag < 0 or math.isinf(lag):
+            raise ValueError("status_lag must be zero or a positive number of seconds")
         if not self.admin_token:
             raise ValueError("an admin token is required")
 

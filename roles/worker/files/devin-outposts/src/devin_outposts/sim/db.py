@@ -84,8 +84,15 @@ CREATE INDEX IF NOT EXISTS tool_calls_by_session ON tool_calls (session_id, stat
 #: Columns of ``sessions`` added after schema version 1. They are added by ``ALTER TABLE`` on every open
 #: (when missing), so a database written by an older simulator keeps its state and its cursors.
 #: ``claim_ttl``: the TTL of the current claim or renewal, the grace a claim gets when its session stops
-#: running (see :meth:`StoreBase._write_status_locked`).
-ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"),)
+#: running (see :meth:`StoreBase._write_status_locked`). ``ending_status``/``ending_at``: the status the
+#: brain ended the session with, and when it is to be written, while it lags the end notice (the
+#: simulator's ``status_lag``; see :meth:`StoreBase._apply_endings_locked`).
+ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"), ("ending_status", "TEXT"), ("ending_at", "REAL"))
+#: Indexes on the added columns (created once they exist). Partial: only the few rows whose status
+#: write is pending are in it, so looking for due ones costs nothing when there are none.
+ADDED_INDEXES = """
+CREATE INDEX IF NOT EXISTS sessions_by_ending ON sessions (ending_at) WHERE ending_at IS NOT NULL;
+"""
 
 #: Tables wiped by :meth:`StoreBase.reset` (``meta`` survives so revisions keep increasing). The
 #: ``dist_*`` tables hold published ``devin-remote`` artifacts (the built-in stand-in is not stored);
@@ -149,6 +156,7 @@ class StoreBase:
         for name, declaration in ADDED_SESSION_COLUMNS:
             if name not in columns:
                 conn.execute(f"ALTER TABLE sessions ADD COLUMN {name} {declaration}")
+        conn.executescript(ADDED_INDEXES)
         # Schema version 1 queued sessions of a default-platform outpost with a null platform.
         conn.execute("UPDATE sessions SET platform = ? WHERE platform IS NULL", (DEFAULT_PLATFORM,))
         conn.execute(
@@ -268,7 +276,12 @@ class StoreBase:
         return seq
 
     def _expire_locked(self, conn: sqlite3.Connection, now: float) -> int:
-        """Return expired claims to the queue, except those whose session is ``running``."""
+        """Return expired claims to the queue, except those whose session is ``running``.
+
+        Lagging statuses that are due are written first: a session that stopped running is judged by
+        its status from then on (and gets its grace, see :meth:`_write_status_locked`).
+        """
+        self._apply_endings_locked(conn, now)
         rows = conn.execute(
             "SELECT * FROM sessions WHERE phase = 'claimed' AND deleted = 0 AND claim_deadline <= ? "
             "AND session_status != 'running' ORDER BY claim_deadline, session_id",
@@ -317,10 +330,21 @@ class StoreBase:
             ttl = row["claim_ttl"] if row["claim_ttl"] is not None else FALLBACK_CLAIM_TTL
             deadline = max(float(deadline), now + float(ttl))
         rev = self._next_rev(conn, now)
+        # A status written now replaces a lagging one that was still to come.
         conn.execute(
-            "UPDATE sessions SET session_status = ?, claim_deadline = ?, rev = ? WHERE session_id = ?",
+            "UPDATE sessions SET session_status = ?, claim_deadline = ?, ending_status = NULL, "
+            "ending_at = NULL, rev = ? WHERE session_id = ?",
             (status, deadline, rev, row["session_id"]),
         )
+
+    def _apply_endings_locked(self, conn: sqlite3.Connection, now: float) -> None:
+        """Write the lagging statuses that are due (the brain ended those sessions ``status_lag`` ago)."""
+        rows = conn.execute(
+            "SELECT * FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? ORDER BY ending_at",
+            (now,),
+        ).fetchall()
+        for row in rows:
+            self._write_status_locked(conn, row, str(row["ending_status"]), now)
 
     def expire_claims(self) -> int:
         """The sweeper's work: expire claims now; returns how many went back to the queue."""
@@ -331,7 +355,9 @@ class StoreBase:
         """Soft-delete a queue row: it leaves lists, answers 404, and watchers get a DELETED event."""
         rev = self._next_rev(conn, now)
         conn.execute(
-            "UPDATE sessions SET deleted = 1, rev = ? WHERE session_id = ?", (rev, row["session_id"])
+            "UPDATE sessions SET deleted = 1, ending_status = NULL, ending_at = NULL, rev = ? "
+            "WHERE session_id = ?",
+            (rev, row["session_id"]),
         )
         if row["phase"] == "claimed":
             self._record(

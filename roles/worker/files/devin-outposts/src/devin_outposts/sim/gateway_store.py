@@ -9,7 +9,8 @@ remote picks up where the old one stopped. Only the newest connection of a sessi
 one still asking is answered 409 (superseded).
 
 Connecting marks the session ``running`` (what the real brain does once the remote is up), unless it is
-already ``suspended`` or ``terminated``; then the answer says the session is over. Every gateway call
+already ``suspended`` or ``terminated`` (or the brain ended it and the written status still lags, see
+:meth:`GatewayStore.end_session`); then the answer says the session is over. Every gateway call
 checks the connect token first: it is valid while its claim chain lasts (see :meth:`check_connect_token`).
 """
 
@@ -61,6 +62,12 @@ def _connection_view(row: sqlite3.Row) -> dict[str, Any]:
         "token_fingerprint": row["token_fingerprint"],
         **json.loads(row["info"]),
     }
+
+
+def _remote_status(row: sqlite3.Row) -> str:
+    """The session's status as its remote is told it: an end the brain announced counts at once, even
+    while the written ``session_status`` still lags it."""
+    return str(row["ending_status"] or row["session_status"])
 
 
 class GatewayStore(QueueStore):
@@ -120,7 +127,7 @@ class GatewayStore(QueueStore):
         with self._tx() as conn:
             row, holder = self._gateway_auth(conn, session_id, token)
             now = self._clock()
-            status = str(row["session_status"])
+            status = _remote_status(row)
             ended = status in ENDED_STATUSES
             if not ended and status != "running":
                 rev = self._next_rev(conn, now)
@@ -155,7 +162,7 @@ class GatewayStore(QueueStore):
         """The next answer for a remote: the end of the session, the next call, or None (no work yet)."""
         with self._tx() as conn:
             row, _holder = self._gateway_auth(conn, session_id, token)
-            status = str(row["session_status"])
+            status = _remote_status(row)
             if status in ENDED_STATUSES:
                 return {"type": "end", "session_status": status}
             latest = conn.execute(
@@ -249,16 +256,27 @@ class GatewayStore(QueueStore):
             )
             return [_connection_view(row) for row in rows.fetchall()]
 
-    def end_session(self, session_id: str, session_status: str) -> QueueEntry:
+    def end_session(self, session_id: str, session_status: str, *, lag: float = 0.0) -> QueueEntry:
         """The brain ends a session: set ``suspended``/``terminated``, cancel calls not yet delivered.
-        Connected remotes are told to exit at their next request (long polls wake at once)."""
+        Connected remotes are told to exit at their next request (long polls wake at once).
+
+        With ``lag`` > 0 the remotes are told now but ``session_status`` is written ``lag`` seconds
+        later (the real status update can lag the remote's exit, contract 3.4): the entry returned, and
+        every read until then, still shows the old status.
+        """
         if session_status not in ENDED_STATUSES:
             raise Invalid("session_status must be suspended or terminated")
         with self._tx() as conn:
             now = self._clock()
             self._expire_locked(conn, now)
             row = self._live_row(conn, None, session_id)
-            self._write_status_locked(conn, row, session_status, now)
+            if lag > 0:
+                conn.execute(
+                    "UPDATE sessions SET ending_status = ?, ending_at = ? WHERE session_id = ?",
+                    (session_status, now + lag, session_id),
+                )
+            else:
+                self._write_status_locked(conn, row, session_status, now)
             conn.execute(
                 "UPDATE tool_calls SET state = 'cancelled', completed_at = ? "
                 "WHERE session_id = ? AND state = 'queued'",

@@ -67,6 +67,12 @@ class RecordStore(StoreBase):
                 "cursor": row_cursor(row).encode(),
                 "claim_deadline": row["claim_deadline"],
                 "claim_chain": row["claim_chain"],
+                # The end the brain announced whose status write still lags (``status_lag``), or None.
+                "ending": (
+                    None
+                    if row["ending_status"] is None
+                    else {"session_status": row["ending_status"], "at": row["ending_at"]}
+                ),
             }
             for row in rows
         ]

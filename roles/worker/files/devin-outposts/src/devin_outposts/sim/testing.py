@@ -27,7 +27,7 @@ Both handles offer ``url``, ``static_base_url`` (the ``devin-remote`` distributi
 (:class:`~devin_outposts.sim.admin_client.SimAdmin`), ``admin_token`` and
 ``create_token(scope, account=...)``. The keyword arguments of both are the
 :class:`~devin_outposts.sim.config.SimConfig` fields: ``claim_ttl``, ``watch_max_duration``,
-``keepalive_interval``, ``sweep_interval``, ``gateway_url`` (seconds; fractions allowed).
+``keepalive_interval``, ``sweep_interval``, ``gateway_url``, ``status_lag`` (seconds; fractions allowed).
 
 The stand-in ``devin-remote`` without a worker (a claim response gives the gateway URL and the connect
 token); see :mod:`~devin_outposts.sim.remote_testing`::
@@ -126,6 +126,7 @@ def run_sim(
     keepalive_interval: float = 15.0,
     sweep_interval: float = 1.0,
     gateway_url: Optional[str] = None,
+    status_lag: float = 0.0,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> Iterator[SimHandle]:
@@ -137,6 +138,7 @@ def run_sim(
         keepalive_interval=keepalive_interval,
         sweep_interval=sweep_interval,
         gateway_url=gateway_url,
+        status_lag=status_lag,
         admin_token=_new_admin_token(),
     )
     store = Store(db)
@@ -173,6 +175,7 @@ class SimProcess:
         keepalive_interval: float = 15.0,
         sweep_interval: float = 1.0,
         gateway_url: Optional[str] = None,
+        status_lag: float = 0.0,
         host: str = "127.0.0.1",
         port: int = 0,
         admin_token: Optional[str] = None,
@@ -185,6 +188,7 @@ class SimProcess:
             "keepalive-interval": keepalive_interval,
             "sweep-interval": sweep_interval,
             "gateway-url": gateway_url,
+            "status-lag": status_lag,
         }
         self.host = host
         self.port = port
