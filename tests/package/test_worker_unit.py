@@ -773,9 +773,10 @@ def test_remote_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> No
     fleet = FakeFleet()
 
     async def tombstone_when_running() -> None:
+        # The remote writes its run record only after it has set SIGTERM to be ignored, so once the record
+        # exists the SIGTERM cannot stop it and only the SIGKILL after the grace can.
         while not remote.runs("devin-1"):  # noqa: ASYNC110 - a file, not an event
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # let it install its SIGTERM handler
         fleet.gone.add("devin-1")
 
     async def scenario() -> Any:

@@ -1,7 +1,8 @@
 """Helpers for the worker tests: a fake ``devin-remote``, a tiny distribution server, worker processes.
 
 * :class:`FakeRemote` writes a Python script that stands in for ``devin-remote``. Every run records its
-  argv, cwd, pid and *complete* environment to ``<records>/run-*.json`` and then behaves as scripted per
+  argv, cwd, pid and *complete* environment to ``<records>/run-*.json`` (after installing its SIGTERM
+  handler, so a test may signal it as soon as the record exists) and then behaves as scripted per
   session (``<control>/<session_id>``: one behaviour per line, consumed one per run; the last one
   repeats): ``wait`` (run until SIGTERM, then exit 0), ``exit:N``, ``ignore-term`` (run, ignoring
   SIGTERM, until SIGKILL), ``marker:NAME`` (write ``<records>/NAME`` and wait).
@@ -31,12 +32,15 @@ from devin_outposts.sim.testing import wait_until
 from devin_outposts.worker.binary import platform_suffix
 
 SUFFIX = platform_suffix()
+#: Seconds a fake remote lives at most: far beyond any test (and pytest.ini's per-test timeout).
+REMOTE_LIFETIME = 900.0
 
 _REMOTE = r"""#!{python}
 import json, os, signal, sys, time
 RECORDS = {records!r}
 CONTROL = {control!r}
 TAG = {tag!r}
+LIFETIME = {lifetime!r}
 sid = os.environ.get("DEVIN_OUTPOST_SESSION_ID", "unknown")
 counter = os.path.join(CONTROL, ".count-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in sid))
 try:
@@ -52,6 +56,18 @@ try:
 except OSError:
     plan = ["wait"]
 action = plan[min(n, len(plan) - 1)]
+
+def stopped(signum, frame):
+    with open(os.path.join(RECORDS, "stopped-%d" % os.getpid()), "w") as f:
+        f.write(sid)
+    sys.exit(0)
+
+# The SIGTERM handler goes in before the run record is written: a test that sees the record may signal at
+# once, and must find the behaviour it scripted (ignore-term really ignoring, wait really recording the stop).
+if action == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif not action.startswith("exit:"):
+    signal.signal(signal.SIGTERM, stopped)
 record = {{"tag": TAG, "argv": sys.argv, "cwd": os.getcwd(), "pid": os.getpid(), "env": dict(os.environ),
           "run": n, "action": action, "time": time.time()}}
 name = os.path.join(RECORDS, "run-%s-%d-%d.json" % (TAG, os.getpid(), n))
@@ -59,20 +75,14 @@ with open(name + ".tmp", "w") as f:
     json.dump(record, f)
 os.replace(name + ".tmp", name)
 
-def stopped(signum, frame):
-    with open(os.path.join(RECORDS, "stopped-%d" % os.getpid()), "w") as f:
-        f.write(sid)
-    sys.exit(0)
-
 if action.startswith("exit:"):
     sys.exit(int(action.split(":", 1)[1]))
-if action == "ignore-term":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-else:
-    signal.signal(signal.SIGTERM, stopped)
 if action.startswith("marker:"):
     open(os.path.join(RECORDS, action.split(":", 1)[1]), "w").write(sid)
-while True:
+# A safety net, not part of any test: a remote that a killed test run left behind (pytest-timeout ends the
+# whole run with os._exit) goes away by itself instead of running forever.
+end_of_life = time.monotonic() + LIFETIME
+while time.monotonic() < end_of_life:
     time.sleep(0.2)
 """
 
@@ -87,7 +97,11 @@ class FakeRemote:
         self.control.mkdir(parents=True, exist_ok=True)
         self.tag = tag
         self.script = _REMOTE.format(
-            python=sys.executable, records=str(self.records), control=str(self.control), tag=tag
+            python=sys.executable,
+            records=str(self.records),
+            control=str(self.control),
+            tag=tag,
+            lifetime=REMOTE_LIFETIME,
         ).encode()
 
     def plan(self, session_id: str, *actions: str) -> None:
