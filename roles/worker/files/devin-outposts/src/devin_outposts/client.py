@@ -23,6 +23,7 @@ import random
 import ssl
 import sys
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 from urllib.parse import quote
 
@@ -43,6 +44,7 @@ from devin_outposts.errors import (
     FleetProtocolError,
     error_for_status,
 )
+from devin_outposts.limits import MAX_BODY_BYTES, MAX_SSE_LINE, ResponseTooLarge, capped_lines, read_capped
 from devin_outposts.models import (
     DefaultPlatform,
     Outpost,
@@ -82,13 +84,37 @@ def normalize_api_url(url: str) -> str:
 
 
 def _segment(value: str) -> str:
-    """Quote a server- or user-provided id for use as one URL path segment."""
+    """Quote a server- or user-provided id for use as exactly one URL path segment.
+
+    Every reserved character is escaped (``/``, ``?``, ``#``, ``%``), and so are the dot segments ``.``
+    and ``..``, which URL normalisation (httpx's included) would otherwise remove, turning a claim of
+    session ``..`` into ``POST /opbeta/outposts/claim``.
+    """
     if not value:
         raise ValueError("an id cannot be empty")
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
     return quote(value, safe="")
 
 
-def _detail(response: httpx.Response) -> str:
+@dataclass(frozen=True)
+class Reply:
+    """A fleet API answer, read in full but within :data:`~devin_outposts.limits.MAX_BODY_BYTES`."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+    reason_phrase: str
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+def _detail(response: Reply) -> str:
     """The server's ``detail`` (FastAPI style), else a truncated body, for error messages."""
     try:
         body = response.json()
@@ -101,7 +127,7 @@ def _detail(response: httpx.Response) -> str:
     return json.dumps(body)[:200]
 
 
-def _retry_after(response: httpx.Response) -> Optional[float]:
+def _retry_after(response: Reply) -> Optional[float]:
     value = response.headers.get("Retry-After")
     if value is None:
         return None
@@ -192,7 +218,7 @@ class FleetClient:
         params: Optional[Mapping[str, Any]] = None,
         body: Optional[Mapping[str, Any]] = None,
         replay_safe: bool = True,
-    ) -> httpx.Response:
+    ) -> Reply:
         """Send one request with bounded retries; raise the mapped :class:`FleetError` on failure.
 
         ``replay_safe=False`` (outpost creation) retries only when the server cannot have acted on the
@@ -203,7 +229,7 @@ class FleetClient:
         attempt = 0
         while True:
             try:
-                response = await self._http.request(method, path, params=clean_params, json=body)
+                response = await self._send(method, path, operation, params=clean_params, body=body)
             except httpx.TransportError as exc:
                 unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
                 if attempt >= self._retries or not (replay_safe or unsent):
@@ -225,8 +251,28 @@ class FleetClient:
             attempt += 1
             await asyncio.sleep(delay)
 
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        operation: str,
+        *,
+        params: Mapping[str, Any],
+        body: Optional[Mapping[str, Any]],
+    ) -> Reply:
+        """One request; the reply read within the size limit (a larger one is a protocol error)."""
+        request = self._http.build_request(method, path, params=params, json=body)
+        response = await self._http.send(request, stream=True)
+        try:
+            content = await read_capped(response, MAX_BODY_BYTES)
+        except ResponseTooLarge as exc:
+            raise FleetProtocolError(operation, str(exc), response.status_code) from exc
+        finally:
+            await response.aclose()
+        return Reply(response.status_code, response.headers, content, response.reason_phrase)
+
     @staticmethod
-    def _parse(model: Any, response: httpx.Response, operation: str) -> Any:
+    def _parse(model: Any, response: Reply, operation: str) -> Any:
         try:
             return model.model_validate(response.json())
         except (ValueError, ValidationError) as exc:
@@ -301,26 +347,33 @@ class FleetClient:
                 "GET", QUEUE_PATH, params=clean, headers=headers, timeout=self._watch_timeout
             ) as response:
                 if response.status_code >= 400:
-                    await response.aread()
+                    content = await read_capped(response, MAX_BODY_BYTES)
+                    reply = Reply(response.status_code, response.headers, content, response.reason_phrase)
                     raise error_for_status(response.status_code)(
-                        operation, _detail(response), response.status_code
+                        operation, _detail(reply), response.status_code
                     )
                 data_lines: list[str] = []
-                async for line in response.aiter_lines():
+                data_size = 0
+                async for line in capped_lines(response, MAX_SSE_LINE):
                     if line == "":
                         if data_lines:
                             yield self._parse_event("\n".join(data_lines), operation)
-                            data_lines = []
+                            data_lines, data_size = [], 0
                         continue
                     if line.startswith(":"):
                         continue  # keepalive comment
                     field, _sep, value = line.partition(":")
                     if field == "data":
                         data_lines.append(value[1:] if value.startswith(" ") else value)
+                        data_size += len(value)
+                        if data_size > MAX_SSE_LINE:  # one event of many lines: the same bound
+                            raise ResponseTooLarge(MAX_SSE_LINE)
                 if data_lines:  # a final event without its blank line
                     yield self._parse_event("\n".join(data_lines), operation)
         except httpx.TransportError as exc:
             raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
+        except ResponseTooLarge as exc:
+            raise FleetProtocolError(operation, f"watch stream: {exc}") from exc
 
     @staticmethod
     def _parse_event(data: str, operation: str) -> WatchEvent:

@@ -27,12 +27,16 @@ from typing import Optional
 
 import httpx
 
+from devin_outposts.limits import ResponseTooLarge, read_capped
 from devin_outposts.worker.config import SHA_RE
 
 log = logging.getLogger(__name__)
 
 _DIGEST_RE = re.compile(r"[0-9a-fA-F]{64}")
 MAX_BINARY_BYTES = 1 << 30
+#: A ``latest_*`` file holds one SHA; a ``.sha256`` file one digest and perhaps a file name.
+MAX_LATEST_BYTES = 1 << 10
+MAX_DIGEST_BYTES = 4 << 10
 LATEST_TTL = 60.0
 _CHUNK = 1 << 16
 
@@ -149,15 +153,19 @@ class BinaryStore:
     def binary_name(self, sha: str) -> str:
         return f"devin-remote_{sha}_{self.suffix}"
 
-    async def _get(self, name: str) -> httpx.Response:
+    async def _get_small(self, name: str, limit: int) -> str:
+        """The text of a small published file (``latest_*``, ``*.sha256``), refusing more than ``limit``."""
         url = self.base + name
         try:
-            response = await self._http.get(url)
+            async with self._http.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
+                content = await read_capped(response, limit)
         except httpx.HTTPError as exc:
             raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
-        return response
+        except ResponseTooLarge as exc:
+            raise BinaryError(f"Could not download {url}: {exc}") from exc
+        return content.decode("utf-8", errors="replace")
 
     async def latest_sha(self) -> str:
         now = time.monotonic()
@@ -169,11 +177,11 @@ class BinaryStore:
         error: Optional[BinaryError] = None
         for name in names:
             try:
-                response = await self._get(name)
+                text = await self._get_small(name, MAX_LATEST_BYTES)
             except BinaryError as exc:
                 error = exc
                 continue
-            sha = check_sha(response.text, f"{self.base}{name}")
+            sha = check_sha(text, f"{self.base}{name}")
             self._latest = (sha, now)
             return sha
         assert error is not None
@@ -192,7 +200,7 @@ class BinaryStore:
         if cached:
             return cached
         try:
-            response = await self._get(self.binary_name(sha) + ".sha256")
+            published = await self._get_small(self.binary_name(sha) + ".sha256", MAX_DIGEST_BYTES)
         except BinaryError:
             if sidecar.exists():  # noqa: ASYNC240 - a tiny local file
                 log.warning(
@@ -200,7 +208,7 @@ class BinaryStore:
                 )
                 return parse_digest(sidecar.read_text(encoding="utf-8", errors="replace"))  # noqa: ASYNC240
             raise
-        digest = parse_digest(response.text)
+        digest = parse_digest(published)
         self._digests[sha] = digest
         return digest
 

@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import random
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from devin_outposts.client import FleetClient
 from devin_outposts.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.worker.binary import BinaryStore, host_os
 from devin_outposts.worker.exits import EXIT_AUTH, EXIT_OK, WorkerExit
 from devin_outposts.worker.outposts import check_platform, entry_platform_ok, resolve_outpost
-from devin_outposts.worker.queue import Backoff, QueueFeed, oldest_first
+from devin_outposts.worker.queue import QueueFeed, oldest_first
+from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
+from devin_outposts.worker.session import release_claim
 
 if TYPE_CHECKING:
     from devin_outposts.worker.runner import Worker
@@ -46,18 +49,36 @@ def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> 
     return rng() * min(CONFLICT_PAUSE * 2.0 ** min(conflicts - 1, 16), CONFLICT_PAUSE_CAP)
 
 
+class ClaimOutcome(str, enum.Enum):
+    """What one turn of :meth:`QueueMode.claim_next` came to."""
+
+    CLAIMED = "claimed"  # a session was claimed and started
+    IDLE = "idle"  # nothing to claim now
+    DEFER = "defer"  # a row is there, but another worker should have the first go at it
+    ERROR = "error"  # the API failed: back off
+    FATAL = "fatal"  # the token was refused: stop
+
+
 class QueueMode:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
+        #: After a DEFER outcome: seconds until the deferred row may be claimed.
+        self.defer: Optional[float] = None
 
     async def recover(self, client: FleetClient, binaries: BinaryStore, outpost_id: str) -> None:
-        """Take back the sessions this acceptor still holds (a worker restarted after a crash)."""
+        """Take back the sessions this acceptor still holds (a worker restarted after a crash).
+
+        Safe to run again after a failure half-way: sessions already taken back are being served and
+        are skipped, never released.
+        """
         w = self.worker
         held = (await client.list_all_devins(outpost=outpost_id, phase="claimed", acceptor_id=w.acceptor_id))[
             0
         ]
         for entry in oldest_first(e for e in held if e.status.acceptor_id in (None, w.acceptor_id)):
             sid = entry.session_id
+            if sid in w.active:
+                continue
             if entry.is_finished or w.free_slot() is None or w.draining:
                 why = f"already {entry.status.session_status}" if entry.is_finished else "no free slot"
                 log.info(
@@ -66,8 +87,7 @@ class QueueMode:
                     why,
                     extra={"session_id": sid},
                 )
-                with contextlib.suppress(FleetNotFound, FleetConflict):
-                    await client.release(sid, w.acceptor_id)
+                await release_claim(client, sid, w.acceptor_id, {"session_id": sid})
                 continue
             try:
                 claim = await client.claim(sid, w.acceptor_id)  # a renewal: fresh connect token
@@ -80,7 +100,14 @@ class QueueMode:
 
     async def run_queue(self, client: FleetClient, binaries: BinaryStore) -> int:
         w = self.worker
-        outpost = await resolve_outpost(client, w.config.outpost)
+        try:
+            outpost = await retry_transient(
+                lambda: resolve_outpost(client, w.config.outpost),
+                backoff=Backoff(cap=w.config.backoff_max),
+                pause=self.pause,
+            )
+        except Stopped:
+            return EXIT_OK  # stopped before it ever claimed anything
         check_platform(outpost)
         log.info(
             "worker %s serving outpost %s (%s) on %s: %d slot(s), %s, workdir %s",
@@ -113,6 +140,7 @@ class QueueMode:
             backoff_max=w.config.backoff_max,
             metrics=w.metrics,
             on_update=w.route,
+            spread=w.config.claim_spread,
         )
         w.feed.changed = w.kick
         if not w.draining:
@@ -134,17 +162,11 @@ class QueueMode:
         return EXIT_OK
 
     async def sleep(self, seconds: float, why: str) -> None:
-        w = self.worker
         log.warning("%s; retrying in %.1fs", why, seconds)
-        w.kick.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.until_drain(), timeout=seconds)
+        await self.pause(seconds)
 
-    async def until_drain(self) -> None:
-        w = self.worker
-        while not w.draining:
-            w.kick.clear()
-            await w.kick.wait()
+    async def pause(self, seconds: float) -> bool:
+        return await self.worker.pause(seconds)
 
     async def claim_loop(self, client: FleetClient, binaries: BinaryStore) -> None:
         w = self.worker
@@ -165,36 +187,51 @@ class QueueMode:
                 w.feed_task = asyncio.ensure_future(w.feed.run())
                 w.feed_task.add_done_callback(lambda t: w.kick.set())
                 continue
+            wakeup = w.feed.next_wakeup()
             if w.config.once and claimed_once:
                 if not w.active:
                     return
             elif w.free_slot() is not None:
                 outcome = await self.claim_next(client, binaries)
-                if outcome == "claimed":
+                if outcome is ClaimOutcome.CLAIMED:
                     claimed_once = True
                     backoff.reset()
                     continue
-                if outcome == "error":
+                if outcome is ClaimOutcome.ERROR:
                     await self.sleep(backoff.next_delay(), "claiming failed")
                     continue
-                if outcome == "fatal":
+                if outcome is ClaimOutcome.FATAL:
                     return
+                if outcome is ClaimOutcome.DEFER and self.defer is not None:
+                    wakeup = self.defer if wakeup is None else min(wakeup, self.defer)
             w.kick.clear()
             if w.is_draining():  # a signal may have come while we were claiming
                 break
-            wakeup = w.feed.next_wakeup()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(w.kick.wait(), timeout=wakeup)
 
-    async def claim_next(self, client: FleetClient, binaries: BinaryStore) -> str:
-        """Claim the oldest claimable session: ``claimed``, ``idle``, ``error`` (back off) or ``fatal``."""
+    async def give_back(self, client: FleetClient, session_id: str, why: str) -> None:
+        """Release a claim we will not serve. Never raises: a failed release leaves a claim that expires."""
         w = self.worker
+        log.info("releasing session %s at once (%s)", session_id, why, extra={"session_id": session_id})
+        assert w.feed is not None
+        w.feed.discard(session_id)
+        await release_claim(client, session_id, w.acceptor_id, {"session_id": session_id})
+
+    async def claim_next(self, client: FleetClient, binaries: BinaryStore) -> ClaimOutcome:
+        """Claim the row this worker should take now. On DEFER, :attr:`defer` says when to look again."""
+        w = self.worker
+        self.defer = None
         assert w.feed is not None
         conflicts = 0
         while not w.is_draining():  # a method: the flag changes while claims are awaited
-            entry = w.feed.next_candidate(exclude=w.active)
-            if entry is None:
-                return "idle"
+            choice = w.feed.next_claim(exclude=w.active)
+            if choice is None:
+                return ClaimOutcome.IDLE
+            if choice.wait > 0:
+                self.defer = choice.wait
+                return ClaimOutcome.DEFER
+            entry = choice.entry
             sid = entry.session_id
             if not entry_platform_ok(entry):
                 log.warning(
@@ -215,27 +252,26 @@ class QueueMode:
                 conflicts += 1
                 await asyncio.sleep(conflict_pause(conflicts))
                 continue
-            except FleetNotFound:
+            except FleetNotFound as exc:
+                log.info("giving up on session %s: %s", sid, exc, extra={"session_id": sid})
                 w.feed.discard(sid)
                 continue
             except FleetAuthError as exc:
                 w.fatal = exc
-                return "fatal"
+                return ClaimOutcome.FATAL
             except FleetError as exc:
                 w.metrics.inc("api_errors")
                 log.warning("%s", exc, extra={"session_id": sid})
-                return "error"
+                return ClaimOutcome.ERROR
             w.metrics.inc("sessions_claimed")
             if w.draining or claim.is_finished:
                 # A signal arrived while the claim was in flight, or the session ended after the
                 # feed's last word on it (watch lag): give it straight back.
                 why = "draining" if w.draining else f"session already {claim.status.session_status}"
-                log.info("releasing session %s at once (%s)", sid, why, extra={"session_id": sid})
-                w.feed.discard(sid)
-                await client.release(sid, w.acceptor_id)
+                await self.give_back(client, sid, why)
                 if w.draining:
-                    return "idle"
+                    return ClaimOutcome.IDLE
                 continue
             w.start_session(claim, client, binaries)
-            return "claimed"
-        return "idle"
+            return ClaimOutcome.CLAIMED
+        return ClaimOutcome.IDLE

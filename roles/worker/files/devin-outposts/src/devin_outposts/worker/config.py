@@ -62,6 +62,9 @@ class WorkerConfig:
     max_sessions: int = 1
     workdir: Path = field(default_factory=Path.cwd)
     watch: bool = True
+    #: Spread claims over the oldest pending rows by rendezvous hashing (``--no-claim-spread``: strictly
+    #: the oldest row first, as every worker did before; kept for comparison and as an escape hatch).
+    claim_spread: bool = True
     drain_timeout: float = 30.0
     metrics_addr: Optional[MetricsAddr] = None
     log_format: str = "text"
@@ -158,6 +161,14 @@ def add_start_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="follow the queue with the SSE watch (default) or poll it (--no-watch; env DEVIN_WORKER_WATCH)",
+    )
+    ours.add_argument(
+        "--claim-spread",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="spread the workers of an outpost over its oldest pending sessions instead of sending all "
+        "of them at the oldest one (default; --no-claim-spread: strictly oldest first; env "
+        "DEVIN_WORKER_CLAIM_SPREAD)",
     )
     ours.add_argument(
         "--drain-timeout",
@@ -298,6 +309,11 @@ def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
     watch = (
         args.watch if args.watch is not None else _bool("DEVIN_WORKER_WATCH", env.get("DEVIN_WORKER_WATCH"))
     )
+    spread = (
+        args.claim_spread
+        if args.claim_spread is not None
+        else _bool("DEVIN_WORKER_CLAIM_SPREAD", env.get("DEVIN_WORKER_CLAIM_SPREAD"))
+    )
     direct_token = env.get(ENV_DIRECT_TOKEN) or None
     session = args.session.strip() if args.session else None
     max_sessions = int(
@@ -325,6 +341,7 @@ def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
         max_sessions=max_sessions,
         workdir=workdir,
         watch=True if watch is None else watch,
+        claim_spread=True if spread is None else spread,
         drain_timeout=_number(
             "--drain-timeout", _pick(args.drain_timeout, env, "DEVIN_WORKER_DRAIN_TIMEOUT"), 30.0, minimum=0
         ),

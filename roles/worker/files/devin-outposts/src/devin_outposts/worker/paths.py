@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from pathlib import Path
 
 MAX_COMPONENT = 100
@@ -66,9 +67,51 @@ def child_dir(parent: Path, value: str) -> Path:
     return resolved
 
 
+class SharedDirectoryError(PermissionError):
+    """A directory the worker would keep secrets in can be written by other users."""
+
+
 def make_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) and make sure the directory itself is 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create ``path`` with mode 0700, or check the directory that is already there.
+
+    Only a directory this call creates gets its mode set. One that exists may be shared (``/tmp``, a
+    home directory) and is not ours to change: it is refused when another user could write to it, or
+    replace what is in it (see :func:`check_not_shared`). Missing parents are created with the
+    default mode, like ``mkdir -p``.
+    """
+    try:
+        path.mkdir(mode=0o700)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return make_private_dir(path)
+    except FileExistsError:
+        check_not_shared(path)
+        return path
     if os.name != "nt":
-        os.chmod(path, 0o700)
+        os.chmod(path, 0o700)  # we created it: make it private whatever the umask
     return path
+
+
+def check_not_shared(path: Path) -> None:
+    """Raise :class:`SharedDirectoryError` unless ``path`` is a directory only its owner can write to.
+
+    Its owner must be this user or root. Group- or world-writable directories (even sticky ones such as
+    ``/tmp``) are refused: another user could plant files or symlinks where the worker keeps its
+    identity, tokens and session state. (Windows: ACLs are set by the role; nothing to check here.)
+    """
+    info = os.stat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise SharedDirectoryError(f"refusing to use {path}: it is not a directory")
+    if os.name == "nt":
+        return
+    if info.st_uid not in (os.geteuid(), 0):
+        raise SharedDirectoryError(
+            f"refusing to use {path}: it belongs to another user (uid {info.st_uid}); give the worker a "
+            "data directory of its own (the parent of --cache-dir)"
+        )
+    if info.st_mode & 0o022:
+        raise SharedDirectoryError(
+            f"refusing to use {path}: other users can write to it (mode {stat.S_IMODE(info.st_mode):04o}); "
+            "give the worker a data directory of its own (the parent of --cache-dir), e.g. "
+            "--cache-dir /var/lib/devin-worker/cache"
+        )

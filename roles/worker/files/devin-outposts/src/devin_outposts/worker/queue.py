@@ -6,9 +6,10 @@ sessions may be claimed (contract sections 3.3 and 3.4):
 * a full list (all phases) seeds the picture and yields the cursor the watch starts from;
 * every ``MODIFIED``/``DELETED`` event is upserted by ``session_id`` (delivery is at least once, so a
   duplicate is harmless) and its cursor is kept for the next reconnect;
-* the stream ends by design after a few minutes: a connection that lived 5 s or more is reconnected at
-  once and resets the backoff; a failed or short-lived one waits 1 s, 2 s, 4 s ... up to 60 s, with
-  jitter, and reconnects with the last cursor. A rejected cursor (400/422 or a malformed event) re-lists;
+* the stream ends by design after a few minutes (or seconds): a clean end is reconnected at once from
+  the last cursor, however short the stream lived; only an error backs off, 1 s, 2 s, 4 s ... up to
+  :data:`FEED_BACKOFF_CAP` seconds, with jitter. A rejected cursor (400/422 or a malformed event)
+  re-lists;
 * every :data:`RESYNC_INTERVAL` seconds the watch is re-seeded by a full list, a level-based safety net;
 * with ``watch=False`` the queue is re-listed every poll interval instead.
 
@@ -18,62 +19,75 @@ runner takes them oldest first: ``created_at``, then ``session_id``, one at a ti
 :meth:`QueueFeed.next_candidate`, which judges the feed's *current* copy of each row. It keeps pending rows
 in a heap (pruned lazily) and other acceptors' claims in a small map, so a queue event costs O(log n)
 instead of a sort of the whole outpost.
+
+Spreading (``spread=True``, the worker's default): when every worker of an outpost goes for the same
+oldest row, one wins and all the others get a 409, and each 409 counts against the account's rate
+limits. :meth:`QueueFeed.next_claim` therefore keeps oldest-first as the rule but lets each row have an
+*owner*: among the *contenders* (this worker and the other acceptors seen claiming on the outpost in the
+last :data:`PEER_MEMORY` seconds that hold no claim now, i.e. are probably idle), the one with the highest
+rendezvous hash of ``(acceptor_id, session_id)``. The owner claims at once; the contender ranked *r*-th
+waits ``min(r, SPREAD_MAX_RANK) * SPREAD_STEP`` seconds from the moment the row became claimable, and
+by then the watch has usually shown the row claimed, so it never sends the losing request. Among the
+oldest rows (a window of twice the contenders), each worker takes the oldest row it may claim now.
+Fairness bound: when any contender is idle, the oldest claimable row is claimed no later than
+``SPREAD_MAX_RANK * SPREAD_STEP`` seconds (2 s) after it would have been strictly oldest-first, and with
+a single worker (no peers seen) the order is exactly oldest-first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Collection, Iterable
+from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
 from devin_outposts.errors import FleetAuthError, FleetError, FleetInvalid, FleetProtocolError
 from devin_outposts.models import Phase, QueueEntry, WatchEvent, WatchEventType
 from devin_outposts.worker.metrics import Metrics
+from devin_outposts.worker.retrying import Backoff
 
 log = logging.getLogger(__name__)
 
 RESYNC_INTERVAL = 300.0
+#: The longest wait between attempts to reach a failing API: an idle worker notices a recovered API
+#: within this many seconds (each attempt is one request; jitter spreads a fleet's attempts).
+FEED_BACKOFF_CAP = 5.0
+#: A clean stream end counts as "quick" when the stream lived less than this and carried no event;
+#: after QUICK_ENDS_BEFORE_PAUSE of them in a row, reconnects are paced by QUICK_END_PAUSE seconds.
+QUICK_END = 1.0
+QUICK_ENDS_BEFORE_PAUSE = 3
+QUICK_END_PAUSE = 1.0
 #: Seconds past ``claim_deadline`` before an expired claim of another worker is tried (clock skew).
 EXPIRY_SLACK = 1.0
+#: Spreading: the deferral per rendezvous rank. Long enough for the owner's claim to reach our watch
+#: (a claim round trip plus an SSE event), short enough not to matter next to a session.
+SPREAD_STEP = 0.25
+#: Ranks beyond this wait no longer: a row whose first few owners are gone is still claimed within 2 s.
+SPREAD_MAX_RANK = 8
+#: Seconds an acceptor seen claiming on the outpost counts as a peer. Idle peers are only known from
+#: their past claims, so a long memory keeps a quiet outpost spread; a peer that has gone away costs
+#: at most a deferral of SPREAD_STEP per rank on the rows it would have owned.
+PEER_MEMORY = 600.0
+#: The most peers considered (the most recently seen): bounds the work per claim decision.
+MAX_CONTENDERS = 32
 
 
-class Backoff:
-    """Exponential backoff with jitter: attempt *n* waits in ``[d/2, d]``, ``d = min(cap, base * 2**n)``.
+def rendezvous_score(acceptor_id: str, session_id: str) -> int:
+    """A stable pseudo-random score of ``(acceptor, session)``: the same on every worker and platform."""
+    digest = hashlib.blake2b(f"{acceptor_id}\0{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
-    :meth:`connection_lived` resets it after a connection that lived at least ``reset_after`` seconds.
-    """
 
-    def __init__(
-        self,
-        base: float = 1.0,
-        cap: float = 60.0,
-        reset_after: float = 5.0,
-        rng: Callable[[], float] = random.random,
-    ) -> None:
-        self.base = base
-        self.cap = max(cap, 0.0)
-        self.reset_after = reset_after
-        self.attempt = 0
-        self._rng = rng
+@dataclass(frozen=True)
+class ClaimChoice:
+    """The row to claim next, and how many seconds to wait before claiming it (0: now)."""
 
-    def next_delay(self) -> float:
-        ceiling = min(self.cap, self.base * (2 ** min(self.attempt, 32)))
-        self.attempt += 1
-        return float(ceiling / 2 + self._rng() * ceiling / 2)
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-    def connection_lived(self, seconds: float) -> bool:
-        """Reset when the connection lived long enough; returns True when it did."""
-        if seconds >= self.reset_after:
-            self.reset()
-            return True
-        return False
+    entry: QueueEntry
+    wait: float
 
 
 class QueueSource(Protocol):
@@ -118,13 +132,14 @@ class QueueFeed:
         metrics: Optional[Metrics] = None,
         on_update: Optional[Callable[[str, Optional[QueueEntry]], None]] = None,
         clock: Callable[[], float] = time.time,
+        spread: bool = False,
     ) -> None:
         self.client = client
         self.outpost_id = outpost_id
         self.acceptor_id = acceptor_id
         self.watch = watch
         self.poll_interval = poll_interval
-        self.backoff = Backoff(cap=backoff_max)
+        self.backoff = Backoff(cap=min(backoff_max, FEED_BACKOFF_CAP))
         self.metrics = metrics or Metrics()
         self.on_update = on_update
         self.clock = clock
@@ -132,6 +147,8 @@ class QueueFeed:
         self.changed = asyncio.Event()
         self.cursor: Optional[str] = None
         self.synced = False
+        #: Watch events applied so far (a stream that carried none and ended at once is paced).
+        self.events = 0
         self._penalties: dict[str, float] = {}
         self._last_list = 0.0
         # Rows seen pending, oldest on top. An item whose row is no longer pending is dropped when it
@@ -141,12 +158,25 @@ class QueueFeed:
         self._compact_at = 64
         #: session_id -> when another acceptor's claim of it expires.
         self._foreign: dict[str, float] = {}
+        self.spread = spread
+        #: Other acceptors seen holding a claim on this outpost -> when (monotonic), most recent last.
+        self._peers: dict[str, float] = {}
+        #: session_id -> when (monotonic) it became claimable in our view: a deferral counts from there.
+        self._claimable_since: dict[str, float] = {}
 
     # --- the picture ------------------------------------------------------------------------------
 
     def upsert(self, entry: QueueEntry) -> None:
         sid = entry.session_id
         self.entries[sid] = entry
+        holder = entry.status.acceptor_id
+        if entry.status.phase == Phase.CLAIMED and holder and holder != self.acceptor_id:
+            self._peers.pop(holder, None)  # re-insert: the dict stays ordered by when we last saw them
+            self._peers[holder] = time.monotonic()
+        if entry.status.phase == Phase.PENDING and not entry.is_finished:
+            self._claimable_since.setdefault(sid, time.monotonic())
+        else:
+            self._claimable_since.pop(sid, None)
         expiry = self._expiry(entry)
         if expiry is None:
             self._foreign.pop(sid, None)
@@ -191,6 +221,7 @@ class QueueFeed:
         self.changed.set()
 
     def apply(self, event: WatchEvent) -> None:
+        self.events += 1
         if event.type == WatchEventType.DELETED:
             self.remove(event.object.session_id)
         else:  # MODIFIED, or a type we do not know yet: the object is still the freshest copy we have
@@ -223,6 +254,7 @@ class QueueFeed:
         """Forget ``session_id`` until the server tells us about it again."""
         self.entries.pop(session_id, None)
         self._foreign.pop(session_id, None)
+        self._claimable_since.pop(session_id, None)
 
     def _drop_expired_penalties(self) -> None:
         # Most penalised rows are claimed by the winner and never offered again, so they are not met
@@ -245,29 +277,75 @@ class QueueFeed:
         Called again before every claim attempt, so a row another worker claimed, or that ended, while
         an earlier attempt was in flight is never tried on an old copy.
         """
+        window = self._oldest(1, exclude)
+        return window[0] if window else None
+
+    def _oldest(self, count: int, exclude: Collection[str]) -> list[QueueEntry]:
+        """Up to ``count`` claimable rows, oldest first, skipping ``exclude`` and penalised rows."""
         now, mono = self.clock(), time.monotonic()
-        best: Optional[QueueEntry] = None
+        found: list[QueueEntry] = []
         stepped_over: list[tuple[tuple[int, str], str]] = []
-        while self._pending:
-            sid = self._pending[0][1]
+        while self._pending and len(found) < count:
+            item = heapq.heappop(self._pending)
+            sid = item[1]
             current = self.entries.get(sid)
             if current is None or current.status.phase != Phase.PENDING or current.is_finished:
-                heapq.heappop(self._pending)
                 self._in_heap.discard(sid)
                 continue
-            if self._blocked(sid, exclude, mono):  # ours already, or cooling down after a conflict
-                stepped_over.append(heapq.heappop(self._pending))
-                continue
-            best = current
-            break
+            stepped_over.append(item)
+            if not self._blocked(sid, exclude, mono):  # not ours already, not cooling down
+                found.append(current)
         for item in stepped_over:
             heapq.heappush(self._pending, item)
-        for sid, expiry in list(self._foreign.items()):
-            if expiry > now or self._blocked(sid, exclude, mono):
-                continue
-            current = self.entries[sid]
-            if self.claimable(current, now) and (best is None or age_key(current) < age_key(best)):
-                best = current
+        expired = [
+            self.entries[sid]
+            for sid, expiry in self._foreign.items()
+            if expiry <= now and not self._blocked(sid, exclude, mono)
+        ]
+        expired = [e for e in expired if self.claimable(e, now)]
+        if expired:
+            found = oldest_first(found + expired)[:count]
+        return found
+
+    def contenders(self) -> list[str]:
+        """The acceptors that may claim a row now: this one and the peers that are probably idle."""
+        mono = time.monotonic()
+        for peer, seen in list(self._peers.items()):  # oldest first: stop at the first one to keep
+            if mono - seen <= PEER_MEMORY:
+                break
+            del self._peers[peer]
+        now = self.clock()
+        busy = {self.entries[sid].status.acceptor_id for sid, expiry in self._foreign.items() if expiry > now}
+        idle = [peer for peer in reversed(self._peers) if peer not in busy][:MAX_CONTENDERS]
+        return [self.acceptor_id, *idle]
+
+    def next_claim(self, exclude: Collection[str] = ()) -> Optional[ClaimChoice]:
+        """The row this worker should claim next and when (None when nothing is claimable).
+
+        Without spreading it is :meth:`next_candidate`, at once. With it, each row in the window of the
+        oldest ``2 * contenders`` rows waits this worker's rendezvous rank times :data:`SPREAD_STEP`,
+        counted from when the row became claimable; the row with the earliest time wins, the older on a
+        tie (see the module docstring for the fairness bound).
+        """
+        contenders = self.contenders() if self.spread else [self.acceptor_id]
+        if len(contenders) == 1:
+            first = self.next_candidate(exclude)
+            return ClaimChoice(first, 0.0) if first is not None else None
+        mono = time.monotonic()
+        best: Optional[ClaimChoice] = None
+        for entry in self._oldest(2 * len(contenders), exclude):
+            sid = entry.session_id
+            mine = rendezvous_score(self.acceptor_id, sid)
+            rank = sum(1 for peer in contenders[1:] if rendezvous_score(peer, sid) > mine)
+            since = self._claimable_since.get(sid)
+            if since is None:  # another worker's expired claim: claimable since it expired
+                expiry = self._foreign.get(sid)
+                since = mono - max(0.0, self.clock() - expiry) if expiry is not None else mono
+            wait = max(0.0, since + min(rank, SPREAD_MAX_RANK) * SPREAD_STEP - mono)
+            if best is None or wait < best.wait:
+                best = ClaimChoice(entry, wait)
+                if wait == 0.0:
+                    break  # the rows come oldest first: nothing later beats an immediate claim
         return best
 
     def candidates(self, exclude: Iterable[str] = ()) -> list[QueueEntry]:
@@ -296,11 +374,20 @@ class QueueFeed:
         self._last_list = time.monotonic()
 
     async def run(self) -> None:
-        """Follow the queue until cancelled. Raises :class:`FleetAuthError`; every other error is retried."""
+        """Follow the queue until cancelled. Raises :class:`FleetAuthError`; every other error is retried.
+
+        A stream the server ends cleanly is normal (streams are bounded in time), so the watch is
+        reopened at once from the last cursor, however short it lived; only a stream that keeps ending
+        at once without an event is paced (:data:`QUICK_END_PAUSE`), so a misbehaving server cannot
+        make the worker spin. Errors back off with jitter up to :data:`FEED_BACKOFF_CAP` seconds, so an
+        idle worker notices a recovered API within a few seconds.
+        """
         need_list = True
+        quick_ends = 0
         while True:
             started: Optional[float] = None
             error: Optional[FleetError] = None
+            events = self.events
             try:
                 if need_list or not self.watch or time.monotonic() - self._last_list > RESYNC_INTERVAL:
                     await self._list()
@@ -319,17 +406,20 @@ class QueueFeed:
             except FleetError as exc:
                 error = exc
             lived = time.monotonic() - started if started is not None else 0.0
-            if self.backoff.connection_lived(lived) and error is None:
-                delay = 0.0  # a healthy stream ended by the server: reconnect at once
-            else:
-                delay = self.backoff.next_delay()
-            if error is not None:
-                log.warning("%s; retrying in %.1fs", error, delay, extra={"outpost": self.outpost_id})
-            else:
-                log.debug("watch stream ended after %.1fs; reconnecting in %.1fs", lived, delay)
             if started is not None:
                 self.metrics.inc("watch_reconnects")
-            await asyncio.sleep(delay)
+            if error is None:
+                self.backoff.reset()
+                quick_ends = quick_ends + 1 if lived < QUICK_END and self.events == events else 0
+                delay = QUICK_END_PAUSE if quick_ends >= QUICK_ENDS_BEFORE_PAUSE else 0.0
+                log.debug("watch stream ended after %.1fs; reconnecting in %.1fs", lived, delay)
+            else:
+                quick_ends = 0
+                self.backoff.connection_lived(lived)  # a long healthy stream that broke starts afresh
+                delay = self.backoff.next_delay()
+                log.warning("%s; retrying in %.1fs", error, delay, extra={"outpost": self.outpost_id})
+            if delay > 0:
+                await asyncio.sleep(delay)
 
     async def _stream(self) -> None:
         events = self.client.watch_devins(outpost=self.outpost_id, cursor=self.cursor)

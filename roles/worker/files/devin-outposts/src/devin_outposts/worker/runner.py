@@ -24,13 +24,14 @@ import logging
 import os
 import signal
 import ssl
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import httpx
 
 from devin_outposts.client import FleetClient
-from devin_outposts.errors import FleetAuthError, FleetConflict, FleetNotFound
+from devin_outposts.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.models import QueueEntry
 from devin_outposts.worker.binary import BinaryStore
 from devin_outposts.worker.claiming import QueueMode
@@ -57,11 +58,15 @@ from devin_outposts.worker.identity import (
 from devin_outposts.worker.logs import register_secret
 from devin_outposts.worker.metrics import Metrics, MetricsServer
 from devin_outposts.worker.outposts import check_platform, resolve_outpost
+from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.worker.queue import QueueFeed
+from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
 from devin_outposts.worker.session import FAILED, INTERRUPTED, LOST, SERVED, SessionResult, SessionServer
 from devin_outposts.worker.spawn import reap_stale_remote
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Seconds a session that failed on this worker is not offered to it again (times its failure count).
 FAILED_SESSION_COOLDOWN = 60.0
@@ -129,6 +134,9 @@ class Worker:
         register_secret(self.config.direct_token)
         try:
             try:
+                # The data dir first, so that it is created private (or an existing one is checked)
+                # before the lock file, the acceptor id or any session state goes into it.
+                make_private_dir(self.config.data_dir)
                 locks.append(
                     FileLock(self.config.data_dir / DATA_LOCK_FILE, "the worker data directory").acquire()
                 )
@@ -141,7 +149,7 @@ class Worker:
                 await asyncio.to_thread(self._reap_orphans)
             except LockedError as exc:
                 raise WorkerExit(EXIT_LOCKED, str(exc)) from exc
-            except IdentityError as exc:
+            except (IdentityError, SharedDirectoryError) as exc:
                 raise WorkerExit(EXIT_USAGE, str(exc)) from exc
             except OSError as exc:
                 raise WorkerExit(EXIT_ERROR, f"Could not prepare the worker directories: {exc}") from exc
@@ -173,6 +181,8 @@ class Worker:
                 return await QueueMode(self).run_queue(client, binaries)
             except FleetAuthError as exc:
                 raise WorkerExit(EXIT_AUTH, f"{exc} (check DEVIN_OUTPOSTS_TOKEN and its scopes)") from exc
+            except FleetError as exc:  # an answer that retrying cannot change, e.g. 400/422
+                raise WorkerExit(EXIT_ERROR, str(exc)) from exc
         finally:
             self._remove_signals()
             if metrics_server is not None:
@@ -244,6 +254,18 @@ class Worker:
     def is_draining(self) -> bool:
         return self.draining
 
+    async def pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` or until a drain starts; True when the worker is not draining."""
+        self.kick.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._until_drain(), timeout=seconds)
+        return not self.draining
+
+    async def _until_drain(self) -> None:
+        while not self.draining:
+            self.kick.clear()
+            await self.kick.wait()
+
     def start_drain(self) -> None:
         self.draining = True
         self.metrics.set("draining", 1)
@@ -292,11 +314,24 @@ class Worker:
         sid = self.config.session_id
         assert sid is not None
         try:
-            entry = await client.get_devin(sid)
+            return await self._claim_and_serve_session(client, binaries, sid)
+        except Stopped:
+            log.info("stopped before session %s was claimed", sid, extra={"session_id": sid})
+            return 128 + (self.signal_number or signal.SIGTERM)
+
+    async def _claim_and_serve_session(self, client: FleetClient, binaries: BinaryStore, sid: str) -> int:
+        def retrying(operation: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+            # Each step gets its own backoff: an outage at start-up is waited out, one line per try.
+            backoff = Backoff(cap=self.config.backoff_max)
+            return retry_transient(operation, backoff=backoff, pause=self.pause, extra={"session_id": sid})
+
+        try:
+            entry = await retrying(lambda: client.get_devin(sid))
         except FleetNotFound as exc:
             raise WorkerExit(EXIT_NOT_FOUND, str(exc)) from exc
         if self.config.outpost:
-            outpost = await resolve_outpost(client, self.config.outpost)
+            wanted = self.config.outpost
+            outpost = await retrying(lambda: resolve_outpost(client, wanted))
             if entry.metadata.outpost_id != outpost.outpost_id:
                 raise WorkerExit(
                     EXIT_NOT_FOUND,
@@ -305,7 +340,8 @@ class Worker:
                 )
             check_platform(outpost, entry)
         else:
-            check_platform(await client.find_outpost(entry.metadata.outpost_id), entry)
+            outpost_id = entry.metadata.outpost_id
+            check_platform(await retrying(lambda: client.find_outpost(outpost_id)), entry)
         if entry.is_finished and entry.status.acceptor_id != self.acceptor_id:
             log.info(
                 "session %s is already %s; nothing to serve",
@@ -315,7 +351,7 @@ class Worker:
             )
             return EXIT_OK
         try:
-            claim = await client.claim(sid, self.acceptor_id)
+            claim = await retrying(lambda: client.claim(sid, self.acceptor_id))
         except FleetConflict as exc:
             raise WorkerExit(EXIT_CONFLICT, f"{exc} (held by another acceptor)") from exc
         except FleetNotFound as exc:

@@ -28,7 +28,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from devin_outposts.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.models import Phase, QueueEntry, SessionStatus
@@ -61,6 +61,32 @@ class SessionResult:
     detail: str
     session_status: Optional[str] = None
     refused_binary: bool = False
+
+
+async def release_claim(
+    fleet: SessionFleet, session_id: str, acceptor_id: str, extra: dict[str, Any], attempts: int = 3
+) -> bool:
+    """Release a claim, retrying transient errors; never raises. True when the claim is known released.
+
+    A worker must never die because a release failed: the claim then simply expires at its deadline
+    and the session returns to the queue on its own. So every error ends in one log line.
+    """
+    for attempt in range(attempts):
+        try:
+            await fleet.release(session_id, acceptor_id, missing_ok=True)
+            log.info("released session %s", session_id, extra=extra)
+            return True
+        except FleetAuthError as exc:
+            log.error("%s", exc, extra=extra)
+            return False
+        except FleetError as exc:
+            log.warning("%s (attempt %d of %d)", exc, attempt + 1, attempts, extra=extra)
+            if attempt + 1 < attempts:
+                await asyncio.sleep(0.5 * (attempt + 1))
+    log.error(
+        "giving up releasing session %s; its claim will expire on its own", session_id, extra=extra
+    )
+    return False
 
 
 def renew_delay(remaining: float, margin: float) -> float:
@@ -150,6 +176,7 @@ class SessionServer:
         renewer: Optional[asyncio.Task[None]] = None
         result = SessionResult(self.session_id, FAILED, "not started")
         try:
+            make_private_dir(self.config.sessions_dir)
             state_dir = make_private_dir(child_dir(self.config.sessions_dir, self.session_id))
             self.cwd.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(reap_stale_remote, state_dir)
@@ -190,22 +217,7 @@ class SessionServer:
     async def _release(self) -> None:
         if self.fleet is None or self.config.direct:
             return
-        for attempt in range(3):
-            try:
-                await self.fleet.release(self.session_id, self.acceptor_id, missing_ok=True)
-                log.info("released session %s", self.session_id, extra=self._extra)
-                return
-            except FleetAuthError as exc:
-                log.error("%s", exc, extra=self._extra)
-                return
-            except FleetError as exc:
-                log.warning("%s (attempt %d of 3)", exc, attempt + 1, extra=self._extra)
-                await asyncio.sleep(0.5 * (attempt + 1))
-        log.error(
-            "giving up releasing session %s; its claim will expire on its own",
-            self.session_id,
-            extra=self._extra,
-        )
+        await release_claim(self.fleet, self.session_id, self.acceptor_id, self._extra)
 
     async def _serve(self, state_dir: Path) -> SessionResult:
         gateway = (self.claim.status.gateway_url if self.claim else None) or self.config.gateway_url
