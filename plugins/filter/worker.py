@@ -1,0 +1,177 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) devin.outposts contributors
+# MIT License (see https://opensource.org/licenses/MIT)
+# SPDX-License-Identifier: MIT
+"""What the devin.outposts.worker role computes, in Python rather than in Jinja.
+
+The role used to build lists with ``rows.append`` inside ``vars:`` and to render a template to JSON only to
+parse it back. These filters do the same work where it can be read and unit-tested
+(tests/unit/plugins/filter/test_worker.py):
+
+* ``worker_instances``: the instances with every default filled in (tokens left out);
+* ``worker_instance_dirs``: the data and working directories to create, one row per directory;
+* ``worker_instance_leftovers``: the paths to delete for instances in state ``absent``;
+* ``worker_outpost_checks``: the outposts that the preflight looked up, one row per instance;
+* ``worker_pip_argv``: the pip command line that installs the worker package.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.text.converters import to_text
+from ansible.module_utils.six import string_types
+
+_INSTANCE_KEYS = frozenset(
+    ["name", "outpost", "state", "implementation", "max_sessions", "workdir", "token", "env", "acceptor_id",
+     "drain_timeout", "api_url"]
+)
+_STATES = ("started", "stopped", "absent")
+_IMPLEMENTATIONS = ("bundled", "devin_cli")
+
+
+def _text(value, default=""):
+    if value is None:
+        return default
+    return to_text(value)
+
+
+def _bool(value):
+    if isinstance(value, string_types):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _int(value, what):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("{0} must be an integer, got {1!r}".format(what, value))
+
+
+def worker_instances(instances, defaults):
+    """Resolve ``devin_outposts_worker_instances`` against the role's defaults.
+
+    ``defaults`` holds ``max_sessions``, ``drain_timeout``, ``workdir_root``, ``data_dir``, ``env``,
+    ``api_url`` and ``has_token`` (whether there is a default token: the token itself is never passed, so
+    this filter's input and output can be shown and logged; an item's own ``token`` only counts as present).
+    Unknown keys and wrong types fail with one line naming the instance, so a typo is not silently ignored.
+    """
+    if not isinstance(instances, list):
+        raise AnsibleFilterError("devin_outposts_worker_instances must be a list, got {0}".format(type(instances).__name__))
+    rows = []
+    for index, item in enumerate(instances):
+        if not isinstance(item, dict):
+            raise AnsibleFilterError("devin_outposts_worker_instances[{0}] must be a dict".format(index))
+        name = _text(item.get("name"))
+        label = "instance {0}".format(name or "#{0}".format(index))
+        unknown = sorted(set(item) - _INSTANCE_KEYS)
+        if unknown:
+            raise AnsibleFilterError(
+                "{0}: unknown key(s) {1}; the keys are {2}".format(label, ", ".join(unknown), ", ".join(sorted(_INSTANCE_KEYS)))
+            )
+        state = _text(item.get("state"), "started") or "started"
+        if state not in _STATES:
+            raise AnsibleFilterError("{0}: state must be one of {1}, got {2}".format(label, ", ".join(_STATES), state))
+        implementation = _text(item.get("implementation"), "bundled") or "bundled"
+        if implementation not in _IMPLEMENTATIONS:
+            raise AnsibleFilterError(
+                "{0}: implementation must be one of {1}, got {2}".format(label, ", ".join(_IMPLEMENTATIONS), implementation)
+            )
+        env = dict(defaults.get("env") or {})
+        own_env = item.get("env") or {}
+        if not isinstance(own_env, dict):
+            raise AnsibleFilterError("{0}: env must be a dict".format(label))
+        env.update(own_env)
+        has_token = bool(item.get("token")) or _bool(defaults.get("has_token"))
+        rows.append({
+            "name": name,
+            "outpost": _text(item.get("outpost")),
+            "state": state,
+            "implementation": implementation,
+            "max_sessions": _int(item.get("max_sessions", defaults.get("max_sessions", 1)), label + ": max_sessions"),
+            "workdir": _text(item.get("workdir")) or "{0}/{1}".format(defaults.get("workdir_root", ""), name),
+            "data_dir": "{0}/{1}".format(defaults.get("data_dir", ""), name),
+            "drain_timeout": _int(item.get("drain_timeout", defaults.get("drain_timeout", 30)), label + ": drain_timeout"),
+            "acceptor_id": _text(item.get("acceptor_id")),
+            "env": env,
+            "api_url": _text(item.get("api_url")) or _text(defaults.get("api_url")),
+            "has_token": has_token,
+        })
+    return rows
+
+
+def worker_instance_dirs(instances):
+    """One row per directory an instance needs: ``{"path", "private"}`` (the data dir is private)."""
+    rows = []
+    for instance in instances:
+        rows.append({"path": instance["data_dir"], "private": True, "instance": instance["name"]})
+        rows.append({"path": instance["workdir"], "private": False, "instance": instance["name"]})
+    return rows
+
+
+def worker_instance_leftovers(instances, systemd_dir, unit, config_dir, remove_workdir=True):
+    """The paths that belong to instances being removed: drop-in dir, env file, data dir, workdir."""
+    paths = []
+    for instance in instances:
+        paths.append("{0}/{1}{2}.service.d".format(systemd_dir, unit, instance["name"]))
+        paths.append("{0}/{1}.env".format(config_dir, instance["name"]))
+        paths.append(instance["data_dir"])
+        if remove_workdir:
+            paths.append(instance["workdir"])
+    return paths
+
+
+def worker_outpost_checks(results):
+    """Rows ``{"name", "outpost", "found", "platform"}`` from the registered ``outpost_info`` loop."""
+    rows = []
+    for result in results or []:
+        if "outposts" not in result:  # skipped, or failed and ignored
+            continue
+        outposts = result["outposts"]
+        found = len(outposts) > 0
+        platform = None
+        if found:
+            platform = (outposts[0].get("spec") or {}).get("platform")
+        rows.append({
+            "name": result["item"]["name"],
+            "outpost": result["item"]["outpost"],
+            "found": found,
+            "platform": platform,
+        })
+    return rows
+
+
+def worker_pip_argv(target, venv, wheelhouse="", index_url="", extra_index_urls=None, cert="", reinstall=False):
+    """The argv that installs ``target`` (a wheel path or a requirement) into the venv ``venv``.
+
+    A wheelhouse means an air-gapped install (``--no-index --find-links``), which excludes the indexes;
+    ``reinstall`` forces the same version in again (a rebuilt wheel) without touching its dependencies.
+    """
+    if not target or not isinstance(target, string_types):
+        raise AnsibleFilterError("worker_pip_argv needs the wheel or requirement to install")
+    argv = [venv + "/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    if wheelhouse:
+        argv += ["--no-index", "--find-links", wheelhouse]
+    else:
+        if index_url:
+            argv += ["--index-url", index_url]
+        argv += ["--extra-index-url=" + url for url in (extra_index_urls or [])]
+    if cert:
+        argv += ["--cert", cert]
+    if reinstall:
+        argv += ["--force-reinstall", "--no-deps"]
+    argv.append(target)
+    return argv
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "worker_instances": worker_instances,
+            "worker_instance_dirs": worker_instance_dirs,
+            "worker_instance_leftovers": worker_instance_leftovers,
+            "worker_outpost_checks": worker_outpost_checks,
+            "worker_pip_argv": worker_pip_argv,
+        }
