@@ -23,7 +23,10 @@ extends_documentation_fragment:
   - devin.outposts.fleet_api.plugins
 options:
   _terms:
-    description: Names of outposts.
+    description:
+      - Names of outposts (an existing outpost's id is accepted too).
+      - A term that cannot be an outpost name (see O(devin.outposts.outpost#module:name)) fails the lookup
+        before any request.
     type: list
     elements: str
     required: true
@@ -77,6 +80,7 @@ from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     FleetClient,
     outpost_id_of,
     outpost_name_of,
+    outpost_ref_error,
 )
 
 display = Display()
@@ -87,6 +91,10 @@ class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
         on_missing = self.get_option("on_missing")
+        for term in terms:  # before any request: a list or a number is not a name
+            error = outpost_ref_error("outpost_id", term)
+            if error:
+                raise AnsibleError(error)
         try:
             client = FleetClient(
                 api_url=self.get_option("api_url"),

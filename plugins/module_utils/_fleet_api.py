@@ -33,6 +33,7 @@ import email.utils
 import json
 import os
 import random
+import re
 import socket
 import ssl
 import time
@@ -55,6 +56,15 @@ PLATFORMS = ("linux", "macos", "windows")
 PHASES = ("pending", "claimed")
 OUTPOST_ID_PREFIX = "outpost_env-"
 MAX_PAGE_SIZE = 200
+#: Outpost names, as the fleet simulator accepts them (``devin_outposts/sim/validate.py``): a letter or digit,
+#: then letters, digits, ``.``, ``_`` or ``-``, 63 characters at most. The fleet API documents no rule; its
+#: examples (``rhel``, ``gpu-h200``, ``dev-boxes``) all fit. ``\Z``, not ``$``, so that a trailing newline
+#: is refused too.
+OUTPOST_NAME_MAX = 63
+_OUTPOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+OUTPOST_NAME_RULE = ("an outpost name is 1 to {0} letters, digits, '.', '_' or '-', starting with a letter or "
+                     "digit".format(OUTPOST_NAME_MAX))
+_SHOWN_MAX = 60
 RETRY_STATUSES = frozenset((429, 500, 502, 503, 504))
 #: Longest ``Retry-After`` we honour; a longer one is shortened to this.
 MAX_RETRY_AFTER = 60.0
@@ -141,8 +151,38 @@ def _parse_retry_after(value, now=None):
     return max(0.0, min(seconds, MAX_RETRY_AFTER))
 
 
+#: What OpenSSL says when the bytes that came back are not TLS at all, e.g. a plain-HTTP server's 400 answer
+#: to the ClientHello (``WRONG_VERSION_NUMBER`` up to OpenSSL 3.1, ``RECORD_LAYER_FAILURE`` from 3.2,
+#: ``PACKET_LENGTH_TOO_LONG``, ``UNKNOWN_PROTOCOL`` in older releases), or when the server hung up instead of
+#: answering it.
+_NOT_TLS_REASONS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "UNKNOWN_PROTOCOL",
+                    "UNEXPECTED_EOF_WHILE_READING")
+_CERT_HOSTNAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH, as ssl.SSLCertVerificationError.verify_code
+
+
 def _is_tls_error(reason):
     return isinstance(reason, (ssl.SSLError, ssl.CertificateError, SSLValidationError))
+
+
+def _tls_detail(api_url, reason):
+    """The error text for a failed TLS connection, with the fix that matches the failure.
+
+    Only a certificate that could not be verified is fixed by ``ca_path``. A server that does not speak
+    TLS on that port (``https://`` to a plain-HTTP port, or the wrong port) fails the handshake instead,
+    and a certificate issued for another host name needs the right host in ``api_url``.
+    """
+    text = to_text(reason)
+    if isinstance(reason, (ssl.CertificateError, SSLValidationError)):  # CertificateError: SSLCertVerificationError
+        if getattr(reason, "verify_code", None) == _CERT_HOSTNAME_MISMATCH or "Hostname mismatch" in text:
+            hint = "the certificate is not for the host in api_url; use the host name it was issued for"
+        else:
+            hint = "set ca_path to the CA bundle that signed the API's certificate"
+        return "the TLS certificate of {0} was not accepted ({1}): {2}".format(api_url, text, hint)
+    if isinstance(reason, ssl.SSLEOFError) or getattr(reason, "reason", None) in _NOT_TLS_REASONS or any(
+            "[SSL: {0}]".format(name) in text for name in _NOT_TLS_REASONS):
+        return ("no TLS handshake with {0} ({1}): the server did not speak TLS; is api_url https:// where the "
+                "server speaks http://, or is the port wrong?".format(api_url, text))
+    return "TLS error talking to {0}: {1}".format(api_url, text)
 
 
 def _unsent(reason):
@@ -201,6 +241,35 @@ def default_platform_matches(current, platform=None, outpost_pool_id=None):
 
 def looks_like_outpost_id(value):
     return to_text(value).startswith(OUTPOST_ID_PREFIX)
+
+
+def outpost_name_error(option, value):
+    """One line saying why ``value``, given for ``option``, is not an outpost name; ``None`` when it is one.
+
+    Modules get their str options already converted by Ansible, so a list shows up as its text (``[1, 2]``);
+    plugins (the lookup) get the value itself.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        shown = "{0} (a {1}, not a string)".format(to_text(value)[:_SHOWN_MAX], type(value).__name__)
+    elif isinstance(value, int):
+        shown = "{0} (an int, not a string)".format(value)
+    elif _OUTPOST_NAME.match(value):
+        return None
+    else:
+        text = value if len(value) <= _SHOWN_MAX + 3 else value[:_SHOWN_MAX] + "..."
+        shown = repr(text)
+        if value.startswith("[") and value.endswith("]"):
+            shown += " (a list? give one name)"
+        elif value.startswith("{") and value.endswith("}"):
+            shown += " (a dict? give one name)"
+    return "{0}: {1} is not a valid outpost name: {2}".format(option, shown, OUTPOST_NAME_RULE)
+
+
+def outpost_ref_error(option, value):
+    """Like :func:`outpost_name_error` for an option that takes a name or an id: ids are the server's."""
+    if isinstance(value, str) and looks_like_outpost_id(value):
+        return None
+    return outpost_name_error(option, value)
 
 
 def run_module(module, work):
@@ -328,13 +397,12 @@ class FleetClient:
                 delay = _parse_retry_after(exc.headers.get("Retry-After") if exc.headers else None)
             except URLError as exc:
                 reason = exc.reason
-                if _is_tls_error(reason):
-                    raise self._error(operation, "TLS error talking to {0}: {1} (set ca_path to the CA bundle "
-                                                 "that signed the API's certificate)".format(self.api_url, reason))
+                if _is_tls_error(reason):  # never retried: the same server gives the same handshake
+                    raise self._error(operation, _tls_detail(self.api_url, reason))
                 if attempt >= self.retries or not (replay_safe or _unsent(reason)):
                     raise self._error(operation, "cannot reach {0}: {1}".format(self.api_url, reason))
             except (SSLValidationError, ssl.SSLError, ssl.CertificateError) as exc:
-                raise self._error(operation, "TLS error talking to {0}: {1}".format(self.api_url, exc))
+                raise self._error(operation, _tls_detail(self.api_url, exc))
             except (socket.timeout, UrlsConnectionError, HTTPException, ConnectionError) as exc:
                 if attempt >= self.retries or not (replay_safe or _unsent(exc)):
                     raise self._error(operation, "cannot reach {0}: {1}: {2}".format(

@@ -37,7 +37,8 @@ options:
   outpost:
     description:
       - Make an outpost the default, given by name or by id (C(outpost_env-...)). It is resolved through the
-        outposts list to the C(outpost_pool_id) the API expects; an unknown outpost is an error.
+        outposts list to the C(outpost_pool_id) the API expects; an unknown outpost is an error, and so is a
+        value that cannot be an outpost name (see O(devin.outposts.outpost#module:name)).
       - Mutually exclusive with O(platform).
     type: str
   state:
@@ -100,6 +101,7 @@ from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     fleet_argument_spec,
     outpost_id_of,
     outpost_name_of,
+    outpost_ref_error,
     run_module,
 )
 
@@ -139,6 +141,9 @@ def main():
         required_if=[("state", "present", ("platform", "outpost"), True)],
         supports_check_mode=True,
     )
+    error = module.params["outpost"] is not None and outpost_ref_error("outpost", module.params["outpost"])
+    if error:
+        module.fail_json(msg=error)
     run_module(module, lambda client: ensure(module, client))
 
 

@@ -29,6 +29,8 @@ options:
   name:
     description:
       - Name of the outpost, unique per account, for example V(gpu-h200).
+      - 1 to 63 letters, digits, V(.), V(_) or V(-), starting with a letter or digit. Any other value fails the
+        task before any request.
     type: str
     required: true
   state:
@@ -133,6 +135,7 @@ from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     PLATFORMS,
     fleet_argument_spec,
     outpost_differences,
+    outpost_name_error,
     outpost_id_of,
     outpost_settings,
     run_module,
@@ -198,6 +201,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+    # Before any request: a list given as the name would otherwise become an outpost named "[1, 2]".
+    error = outpost_name_error("name", module.params["name"])
+    if error:
+        module.fail_json(msg=error)
     run_module(module, lambda client: ensure(module, client))
 
 

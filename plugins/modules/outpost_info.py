@@ -27,6 +27,7 @@ options:
   name:
     description:
       - Only return the outpost with this name.
+      - A value that cannot be an outpost name (see O(devin.outposts.outpost#module:name)) fails the task.
       - Mutually exclusive with O(id).
     type: str
   id:
@@ -95,6 +96,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     fleet_argument_spec,
+    outpost_name_error,
     run_module,
 )
 
@@ -109,6 +111,9 @@ def main():
         supports_check_mode=True,
     )
     name, outpost_id = module.params["name"], module.params["id"]
+    error = name is not None and outpost_name_error("name", name)
+    if error:
+        module.fail_json(msg=error)
 
     def read(client):
         if name is None and outpost_id is None:

@@ -28,7 +28,8 @@ options:
   outpost:
     description:
       - Only list sessions queued on this outpost, given by name or by id (C(outpost_env-...)).
-      - A name is resolved through the outposts list; an unknown name is an error.
+      - A name is resolved through the outposts list; an unknown name is an error, and so is a value that
+        cannot be an outpost name (see O(devin.outposts.outpost#module:name)).
     type: str
   phase:
     description:
@@ -119,6 +120,7 @@ from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     fleet_argument_spec,
     looks_like_outpost_id,
     outpost_id_of,
+    outpost_ref_error,
     run_module,
 )
 
@@ -135,6 +137,9 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    error = params["outpost"] is not None and outpost_ref_error("outpost", params["outpost"])
+    if error:
+        module.fail_json(msg=error)
     if not 1 <= params["page_size"] <= MAX_PAGE_SIZE:
         module.fail_json(msg="page_size must be between 1 and {0}, got {1}".format(MAX_PAGE_SIZE, params["page_size"]))
 

@@ -81,3 +81,17 @@ def test_api_errors_become_one_line(api, lookup):
 def test_no_token(api, lookup):
     with pytest.raises(AnsibleError, match="no API token"):
         lookup.run(["rhel"], {}, api_url=API)
+
+
+@pytest.mark.parametrize("term, shown", [
+    ([1, 2], "[1, 2] (a list, not a string)"),
+    (7, "7 (an int, not a string)"),
+    ("gpu h200", "'gpu h200'"),
+    ("", "''"),
+])
+def test_invalid_terms_fail_before_any_request(api, lookup, term, shown):
+    with pytest.raises(AnsibleError) as info:
+        lookup.run(["rhel", term], {}, api_url=API, token=TOKEN)
+    assert str(info.value) == ("outpost_id: {0} is not a valid outpost name: an outpost name is 1 to 63 letters, "
+                               "digits, '.', '_' or '-', starting with a letter or digit".format(shown))
+    assert api.calls == []

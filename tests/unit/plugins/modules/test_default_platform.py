@@ -135,3 +135,12 @@ def test_permission_error_names_the_organization(api, monkeypatch):
     assert failed
     assert result["msg"] == ("Could not set the default platform of organization org-abc: 403 "
                              "Missing permission ManageOrgSettings")
+
+
+@pytest.mark.parametrize("value, shown", [([1, 2], "'[1, 2]' (a list? give one name)"), ("gpu h200", "'gpu h200'")])
+def test_an_invalid_outpost_name_fails_before_any_request(api, monkeypatch, value, shown):
+    result, failed = run(default_platform.main, monkeypatch, outpost=value)
+    assert failed
+    assert result["msg"] == ("outpost: {0} is not a valid outpost name: an outpost name is 1 to 63 letters, digits, "
+                             "'.', '_' or '-', starting with a letter or digit".format(shown))
+    assert api.calls == []

@@ -131,3 +131,27 @@ def test_session_info_rejects_unknown_phase(api, monkeypatch):
     result, failed = run(session_info.main, monkeypatch, phase="frozen")
     assert failed
     assert "phase" in result["msg"]
+
+
+# --- outpost names are checked before any request ---------------------------------------------------
+
+NAME_RULE = "an outpost name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+@pytest.mark.parametrize("main, option", [(outpost_info.main, "name"), (session_info.main, "outpost")])
+@pytest.mark.parametrize("value, shown", [
+    ([1, 2], "'[1, 2]' (a list? give one name)"),
+    ("gpu h200", "'gpu h200'"),
+])
+def test_invalid_outpost_names_fail_before_any_request(api, monkeypatch, main, option, value, shown):
+    result, failed = run(main, monkeypatch, **{option: value})
+    assert failed
+    assert result["msg"] == "{0}: {1} is not a valid outpost name: {2}".format(option, shown, NAME_RULE)
+    assert api.calls == []
+
+
+def test_session_info_takes_any_outpost_id_unchecked(api, monkeypatch):
+    # Ids are the server's to define: only names are held to the name rule.
+    api.expect("GET", QUEUE + "?first=100&outpost=outpost_env-a%2Fb+c", json=session_page([], "cur-0"))
+    result, failed = run(session_info.main, monkeypatch, outpost="outpost_env-a/b c")
+    assert (failed, result["outpost_id"]) == (False, "outpost_env-a/b c")

@@ -182,3 +182,34 @@ def test_no_token_at_all(api, monkeypatch):
     assert failed
     assert "no API token: set the token option or the DEVIN_OUTPOSTS_TOKEN environment variable" in result["msg"]
     assert api.calls == []
+
+
+# --- outpost names: checked before any request, one line naming the option ----------------------------
+
+NAME_RULE = "an outpost name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+@pytest.mark.parametrize("name, shown", [
+    ([1, 2], "'[1, 2]' (a list? give one name)"),  # Ansible turns a list given to a str option into text
+    (["gpu-h200"], "\"['gpu-h200']\" (a list? give one name)"),
+    ({"name": "gpu"}, "\"{'name': 'gpu'}\" (a dict? give one name)"),
+    ("", "''"),
+    ("gpu h200", "'gpu h200'"),
+    ("-gpu", "'-gpu'"),
+    ("gpu/h200", "'gpu/h200'"),
+    ("gpu-h200\n", "'gpu-h200\\n'"),
+    ("g" * 64, "'{0}...'".format("g" * 60)),  # a long value is shortened in the message
+], ids=["list", "list-of-one", "dict", "empty", "space", "leading-dash", "slash", "trailing-newline", "64-chars"])
+def test_invalid_names_fail_before_any_request(api, monkeypatch, name, shown):
+    result, failed = run(monkeypatch, name=name, platform="linux")
+    assert failed
+    assert result["msg"] == "name: {0} is not a valid outpost name: {1}".format(shown, NAME_RULE)
+    assert "\n" not in result["msg"]
+    assert api.calls == []
+
+
+@pytest.mark.parametrize("name", ["g" * 63, "7", "a.b_c-D9", 123], ids=["63-chars", "one-digit", "punctuation", "int"])
+def test_valid_names_at_the_limits_are_used(api, monkeypatch, name):
+    api.expect("GET", LIST, json=outpost_page([outpost(str(name))]))
+    result, failed = run(monkeypatch, name=name)
+    assert (failed, result["changed"], result["outpost_id"]) == (False, False, "outpost_env-" + str(name))
