@@ -11,6 +11,7 @@ __metaclass__ = type
 
 import socket
 import ssl
+import threading
 from urllib.error import URLError
 
 import pytest
@@ -383,11 +384,107 @@ def test_redirects_are_not_followed(api):
                                "set api_url to the API's base URL")
 
 
-def test_tls_errors_are_not_retried_and_explain_ca_path(api, sleeps):
-    api.expect("GET", LIST_OUTPOSTS, exc=URLError(ssl.SSLCertVerificationError("certificate verify failed")))
-    with pytest.raises(FleetAPIError, match="TLS error talking to https://api.test.invalid.*ca_path"):
+# What urllib raises for each kind of TLS failure (the texts OpenSSL 3 gives, as Python wraps them).
+WRONG_PROTOCOL = [
+    ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)"),  # OpenSSL 3.0/3.1
+    ssl.SSLError(1, "[SSL: RECORD_LAYER_FAILURE] record layer failure (_ssl.c:1020)"),  # OpenSSL 3.2+
+    ssl.SSLError(1, "[SSL: PACKET_LENGTH_TOO_LONG] packet length too long (_ssl.c:1000)"),
+    ssl.SSLEOFError(8, "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of protocol (_ssl.c:1006)"),
+]
+
+
+@pytest.mark.parametrize("reason", WRONG_PROTOCOL, ids=["wrong-version", "record-layer", "packet-length", "eof"])
+def test_tls_to_a_port_that_does_not_speak_tls_says_so(api, sleeps, reason):
+    api.expect("GET", LIST_OUTPOSTS, exc=URLError(reason))
+    with pytest.raises(FleetAPIError) as info:
         client().list_outposts()
+    assert str(info.value) == (
+        "Could not list outposts: no TLS handshake with https://api.test.invalid ({0}): the server did not "
+        "speak TLS; is api_url https:// where the server speaks http://, or is the port wrong?".format(reason))
+    assert "ca_path" not in str(info.value)  # a CA bundle cannot fix a server that speaks plain HTTP
+    assert sleeps == []  # and retrying cannot either
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["in-urlerror", "bare"])
+def test_certificate_verification_failures_point_to_ca_path(api, sleeps, wrapped):
+    reason = ssl.SSLCertVerificationError(
+        1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate in certificate "
+           "chain (_ssl.c:1006)")
+    api.expect("GET", LIST_OUTPOSTS, exc=URLError(reason) if wrapped else reason)
+    with pytest.raises(FleetAPIError) as info:
+        client().list_outposts()
+    assert str(info.value) == (
+        "Could not list outposts: the TLS certificate of https://api.test.invalid was not accepted ({0}): set "
+        "ca_path to the CA bundle that signed the API's certificate".format(reason))
     assert sleeps == []
+
+
+def test_a_certificate_for_another_host_names_the_host_not_ca_path(api, sleeps):
+    reason = ssl.SSLCertVerificationError(
+        1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: Hostname mismatch, certificate is not "
+           "valid for 'api.test.invalid'. (_ssl.c:1006)")
+    api.expect("GET", LIST_OUTPOSTS, exc=URLError(reason))
+    with pytest.raises(FleetAPIError) as info:
+        client().list_outposts()
+    assert str(info.value) == (
+        "Could not list outposts: the TLS certificate of https://api.test.invalid was not accepted ({0}): the "
+        "certificate is not for the host in api_url; use the host name it was issued for".format(reason))
+    assert "ca_path" not in str(info.value)
+
+
+def test_other_tls_errors_are_reported_without_a_guess(api, sleeps):
+    reason = ssl.SSLError(1, "[SSL: TLSV1_ALERT_INTERNAL_ERROR] tlsv1 alert internal error (_ssl.c:1006)")
+    api.expect("GET", LIST_OUTPOSTS, exc=URLError(reason))
+    with pytest.raises(FleetAPIError) as info:
+        client().list_outposts()
+    assert str(info.value) == "Could not list outposts: TLS error talking to https://api.test.invalid: {0}".format(
+        reason)
+    assert sleeps == []
+
+
+@pytest.fixture
+def plain_http_port():
+    """A loopback port that answers like uvicorn or nginx on plain HTTP: one 400 to whatever arrives first."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, dummy = server.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(4096)  # the TLS ClientHello, which is not an HTTP request line
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+@pytest.mark.parametrize("validate_certs", [True, False])
+def test_a_real_tls_handshake_with_a_plain_http_port(plain_http_port, validate_certs):
+    """No fake open_url: the real client opens a TLS connection to a loopback port that speaks plain HTTP."""
+    url = "https://127.0.0.1:{0}".format(plain_http_port)
+    with pytest.raises(FleetAPIError) as info:
+        client(api_url=url, validate_certs=validate_certs, timeout=10, retries=0).list_outposts()
+    message = str(info.value)
+    assert message.startswith("Could not list outposts: no TLS handshake with {0} (".format(url))
+    assert message.endswith("is api_url https:// where the server speaks http://, or is the port wrong?")
+    assert "ca_path" not in message
 
 
 def test_a_non_json_answer_is_an_error(api):
