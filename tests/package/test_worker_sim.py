@@ -26,6 +26,14 @@ from worker_fakes import DistServer, FakeRemote, WorkerProcess, alive, kill_pids
 CANARY = "canary-secret-that-must-not-reach-a-session"
 BAD_TOKEN = "cog_not_a_real_token_at_all_000000"
 DIRECT_TOKEN = "ct_direct_serve_token_value"
+#: The simulator's claim TTL here. The worker renews a third of the way to the deadline, so a renewal may be
+#: late by about two thirds of this (minus a second: deadlines are whole seconds) before a claim expires
+#: under a live worker: 6 s of margin, where a 3 s TTL left a loaded 2-core machine well under 2 s. The
+#: tests that wait for a dead worker's claim to expire wait about this long, plus the worker's 1 s slack.
+CLAIM_TTL = 10.0
+#: How long to wait for something that follows a claim's expiry: the TTL, then as long again and 10 s more
+#: for a loaded machine (these are bounds on waits, not expected durations).
+AFTER_EXPIRY = 2 * CLAIM_TTL + 10
 SPAWN_ENV = {
     "DEVIN_OUTPOST_GATEWAY_URL", "DEVIN_OUTPOST_CONNECT_TOKEN", "DEVIN_OUTPOST_SESSION_ID",
     "DEVIN_REMOTE_STATE_DIR", "DEVIN_PTY_BRIDGE_PORT", "DEVIN_CHROME_PATH", "DEVIN_OUTPOST_DESKTOP",
@@ -85,7 +93,9 @@ class Harness:
 def harness(tmp_path: Path) -> Iterator[Harness]:
     remote = FakeRemote(tmp_path / "remote")
     with (
-        run_sim(claim_ttl=3, watch_max_duration=3, keepalive_interval=0.5, sweep_interval=0.05) as sim,
+        run_sim(
+            claim_ttl=CLAIM_TTL, watch_max_duration=3, keepalive_interval=0.5, sweep_interval=0.05
+        ) as sim,
         DistServer("abc1234", remote.script) as dist,
     ):
         outpost = sim.admin.create_outpost("rhel", "linux")
@@ -149,7 +159,8 @@ def test_claims_are_renewed_before_the_deadline(harness: Harness) -> None:
     h = harness
     h.worker("w1")
     entry = h.sim.admin.enqueue(h.outpost.outpost_id)
-    wait(h, lambda: len(h.claims(entry.session_id, "renew")) >= 3, "three renewals", timeout=15)
+    # Three renewals, a third of the TTL apart, carry the claim past its first deadline.
+    wait(h, lambda: len(h.claims(entry.session_id, "renew")) >= 3, "three renewals", timeout=AFTER_EXPIRY)
     assert not h.claims(entry.session_id, "expire")
     assert len(h.remote.runs(entry.session_id)) == 1
 
@@ -220,7 +231,12 @@ def test_a_restarted_worker_stops_orphans_of_sessions_that_ended_meanwhile(harne
     orphan = wait(h, lambda: h.remote.runs(entry.session_id), "the remote")[0]
     worker.kill9()
     h.sim.admin.set_status(entry.session_id, "terminated")  # the session ends while no worker watches
-    wait(h, lambda: not h.sim.admin.session(entry.session_id)["entry"]["status"]["acceptor_id"], "the TTL")
+    wait(
+        h,
+        lambda: not h.sim.admin.session(entry.session_id)["entry"]["status"]["acceptor_id"],
+        "the TTL",
+        timeout=AFTER_EXPIRY,
+    )
     h.worker("w1")
     wait(h, lambda: not alive(orphan["pid"]), "the orphaned remote to be stopped")
     assert len(h.remote.runs(entry.session_id)) == 1  # not served again
@@ -235,7 +251,10 @@ def test_a_dead_workers_session_is_taken_by_another_after_the_ttl(harness: Harne
     kill_pids([first["pid"]])  # the whole machine died
     h.worker("other")
     runs = wait(
-        h, lambda: len(h.remote.runs(entry.session_id)) >= 2 and h.remote.runs(entry.session_id), "takeover"
+        h,
+        lambda: len(h.remote.runs(entry.session_id)) >= 2 and h.remote.runs(entry.session_id),
+        "takeover",
+        timeout=AFTER_EXPIRY,
     )
     claims = h.claims(entry.session_id, "claim")
     assert len({c["acceptor_id"] for c in claims}) == 2
