@@ -172,17 +172,38 @@ def test_validation_errors_have_a_string_detail(sim: SimHandle, api, orchestrato
         assert isinstance(response.json()["detail"], str)
 
 
+def echoes(response: httpx.Response, secret: str) -> list[str]:
+    """Where ``secret`` appears in a response: ``"body"`` and the names of the headers that hold it."""
+    found = [name for name, value in response.headers.items() if secret in value]
+    return found + (["body"] if secret in response.text else [])
+
+
 def test_responses_never_echo_the_token(sim: SimHandle, api, machine_token: str, outpost: Outpost) -> None:
     client = api(machine_token)
     entry = sim.admin.enqueue(outpost.outpost_id)
-    texts = [
-        client.get("/opbeta/outposts/devins").text,
-        client.post(f"/opbeta/outposts/devins/{entry.session_id}/claim", json={"acceptor_id": "w"}).text,
-        client.post("/opbeta/outposts/outposts", json={"name": "x"}).text,
-        client.get("/nope").text,
-        client.get("/opbeta/outposts/devins", params={"cursor": "!!"}).text,
-    ]
-    assert all(machine_token not in text for text in texts)
+    responses = {
+        "list": client.get("/opbeta/outposts/devins"),
+        "claim": client.post(f"/opbeta/outposts/devins/{entry.session_id}/claim", json={"acceptor_id": "w"}),
+        "create without the scope": client.post("/opbeta/outposts/outposts", json={"name": "x"}),
+        "unknown path": client.get("/nope"),
+        "bad cursor": client.get("/opbeta/outposts/devins", params={"cursor": "!!"}),
+    }
+    # Each request carried the token and got the answer its case calls for: none failed before the
+    # token was read, and none came back empty, where an echo could not have shown up.
+    assert {name: r.status_code for name, r in responses.items()} == {
+        "list": 200, "claim": 200, "create without the scope": 403, "unknown path": 404, "bad cursor": 422,
+    }  # fmt: skip
+    for response in responses.values():
+        assert response.request.headers["Authorization"] == f"Bearer {machine_token}"
+        assert response.text
+    echoed = {name: echoes(r, machine_token) for name, r in responses.items()}
+    assert echoed == {name: [] for name in responses}
+
+    # Positive control: the claim answer legitimately carries a secret, the session's fresh connect token,
+    # and the same scan finds it there; so the scan above would have found an echoed API token.
+    connect_token = responses["claim"].json()["status"]["connect_token"]
+    assert connect_token
+    assert echoes(responses["claim"], connect_token) == ["body"]
 
 
 # --- the admin API ----------------------------------------------------------------------------------
