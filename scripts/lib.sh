@@ -11,7 +11,18 @@ export ROOT VENV PKG_DIR EXIT_SKIPPED
 say() { printf '%s\n' "$*"; }
 warn() { printf 'WARNING: %s\n' "$*" >&2; }
 die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
+# A stage with nothing to test yet (no test files): skipped, here and in CI.
 skip() { say "SKIPPED: $*"; exit "$EXIT_SKIPPED"; }
+# True when running in CI (.ci/run; CI services set CI=true).
+in_ci() { case "${CI:-}" in true | TRUE | True | 1 | yes) return 0 ;; *) return 1 ;; esac; }
+# A stage that cannot run on this machine (a missing tool or capability): skipped on a developer's
+# machine, but a failure in CI, where a green run must mean that every stage really ran.
+cannot_run() {
+    if in_ci; then
+        die "$* (CI=true: a stage that cannot run fails in CI instead of being skipped)"
+    fi
+    skip "$*"
+}
 
 # Bootstrap once per run (scripts/test.sh does it before the first stage), then use the venv's tools.
 # Ansible finds this checkout as devin.outposts first: ansible-lint and Molecule copy the collection into

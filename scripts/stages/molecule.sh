@@ -13,8 +13,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 ensure_env
 cd "$ROOT"
 run_pytest tests/roles -q -p no:cacheprovider
-[[ $(id -u) -eq 0 ]] || skip "the Molecule scenarios need root (debootstrap, systemd-nspawn)"
-[[ -d /sys/fs/cgroup/systemd || -f /sys/fs/cgroup/cgroup.controllers ]] || skip "no cgroup hierarchy for systemd-nspawn"
+# Without root or cgroups the scenarios cannot run: a developer sees "skipped", CI fails (cannot_run).
+[[ $(id -u) -eq 0 ]] || cannot_run "the Molecule scenarios need root (debootstrap, systemd-nspawn)"
+[[ -d /sys/fs/cgroup/systemd || -f /sys/fs/cgroup/cgroup.controllers ]] ||
+    cannot_run "no cgroup hierarchy for systemd-nspawn"
 "$ROOT/scripts/test-hosts/build-images.sh"
 export NO_COLOR=1 PY_COLORS=0 ANSIBLE_FORCE_COLOR=0
 if [[ $# -gt 0 ]]; then
