@@ -170,11 +170,12 @@ class BenchSim:
 
 
 @contextlib.contextmanager
-def bench_sim(root: Path, name: str) -> Iterator[BenchSim]:
-    """A simulator process with default settings on ``<root>/<name>/sim.db`` and one linux outpost."""
+def bench_sim(root: Path, name: str, **options: Any) -> Iterator[BenchSim]:
+    """A simulator process on ``<root>/<name>/sim.db`` with one linux outpost; default settings unless
+    ``options`` (:class:`SimProcess` keywords, e.g. ``env``) say otherwise."""
     workdir = root / name
     workdir.mkdir(parents=True)
-    proc = SimProcess(workdir / "sim.db", workdir=workdir)
+    proc = SimProcess(workdir / "sim.db", workdir=workdir, **options)
     proc.start()
     try:
         outpost = proc.admin.create_outpost(f"bench-{name}", "linux")

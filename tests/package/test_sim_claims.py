@@ -333,3 +333,34 @@ def test_history_can_prove_each_session_was_served_exactly_once(
     claims = [r for r in sim.admin.claims(outpost_id=outpost.outpost_id) if r["action"] == "claim"]
     assert sorted(r["session_id"] for r in claims) == sorted(ids)
     assert "intruder" not in {r["acceptor_id"] for r in sim.admin.claims()}
+
+
+def test_a_losing_claim_is_recognised_without_a_write_exactly_when_the_full_path_would_refuse_it() -> None:
+    from devin_outposts.sim.store import Store
+
+    class Clock:
+        now = 1_781_050_000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    store = Store(":memory:", clock=clock)
+    oid = store.create_outpost("acct-default", "fast").outpost_id
+    sid = store.enqueue(oid).session_id
+    quick = store.certainly_claimed_by_another
+    assert not quick("acct-default", sid, "w2")  # not claimed: the full path claims it
+    store.claim("acct-default", sid, "w1", ttl=300, gateway_url="ws://g")
+    assert quick("acct-default", sid, "w2")
+    assert not quick("acct-default", sid, "w1")  # a renewal
+    assert not quick("acct-other", sid, "w2")  # another account's: the full path answers 404
+    assert not quick("acct-default", "devin-none", "w2")
+    clock.now += 300
+    assert not quick("acct-default", sid, "w2")  # due to expire: the full path hands it over
+    clock.now -= 1
+    store.set_session_status(sid, "running")
+    clock.now += 1000
+    assert quick("acct-default", sid, "w2")  # running past its deadline: stays with its worker
+    store.tombstone(sid)
+    assert not quick("acct-default", sid, "w2")
+    store.close()

@@ -57,6 +57,19 @@ def new_api_token() -> str:
 class AccountStore(StoreBase):
     """Accounts, tokens, organizations and outposts."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Principals of tokens seen before, by token hash. Why: every API request authenticates, and
+        #: a token never changes once issued; only a reset removes tokens (and clears this). Unknown
+        #: tokens are not remembered, so a token issued meanwhile (by another process on the same file
+        #: too) is found at its first use.
+        self._principals: dict[str, Principal] = {}
+
+    def reset(self) -> None:
+        self._principals.clear()
+        super().reset()
+        self._principals.clear()  # a request that looked a token up meanwhile cached a wiped one
+
     # --- accounts and tokens --------------------------------------------------------------------------
 
     def _ensure_account_locked(self, conn: sqlite3.Connection, account_id: str, now: float) -> str:
@@ -97,14 +110,25 @@ class AccountStore(StoreBase):
             )
         return token
 
+    def cached_principal(self, token: str) -> Optional[Principal]:
+        """The principal of a token already seen (no database access), else None: then ask
+        :meth:`authenticate`."""
+        return self._principals.get(token_hash(token))
+
     def authenticate(self, token: str) -> Optional[Principal]:
+        hashed = token_hash(token)
+        known = self._principals.get(hashed)
+        if known is not None:
+            return known
         with self._read() as conn:
             row = conn.execute(
-                "SELECT account_id, scopes FROM api_tokens WHERE token_hash = ?", (token_hash(token),)
+                "SELECT account_id, scopes FROM api_tokens WHERE token_hash = ?", (hashed,)
             ).fetchone()
         if row is None:
             return None
-        return Principal(str(row["account_id"]), expand_scopes(str(row["scopes"]).split()))
+        principal = Principal(str(row["account_id"]), expand_scopes(str(row["scopes"]).split()))
+        self._principals[hashed] = principal
+        return principal
 
     # --- organizations ------------------------------------------------------------------------------
 
@@ -218,9 +242,8 @@ class AccountStore(StoreBase):
             return self._outpost_model(conn, self._outpost_row(conn, account_id, outpost_id), now)
 
     def get_outpost(self, account_id: str, outpost_id: str) -> Outpost:
-        with self._tx() as conn:
+        with self._snapshot() as conn:
             now = self._clock()
-            self._expire_locked(conn, now)
             return self._outpost_model(conn, self._outpost_row(conn, account_id, outpost_id), now)
 
     def outpost_account(self, outpost_id: str) -> Optional[str]:
@@ -233,9 +256,8 @@ class AccountStore(StoreBase):
 
     def list_outposts(self, account_id: str, first: int, after: Optional[int] = None) -> OutpostList:
         """A page of the account's outposts in creation order, strictly after ``after`` (a ``seq``)."""
-        with self._tx() as conn:
+        with self._snapshot() as conn:
             now = self._clock()
-            self._expire_locked(conn, now)
             total = conn.execute(
                 "SELECT COUNT(*) AS n FROM outposts WHERE account_id = ?", (account_id,)
             ).fetchone()["n"]

@@ -115,7 +115,7 @@ async def enqueue(request: Request) -> Response:
     if policy is not None and not isinstance(policy, dict):
         raise Invalid("network_policy must be an object or null")
     entry = await run_in_threadpool(
-        lambda: sim.store.enqueue(
+        lambda: sim.store.enqueue_wire(
             outpost_id,
             session_id,
             kind=validate.optional_str(body, "kind", max_len=32) or "new",
@@ -125,7 +125,7 @@ async def enqueue(request: Request) -> Response:
             network_policy=policy,
         )
     )
-    return JSONResponse(entry.to_wire(), status_code=201)
+    return JSONResponse(entry, status_code=201)
 
 
 async def list_sessions(request: Request) -> Response:
@@ -151,8 +151,10 @@ async def get_session(request: Request) -> Response:
 async def set_status(request: Request) -> Response:
     sim = admin(request)
     status = validate.required_str(await body_of(request), "session_status", max_len=32)
-    entry = await run_in_threadpool(sim.store.set_session_status, request.path_params["session_id"], status)
-    return JSONResponse(entry.to_wire())
+    entry = await run_in_threadpool(
+        sim.store.set_session_status_wire, request.path_params["session_id"], status
+    )
+    return JSONResponse(entry)
 
 
 async def tombstone(request: Request) -> Response:

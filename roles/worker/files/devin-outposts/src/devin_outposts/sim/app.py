@@ -29,9 +29,9 @@ from devin_outposts.sim.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE
 from devin_outposts.sim.auth import authenticate
 from devin_outposts.sim.config import SimConfig
 from devin_outposts.sim.cursor import decode_outpost_cursor, decode_queue_cursor
-from devin_outposts.sim.errors import Invalid, SimError
+from devin_outposts.sim.errors import ALREADY_CLAIMED, Conflict, Invalid, SimError
 from devin_outposts.sim.store import Store
-from devin_outposts.sim.watch import Notifier, watch_stream
+from devin_outposts.sim.watch import ChangeFeed, Notifier, watch_stream
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ class SimRuntime:
     config: SimConfig
     owns_store: bool = False
     notifier: Optional[Notifier] = None
+    #: The queue changes, read and serialised once for every watch stream.
+    feed: Optional[ChangeFeed] = None
     gateway: Optional[Notifier] = None
     #: Sweeps scheduled by :meth:`sweep_after`, cancelled at shutdown.
     timers: set[asyncio.Future[None]] = field(default_factory=set)
@@ -158,11 +160,12 @@ async def list_devins(request: Request) -> Response:
     raw_cursor = query.get("cursor")
     cursor = decode_queue_cursor(raw_cursor) if raw_cursor else None
     if watch:
-        if sim.notifier is None:  # pragma: no cover - only without the lifespan
+        if sim.notifier is None or sim.feed is None:  # pragma: no cover - only without the lifespan
             raise SimError("the watch notifier is not running")
         stream = watch_stream(
             sim.store,
             sim.notifier,
+            sim.feed,
             account_id=principal.account_id,
             outpost=outpost,
             cursor=cursor,
@@ -196,26 +199,29 @@ async def get_devin(request: Request) -> Response:
     sim = runtime_of(request)
     principal = await authenticate(request, sim.store, MACHINE_SCOPE, "read the queue")
     entry = await run_in_threadpool(
-        sim.store.get_entry, principal.account_id, request.path_params["session_id"]
+        sim.store.get_entry_wire, principal.account_id, request.path_params["session_id"]
     )
-    return JSONResponse(entry.to_wire())
+    return JSONResponse(entry)
 
 
 async def claim(request: Request) -> Response:
     sim = runtime_of(request)
     principal = await authenticate(request, sim.store, MACHINE_SCOPE, "claim sessions")
     acceptor = validate.acceptor_id(await body_of(request))
+    session_id = request.path_params["session_id"]
+    if sim.store.certainly_claimed_by_another(principal.account_id, session_id, acceptor):
+        raise Conflict(ALREADY_CLAIMED)  # a losing claim, answered without a write (see the method)
     url = gateway_url(request, sim.config)
     entry = await run_in_threadpool(
-        lambda: sim.store.claim(
+        lambda: sim.store.claim_wire(
             principal.account_id,
-            request.path_params["session_id"],
+            session_id,
             acceptor,
             ttl=sim.config.claim_ttl,
             gateway_url=url,
         )
     )
-    return JSONResponse(entry.to_wire())
+    return JSONResponse(entry)
 
 
 async def release(request: Request) -> Response:
@@ -223,9 +229,9 @@ async def release(request: Request) -> Response:
     principal = await authenticate(request, sim.store, MACHINE_SCOPE, "release sessions")
     acceptor = validate.acceptor_id(await body_of(request))
     entry = await run_in_threadpool(
-        sim.store.release, principal.account_id, request.path_params["session_id"], acceptor
+        sim.store.release_wire, principal.account_id, request.path_params["session_id"], acceptor
     )
-    return JSONResponse(entry.to_wire())
+    return JSONResponse(entry)
 
 
 # --- organization default platform -----------------------------------------------------------------
@@ -298,7 +304,9 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     sim: SimRuntime = app.state.sim
     notifier = Notifier(asyncio.get_running_loop())
     sim.notifier = notifier
-    sim.store.add_listener(notifier.notify)
+    feed = ChangeFeed(sim.store, notifier)
+    sim.feed = feed
+    sim.store.add_listener(feed.notify)
     gateway = Notifier(asyncio.get_running_loop())
     sim.gateway = gateway
     sim.store.add_listener(gateway.notify)
@@ -311,7 +319,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         sim.close_notifiers()
         stop.set()
         await sweeper
-        sim.store.remove_listener(notifier.notify)
+        sim.store.remove_listener(feed.notify)
         sim.store.remove_listener(gateway.notify)
         sim.store.remove_call_listener(gateway.notify)
         if sim.owns_store:

@@ -37,7 +37,8 @@ async def authenticate(request: Request, store: Store, scope: str, action: str) 
     token = bearer_token(request)
     if token is None:
         raise Unauthorized(INVALID_TOKEN)
-    principal = await run_in_threadpool(store.authenticate, token)
+    # A token seen before is answered from memory, without a trip to the thread pool.
+    principal = store.cached_principal(token) or await run_in_threadpool(store.authenticate, token)
     if principal is None:
         raise Unauthorized(INVALID_TOKEN)
     if not principal.has(scope):

@@ -54,8 +54,6 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_status TEXT NOT NULL, created_at REAL NOT NULL, rev REAL NOT NULL,
     deleted INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS sessions_by_rev ON sessions (account_id, rev, session_id);
-CREATE INDEX IF NOT EXISTS sessions_by_outpost ON sessions (outpost_id, deleted, phase);
-CREATE INDEX IF NOT EXISTS sessions_by_deadline ON sessions (phase, claim_deadline);
 CREATE TABLE IF NOT EXISTS claim_history (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, session_id TEXT NOT NULL,
     account_id TEXT NOT NULL, outpost_id TEXT NOT NULL, action TEXT NOT NULL, acceptor_id TEXT,
@@ -88,11 +86,48 @@ CREATE INDEX IF NOT EXISTS tool_calls_by_session ON tool_calls (session_id, stat
 #: brain ended the session with, and when it is to be written, while it lags the end notice (the
 #: simulator's ``status_lag``; see :meth:`StoreBase._apply_endings_locked`).
 ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"), ("ending_status", "TEXT"), ("ending_at", "REAL"))
-#: Indexes on the added columns (created once they exist). Partial: only the few rows whose status
-#: write is pending are in it, so looking for due ones costs nothing when there are none.
-ADDED_INDEXES = """
+#: A claim that :meth:`StoreBase._expire_locked` returns to the queue once its deadline passes. The
+#: expiry queries spell it exactly so, which lets SQLite use the partial index ``sessions_expirable``.
+EXPIRABLE = "phase = 'claimed' AND deleted = 0 AND session_status != 'running'"
+
+#: The indexes of the hot queries (run on every open, after the added columns exist; see
+#: tests/package/test_sim_query_plans.py, which checks that none of those queries scans a table):
+#:
+#: * ``sessions_by_change``: the watch feed reads every change after a revision;
+#: * ``sessions_by_outpost_rev`` / ``sessions_by_rev``: watch replays and lists of one outpost / of an
+#:   account, in ``(rev, session_id)`` order from a cursor;
+#: * ``sessions_by_outpost_phase``: a worker's ``?outpost=&phase=pending`` list and its ``total``;
+#: * ``sessions_by_acceptor``: an orchestrator's ``?phase=claimed&acceptor_id=`` list;
+#: * ``sessions_expirable``, ``sessions_by_ending`` (partial): what every request checks first, claims
+#:   due to expire and lagging statuses due to be written; only the few candidate rows are in them, so
+#:   the check costs nothing when there are none;
+#: * ``claim_history_by_outpost``: the admin claim history of an outpost (benchmarks read it).
+#:
+#: Two indexes of schema version 1 are dropped: ``(outpost_id, deleted, phase)`` is a prefix of
+#: ``sessions_by_outpost_phase``, and ``(phase, claim_deadline)`` held every running claim as well.
+INDEXES = f"""
+DROP INDEX IF EXISTS sessions_by_outpost;
+DROP INDEX IF EXISTS sessions_by_deadline;
+CREATE INDEX IF NOT EXISTS sessions_by_change ON sessions (rev);
+CREATE INDEX IF NOT EXISTS sessions_by_outpost_rev ON sessions (outpost_id, rev, session_id);
+CREATE INDEX IF NOT EXISTS sessions_by_outpost_phase
+    ON sessions (outpost_id, deleted, phase, rev, session_id);
+CREATE INDEX IF NOT EXISTS sessions_by_acceptor ON sessions (acceptor_id, rev, session_id);
+CREATE INDEX IF NOT EXISTS sessions_expirable ON sessions (claim_deadline) WHERE {EXPIRABLE};
 CREATE INDEX IF NOT EXISTS sessions_by_ending ON sessions (ending_at) WHERE ending_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS claim_history_by_outpost ON claim_history (outpost_id, seq);
 """
+#: Is anything due: a claim to expire or a lagging status to write (``?``: now, twice)?
+DUE_SQL = (
+    f"SELECT 1 FROM sessions WHERE {EXPIRABLE} AND claim_deadline <= ? "
+    "UNION ALL SELECT 1 FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? LIMIT 1"
+)
+#: The claims due to expire (``?``: now), oldest deadline first.
+EXPIRE_SQL = (
+    f"SELECT * FROM sessions WHERE {EXPIRABLE} AND claim_deadline <= ? ORDER BY claim_deadline, session_id"
+)
+#: The lagging statuses due to be written (``?``: now).
+ENDINGS_SQL = "SELECT * FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? ORDER BY ending_at"
 
 #: Tables wiped by :meth:`StoreBase.reset` (``meta`` survives so revisions keep increasing). The
 #: ``dist_*`` tables hold published ``devin-remote`` artifacts (the built-in stand-in is not stored);
@@ -156,7 +191,7 @@ class StoreBase:
         for name, declaration in ADDED_SESSION_COLUMNS:
             if name not in columns:
                 conn.execute(f"ALTER TABLE sessions ADD COLUMN {name} {declaration}")
-        conn.executescript(ADDED_INDEXES)
+        conn.executescript(INDEXES)
         # Schema version 1 queued sessions of a default-platform outpost with a null platform.
         conn.execute("UPDATE sessions SET platform = ? WHERE platform IS NULL", (DEFAULT_PLATFORM,))
         conn.execute(
@@ -205,8 +240,31 @@ class StoreBase:
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
+        """Statements outside any transaction (each one sees the latest commit); no claim expiry."""
         with self._lock:
             yield self._conn
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction (one consistent view) in which no claim is void and no lagging status is
+        overdue, as with :meth:`_tx`, but without taking the write lock unless something is due.
+
+        Why: reads (lists, gets, watch replays, connect-token checks) are most of the traffic. Taking
+        SQLite's write lock for each of them (``BEGIN IMMEDIATE`` only to run the expiry) serialised
+        them behind every writer, of this process and of any other on the file.
+        """
+        with self._lock:
+            now = self._clock()
+            if self._conn.execute(DUE_SQL, (now, now)).fetchone() is not None:
+                with self._tx() as conn:
+                    self._expire_locked(conn, now)
+            self._conn.execute("BEGIN")
+            try:
+                # Another process may share the file: a head cursor made in here must be current.
+                self._reload_last_rev()
+                yield self._conn
+            finally:
+                self._conn.execute("COMMIT")  # a read transaction: this only ends the snapshot
 
     def _reload_last_rev(self) -> None:
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
@@ -282,11 +340,7 @@ class StoreBase:
         its status from then on (and gets its grace, see :meth:`_write_status_locked`).
         """
         self._apply_endings_locked(conn, now)
-        rows = conn.execute(
-            "SELECT * FROM sessions WHERE phase = 'claimed' AND deleted = 0 AND claim_deadline <= ? "
-            "AND session_status != 'running' ORDER BY claim_deadline, session_id",
-            (now,),
-        ).fetchall()
+        rows = conn.execute(EXPIRE_SQL, (now,)).fetchall()
         for row in rows:
             rev = self._next_rev(conn, now)
             conn.execute(
@@ -339,10 +393,7 @@ class StoreBase:
 
     def _apply_endings_locked(self, conn: sqlite3.Connection, now: float) -> None:
         """Write the lagging statuses that are due (the brain ended those sessions ``status_lag`` ago)."""
-        rows = conn.execute(
-            "SELECT * FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? ORDER BY ending_at",
-            (now,),
-        ).fetchall()
+        rows = conn.execute(ENDINGS_SQL, (now,)).fetchall()
         for row in rows:
             self._write_status_locked(conn, row, str(row["ending_status"]), now)
 

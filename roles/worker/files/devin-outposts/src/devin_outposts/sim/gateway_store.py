@@ -103,8 +103,7 @@ class GatewayStore(QueueStore):
 
     def check_connect_token(self, session_id: str, token: str) -> bool:
         """True while ``token`` belongs to the current claim chain of ``session_id``'s holder."""
-        with self._tx() as conn:
-            self._expire_locked(conn, self._clock())
+        with self._snapshot() as conn:
             return self._token_holder(conn, session_id, token) is not None
 
     def _gateway_auth(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from devin_outposts.sim.db import StoreBase
-from devin_outposts.sim.queue import entry_from_row, row_cursor
+from devin_outposts.sim.queue import row_cursor, row_wire
 
 
 class RecordStore(StoreBase):
@@ -53,14 +53,13 @@ class RecordStore(StoreBase):
             params.append(session_id)
         if not include_deleted:
             where.append("deleted = 0")
-        with self._tx() as conn:
-            self._expire_locked(conn, self._clock())
+        with self._snapshot() as conn:
             rows = conn.execute(
                 f"SELECT * FROM sessions WHERE {' AND '.join(where)} ORDER BY rev, session_id", params
             ).fetchall()
         return [
             {
-                "entry": entry_from_row(row).to_wire(),
+                "entry": row_wire(row),
                 "account_id": row["account_id"],
                 "deleted": bool(row["deleted"]),
                 "rev": row["rev"],

@@ -180,6 +180,7 @@ class SimProcess:
         port: int = 0,
         admin_token: Optional[str] = None,
         workdir: Optional[Union[str, Path]] = None,
+        env: Optional[dict[str, str]] = None,
     ) -> None:
         self.db = str(db)
         self.options: dict[str, Any] = {
@@ -188,8 +189,12 @@ class SimProcess:
             "keepalive-interval": keepalive_interval,
             "sweep-interval": sweep_interval,
             "gateway-url": gateway_url,
-            "status-lag": status_lag,
+            # Passed only when set, so that a SimProcess can also start an older simulator that lacks
+            # the flag (benchmarks/sim_ceiling.py --baseline runs one from another revision's source).
+            "status-lag": status_lag or None,
         }
+        #: Extra environment of the server process (e.g. ``PYTHONPATH`` naming another source tree).
+        self.env = dict(env or {})
         self.host = host
         self.port = port
         self.admin_token = admin_token or _new_admin_token()
@@ -247,7 +252,7 @@ class SimProcess:
         for flag, value in self.options.items():
             if value is not None:
                 argv += [f"--{flag}", str(value)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         env[ADMIN_TOKEN_ENV] = self.admin_token
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)  # noqa: S603
