@@ -535,4 +535,3 @@ def test_the_limits_leave_room_for_a_full_page() -> None:
     entry["spec"]["network_policy"] = {"enabled": True, "allow": [{"hostname": "*.example.com"}] * 50}
     page = httpx.Response(200, json={"items": [entry] * 200, "cursor": "c", "has_next_page": True}).content
     assert len(page) * 4 < MAX_BODY_BYTES
-
