@@ -114,7 +114,32 @@ def normalize_api_url(url):
 
 
 def _segment(value):
-    return quote(to_native(value), safe="")
+    """Quote an id as exactly one URL path segment; ``.`` and ``..`` too, which URL handling would collapse."""
+    text = to_native(value)
+    if text in (".", ".."):
+        return text.replace(".", "%2E")
+    return quote(text, safe="")
+
+
+def _check_page_size(operation, page_size):
+    try:
+        size = int(page_size)
+    except (TypeError, ValueError):
+        size = None
+    if size is None or not 1 <= size <= MAX_PAGE_SIZE:
+        raise FleetAPIError(operation, "page size must be between 1 and {0}, got {1}".format(MAX_PAGE_SIZE, page_size))
+    return size
+
+
+def _validation_error(item):
+    """One FastAPI validation error as ``loc.path: msg``."""
+    if not isinstance(item, dict):
+        return to_text(item)
+    message = to_text(item.get("msg", json.dumps(item)))
+    loc = item.get("loc")
+    if isinstance(loc, list) and loc:
+        return ".".join(to_text(part) for part in loc) + ": " + message
+    return message
 
 
 def _detail_from_body(raw, fallback):
@@ -127,8 +152,7 @@ def _detail_from_body(raw, fallback):
     if isinstance(body, dict) and "detail" in body:
         detail = body["detail"]
         if isinstance(detail, list):  # FastAPI validation errors
-            parts = [item.get("msg", json.dumps(item)) if isinstance(item, dict) else to_text(item) for item in detail]
-            return "; ".join(parts)[:300]
+            return "; ".join(_validation_error(item) for item in detail)[:300]
         return detail if isinstance(detail, str) else json.dumps(detail)[:300]
     return text[:200]
 
@@ -183,6 +207,16 @@ def _tls_detail(api_url, reason):
         return ("no TLS handshake with {0} ({1}): the server did not speak TLS; is api_url https:// where the "
                 "server speaks http://, or is the port wrong?".format(api_url, text))
     return "TLS error talking to {0}: {1}".format(api_url, text)
+
+
+def _status_of(response):
+    """The HTTP status of an ``open_url`` response (200 when it does not say)."""
+    for attribute in ("status", "code"):
+        value = getattr(response, attribute, None)
+        if isinstance(value, int):
+            return value
+    getcode = getattr(response, "getcode", None)
+    return getcode() if getcode else 200
 
 
 def _unsent(reason):
@@ -363,11 +397,12 @@ class FleetClient:
             use_netrc=False,  # a ~/.netrc entry would otherwise replace our Authorization header
         )
 
-    def request(self, method, path, operation, query=None, body=None, replay_safe=True):
-        """Send one request with bounded retries; return the decoded JSON body (``None`` when empty).
+    def request(self, method, path, operation, query=None, body=None, replay_safe=True, allow_empty=False):
+        """Send one request with bounded retries; return the decoded JSON body.
 
-        ``replay_safe=False`` (creating an outpost) retries only when the server cannot have acted on the
-        request: a 429, a refused connection or an unresolvable host.
+        An empty body is an error unless ``allow_empty`` (a DELETE): a list that comes back empty must
+        never read as "nothing there". ``replay_safe=False`` (creating an outpost) retries only when the
+        server cannot have acted on the request: a 429, a refused connection or an unresolvable host.
         """
         url = self.api_url + path
         params = [(k, v) for k, v in sorted((query or {}).items()) if v is not None]
@@ -408,27 +443,36 @@ class FleetClient:
                     raise self._error(operation, "cannot reach {0}: {1}: {2}".format(
                         self.api_url, type(exc).__name__, exc))
             else:
-                if not raw or not raw.strip():
+                status = _status_of(response)
+                if allow_empty and (not raw or not raw.strip()):
                     return None
                 try:
                     return json.loads(to_text(raw, errors="surrogate_or_strict"))
                 except ValueError:
                     raise self._error(operation, "the API answered with a body that is not JSON: {0!r}".format(
-                        to_text(raw[:120], errors="surrogate_or_replace")))
+                        to_text((raw or b"")[:120], errors="surrogate_or_replace")), status)
             if delay is None:
                 delay = self._backoff(attempt)
             attempt += 1
             self._sleep(delay)
 
+    def _envelope(self, operation, page):
+        """A list page must be an object with an ``items`` list; anything else is not the fleet API."""
+        if not isinstance(page, dict) or not isinstance(page.get("items", []), list):
+            raise self._error(operation, "unexpected response: a list page must be an object with an items list, "
+                                         "got {0}".format(type(page).__name__), 200)
+        return page
+
     # --- outposts ---------------------------------------------------------------------------------
 
     def list_outposts(self, page_size=100):
         """Every outpost of the account, following ``end_cursor`` while ``has_next_page``."""
+        page_size = _check_page_size("list outposts", page_size)
         found = {}
         after = None
         for dummy in range(_MAX_PAGES):
             page = self.request("GET", OUTPOSTS_PATH, "list outposts", query=dict(first=page_size, after=after))
-            page = page or {}
+            page = self._envelope("list outposts", page)
             for outpost in page.get("items") or []:
                 found[outpost_id_of(outpost)] = outpost
             end_cursor = page.get("end_cursor")
@@ -481,7 +525,7 @@ class FleetClient:
         if name:
             operation += " ({0})".format(outpost_id)
         try:
-            self.request("DELETE", "{0}/{1}".format(OUTPOSTS_PATH, _segment(outpost_id)), operation)
+            self.request("DELETE", "{0}/{1}".format(OUTPOSTS_PATH, _segment(outpost_id)), operation, allow_empty=True)
         except FleetAPIError as exc:
             if exc.status == 404:
                 return False
@@ -496,15 +540,13 @@ class FleetClient:
         A row at a page boundary repeats on the next page; entries are upserted by
         ``metadata.session_id`` and the later (fresher) copy wins.
         """
-        if not 1 <= int(page_size) <= MAX_PAGE_SIZE:
-            raise FleetAPIError("list sessions", "page_size must be between 1 and {0}, got {1}".format(
-                MAX_PAGE_SIZE, page_size))
         operation = "list sessions" + (" on outpost {0}".format(outpost_id) if outpost_id else "")
+        page_size = _check_page_size(operation, page_size)
         entries = {}
         for dummy in range(_MAX_PAGES):
             query = dict(outpost=outpost_id, phase=phase, acceptor_id=acceptor_id, first=int(page_size),
                          cursor=cursor)
-            page = self.request("GET", QUEUE_PATH, operation, query=query) or {}
+            page = self._envelope(operation, self.request("GET", QUEUE_PATH, operation, query=query))
             for entry in page.get("items") or []:
                 key = session_id_of(entry)
                 entries.pop(key, None)  # keep the fresher copy, in server order
@@ -530,4 +572,4 @@ class FleetClient:
                                 "give at most one of platform and outpost_pool_id")
         return self.request("PUT", DEFAULT_PLATFORM_PATH.format(_segment(org_id)),
                             "set the default platform of organization {0}".format(org_id),
-                            body=dict(platform=platform, outpost_pool_id=outpost_pool_id)) or {}
+                            body=dict(platform=platform, outpost_pool_id=outpost_pool_id), allow_empty=True) or {}

@@ -227,7 +227,7 @@ def test_queue_pagination_that_does_not_advance_fails(api):
 
 @pytest.mark.parametrize("size", [0, 201, -5])
 def test_queue_page_size_bounds(api, size):
-    with pytest.raises(FleetAPIError, match="page_size must be between 1 and 200"):
+    with pytest.raises(FleetAPIError, match="page size must be between 1 and 200"):
         client().list_sessions(page_size=size)
 
 
@@ -351,7 +351,7 @@ def test_delete_is_retried_and_a_404_after_the_retry_counts_as_gone(api, sleeps)
     (409, {"detail": "An outpost named gpu-h200 already exists"},
      "Could not create outpost gpu-h200: 409 An outpost named gpu-h200 already exists"),
     (422, {"detail": [{"loc": ["body", "platform"], "msg": "Input should be 'linux', 'macos' or 'windows'"}]},
-     "Could not create outpost gpu-h200: 422 Input should be 'linux', 'macos' or 'windows'"),
+     "Could not create outpost gpu-h200: 422 body.platform: Input should be 'linux', 'macos' or 'windows'"),
     (400, "plain text problem", "Could not create outpost gpu-h200: 400 plain text problem"),
     (418, "", "Could not create outpost gpu-h200: 418 HTTP 418"),
     (400, {"error": "x"}, 'Could not create outpost gpu-h200: 400 {"error": "x"}'),

@@ -16,12 +16,14 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import logging
 import os
 import random
 import ssl
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -62,6 +64,7 @@ QUEUE_PATH = "/opbeta/outposts/devins"
 OUTPOSTS_PATH = "/opbeta/outposts/outposts"
 MAX_PAGE_SIZE = 200
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+MAX_RETRY_AFTER = 60.0
 
 #: ``verify`` as httpx takes it: on/off, a CA bundle path, or a ready SSL context (shared between clients).
 VerifyType = Union[bool, str, ssl.SSLContext]
@@ -115,7 +118,10 @@ class Reply:
 
 
 def _detail(response: Reply) -> str:
-    """The server's ``detail`` (FastAPI style), else a truncated body, for error messages."""
+    """The server's ``detail`` (FastAPI style), else a truncated body, for error messages.
+
+    A list-shaped ``detail`` (FastAPI's validation errors) becomes one line: ``loc.path: msg; ...``.
+    """
     try:
         body = response.json()
     except ValueError:
@@ -123,18 +129,41 @@ def _detail(response: Reply) -> str:
         return text[:200] if text else response.reason_phrase
     if isinstance(body, dict) and "detail" in body:
         detail = body["detail"]
+        if isinstance(detail, list):
+            return "; ".join(_validation_error(item) for item in detail)[:300]
         return detail if isinstance(detail, str) else json.dumps(detail)[:300]
     return json.dumps(body)[:200]
 
 
+def _validation_error(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    message = str(item.get("msg", json.dumps(item)))
+    loc = item.get("loc")
+    if isinstance(loc, list) and loc:
+        return ".".join(str(part) for part in loc) + ": " + message
+    return message
+
+
 def _retry_after(response: Reply) -> Optional[float]:
+    """Seconds to wait from ``Retry-After`` (delta-seconds or an HTTP date), at most a minute; else None."""
     value = response.headers.get("Retry-After")
     if value is None:
         return None
     try:
-        return max(0.0, min(float(value), 60.0))
+        seconds = float(value)
     except ValueError:
-        return None
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, min(seconds, MAX_RETRY_AFTER))
+
+
+def _check_page_size(first: int) -> None:
+    if not 1 <= first <= MAX_PAGE_SIZE:
+        raise ValueError(f"page size must be between 1 and {MAX_PAGE_SIZE}, got {first}")
 
 
 class FleetClient:
@@ -237,6 +266,14 @@ class FleetClient:
                 delay = self._backoff(attempt)
                 log.debug("retrying %s after %s (%.2fs)", operation, type(exc).__name__, delay)
             else:
+                if 300 <= response.status_code < 400:
+                    # Never followed: the token must not travel to wherever a redirect points.
+                    location = response.headers.get("Location") or "another URL"
+                    raise FleetProtocolError(
+                        operation,
+                        f"redirected to {location}; set api_url to the API's base URL",
+                        response.status_code,
+                    )
                 if response.status_code < 400:
                     return response
                 retryable = response.status_code in RETRY_STATUSES and (
@@ -246,7 +283,9 @@ class FleetClient:
                     raise error_for_status(response.status_code)(
                         operation, _detail(response), response.status_code
                     )
-                delay = _retry_after(response) or self._backoff(attempt)
+                delay = _retry_after(response)
+                if delay is None:
+                    delay = self._backoff(attempt)
                 log.debug("retrying %s after HTTP %s (%.2fs)", operation, response.status_code, delay)
             attempt += 1
             await asyncio.sleep(delay)
@@ -274,9 +313,20 @@ class FleetClient:
     @staticmethod
     def _parse(model: Any, response: Reply, operation: str) -> Any:
         try:
-            return model.model_validate(response.json())
-        except (ValueError, ValidationError) as exc:
-            raise FleetProtocolError(operation, f"unexpected response: {exc}", response.status_code) from exc
+            body = response.json()
+        except ValueError as exc:
+            shown = response.content[:120].decode("utf-8", errors="replace")
+            raise FleetProtocolError(
+                operation, f"the API answered with a body that is not JSON: {shown!r}", response.status_code
+            ) from exc
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+                for error in exc.errors()[:3]
+            )
+            raise FleetProtocolError(operation, f"unexpected response: {problems}", response.status_code) from exc
 
     # --- queue ------------------------------------------------------------------------------------
 
@@ -290,8 +340,7 @@ class FleetClient:
         cursor: Optional[str] = None,
     ) -> QueueList:
         """One page of ``GET /opbeta/outposts/devins``."""
-        if not 1 <= first <= MAX_PAGE_SIZE:
-            raise ValueError(f"first must be between 1 and {MAX_PAGE_SIZE}, got {first}")
+        _check_page_size(first)
         operation = f"list sessions{f' on outpost {outpost}' if outpost else ''}"
         params = {"outpost": outpost, "phase": phase, "acceptor_id": acceptor_id, "first": first}
         params["cursor"] = cursor
@@ -325,7 +374,7 @@ class FleetClient:
                 return list(entries.values()), page.cursor or cursor
             if page.cursor is None or page.cursor == cursor:
                 raise FleetProtocolError(
-                    "list sessions", "the server reported another page but did not advance the cursor"
+                    "list sessions", "the API reported another page but did not advance the cursor"
                 )
             cursor = page.cursor
 
@@ -427,6 +476,7 @@ class FleetClient:
     # --- outposts ---------------------------------------------------------------------------------
 
     async def list_outposts(self, *, first: int = 100, after: Optional[str] = None) -> OutpostList:
+        _check_page_size(first)
         operation = "list outposts"
         response = await self._request(
             "GET", OUTPOSTS_PATH, operation, params={"first": first, "after": after}
@@ -434,19 +484,19 @@ class FleetClient:
         result: OutpostList = self._parse(OutpostList, response, operation)
         return result
 
-    async def list_all_outposts(self) -> list[Outpost]:
+    async def list_all_outposts(self, *, page_size: int = MAX_PAGE_SIZE) -> list[Outpost]:
         """Every outpost of the account, following ``end_cursor`` until ``has_next_page`` is false."""
         found: dict[str, Outpost] = {}
         after: Optional[str] = None
         while True:
-            page = await self.list_outposts(first=MAX_PAGE_SIZE, after=after)
+            page = await self.list_outposts(first=page_size, after=after)
             for outpost in page.items:
                 found[outpost.outpost_id] = outpost
             if not page.has_next_page:
                 return list(found.values())
             if page.end_cursor is None or page.end_cursor == after:
                 raise FleetProtocolError(
-                    "list outposts", "the server reported another page but did not advance end_cursor"
+                    "list outposts", "the API reported another page but did not advance end_cursor"
                 )
             after = page.end_cursor
 
