@@ -39,8 +39,9 @@ Reported:
   (from its start to its end plus one TTL) it fell in, or to none;
 * **double serves**: two remotes of one session, started by different workers, seen alive at the same
   moment (the remotes are polled every ``--tick`` seconds); also claims that overlap another acceptor's
-  claim in the claim history (the simulator letting two in) and sessions that changed hands (served by
-  more than one worker, e.g. after an expiry: not a double serve by itself);
+  claim in the claim history (the simulator letting two in), sessions claimed by more than one worker
+  (after an expiry, or a stale copy claimed and released at once: not a double serve by itself) and
+  claims of sessions already ended;
 * **lost sessions**: enqueued, but never served by the end of the drain; and claims never released;
 * **queue wait** (enqueue request sent -> first claim record) p50/p90/p99/max, for sessions enqueued in
   quiet periods (the baseline) and in fault windows (start to end plus 10 s);
@@ -482,11 +483,13 @@ def fault_for(faults: Sequence[Fault], at: float, slack: float) -> str:
     return found
 
 
-def rss_growth(record: Soak, start: float, end: float, window: float) -> list[dict[str, Any]]:
+def rss_growth(
+    record: Soak, start: float, end: float, window: float, interval: float
+) -> list[dict[str, Any]]:
     rows = []
     for (name, incarnation), samples in sorted(record.rss.items()):
-        if not samples or samples[0][0] > start + window or samples[-1][0] < end - window:
-            continue  # did not live through the whole soak
+        if not samples or samples[0][0] > start + window or samples[-1][0] < end - 2 * interval:
+            continue  # did not live through the whole soak (killed, or started late)
         first = [kib for at, kib in samples if at <= start + window]
         last = [kib for at, kib in samples if end - window <= at <= end]
         if not first or not last:
@@ -552,7 +555,7 @@ def analyse(args: argparse.Namespace, record: Soak, records: list[dict[str, Any]
         "double_serves": len(record.double_serves),
         "double_serve_sessions": {sid: owners for sid, (dummy, owners) in record.double_serves.items()},
         "claims_overlapping_another_acceptor": found.overlapping,
-        "sessions_served_by_several_workers": sum(1 for names in acceptors.values() if len(names) > 1),
+        "sessions_claimed_by_several_workers": sum(1 for names in acceptors.values() if len(names) > 1),
         "claims_of_ended_sessions": found.reclaimed_after_end,
         "remote_started_again": dict(restarts),
         "queue_wait": {
@@ -567,7 +570,7 @@ def analyse(args: argparse.Namespace, record: Soak, records: list[dict[str, Any]
         ],
         "proxy": proxy_counts,
         "rss_window_s": window,
-        "rss": rss_growth(record, start, end, window),
+        "rss": rss_growth(record, start, end, window, args.rss_interval),
         "worker_counters": dict(counters),
         "crashes": record.crashes,
         "brain_errors": record.errors[:10],
@@ -627,7 +630,7 @@ def report(result: dict[str, Any], say: Out) -> None:
         f"other expiries {result['expired_claims_otherwise']}")  # fmt: skip
     say(f"double serves (remotes of two workers alive at once): {result['double_serves']}; "
         f"claims overlapping another's: {result['claims_overlapping_another_acceptor']}")  # fmt: skip
-    say(f"sessions served by more than one worker: {result['sessions_served_by_several_workers']}; "
+    say(f"sessions claimed by more than one worker: {result['sessions_claimed_by_several_workers']}; "
         f"remote started again {result['remote_started_again'] or '{}'}; claims of ended sessions "
         f"{result['claims_of_ended_sessions']}")  # fmt: skip
     wait = result["queue_wait"]
