@@ -283,9 +283,8 @@ class FleetClient:
                     raise error_for_status(response.status_code)(
                         operation, _detail(response), response.status_code
                     )
-                delay = _retry_after(response)
-                if delay is None:
-                    delay = self._backoff(attempt)
+                after = _retry_after(response)
+                delay = self._backoff(attempt) if after is None else after
                 log.debug("retrying %s after HTTP %s (%.2fs)", operation, response.status_code, delay)
             attempt += 1
             await asyncio.sleep(delay)
