@@ -325,7 +325,8 @@ class FleetClient:
                 f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
                 for error in exc.errors()[:3]
             )
-            raise FleetProtocolError(operation, f"unexpected response: {problems}", response.status_code) from exc
+            status = response.status_code
+            raise FleetProtocolError(operation, f"unexpected response: {problems}", status) from exc
 
     # --- queue ------------------------------------------------------------------------------------
 
