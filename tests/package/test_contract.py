@@ -112,7 +112,10 @@ async def call(client: FleetClient, name: str, args: dict[str, Any]) -> Any:
     raise AssertionError(f"the worker runner does not know the operation {name!r}")
 
 
-def run_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Optional[dict[str, Any]], ScriptedServer, list[float]]:
+Outcome = tuple[Any, Optional[dict[str, Any]], "ScriptedServer", list[float]]
+
+
+def run_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Outcome:
     server = ScriptedServer(case.get("replies") or [])
     sleeps: list[float] = []
     real_sleep = asyncio.sleep
