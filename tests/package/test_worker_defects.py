@@ -33,11 +33,11 @@ from devin_outposts.errors import FleetConnectionError, FleetProtocolError
 from devin_outposts.limits import MAX_BODY_BYTES, MAX_SSE_LINE
 from devin_outposts.models import QueueEntry, WatchEvent
 from devin_outposts.sim.testing import run_sim
-from devin_outposts.worker import queue as queue_module
+from devin_outposts.worker import feed as queue_module
 from devin_outposts.worker.binary import BinaryError, BinaryStore
 from devin_outposts.worker.exits import WorkerExit
+from devin_outposts.worker.feed import FEED_BACKOFF_CAP, QUICK_END_PAUSE, QueueFeed
 from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
-from devin_outposts.worker.queue import FEED_BACKOFF_CAP, QUICK_END_PAUSE, QueueFeed
 from devin_outposts.worker.runner import Worker
 
 from test_worker_faults import HostileFleet, in_process, make_config, until

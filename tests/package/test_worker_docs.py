@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from devin_outposts.worker import exits
-from devin_outposts.worker.config import add_start_arguments
+from devin_outposts.worker.options import add_start_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs/worker.md").read_text()

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from devin_outposts.client import FleetClient
 from devin_outposts.sim.testing import run_sim, sim_process
-from devin_outposts.worker.config import WorkerConfig
+from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.runner import Worker
 
 from worker_fakes import DistServer, FakeRemote, WorkerProcess, kill_pids, wait_for

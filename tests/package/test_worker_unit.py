@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import pytest
 from devin_outposts.models import QueueEntry, WatchEvent
-from devin_outposts.worker import spawn
+from devin_outposts.worker import platform, spawn
 from devin_outposts.worker.binary import (
     BinaryError,
     BinaryStore,
@@ -25,8 +25,8 @@ from devin_outposts.worker.binary import (
     parse_digest,
     platform_suffix,
 )
-from devin_outposts.worker.claiming import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
-from devin_outposts.worker.config import ConfigError, WorkerConfig, parse_metrics_addr, parse_start_args
+from devin_outposts.worker.options import ConfigError, WorkerConfig, parse_metrics_addr, parse_start_args
+from devin_outposts.worker.feed import Backoff, QueueFeed, oldest_first
 from devin_outposts.worker.identity import (
     FileLock,
     LockedError,
@@ -34,8 +34,9 @@ from devin_outposts.worker.identity import (
 )
 from devin_outposts.worker.metrics import Metrics
 from devin_outposts.worker.paths import UnsafePathError, child_dir, safe_component
-from devin_outposts.worker.queue import Backoff, QueueFeed, oldest_first
-from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionServer, renew_delay
+from devin_outposts.worker.pool import SessionPool
+from devin_outposts.worker.queue_mode import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
+from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionResult, SessionServer, renew_delay
 
 from worker_fakes import SUFFIX, DistServer, FakeFleet, FakeRemote, sha256_hex
 
@@ -440,7 +441,6 @@ def test_session_env_is_exactly_the_spawn_contract(tmp_path: Path) -> None:
         chrome_path="/usr/bin/chrome",
         desktop="true",
         source=source,
-        windows=False,
     )
     assert set(env) == {
         "PATH",
@@ -473,7 +473,6 @@ def test_session_env_skips_absent_and_optional_values(tmp_path: Path) -> None:
         state_dir=tmp_path,
         pty_bridge_port=1,
         source={"PATH": "/bin", "HOME": ""},
-        windows=False,
     )
     assert set(env) == {
         "PATH",
@@ -486,15 +485,15 @@ def test_session_env_skips_absent_and_optional_values(tmp_path: Path) -> None:
 
 
 def test_windows_session_env_keeps_the_system_variables(tmp_path: Path) -> None:
-    env = spawn.build_session_env(
-        gateway_url="wss://gw",
-        connect_token=CONNECT,
-        session_id="s",
-        state_dir=tmp_path,
-        pty_bridge_port=1,
-        source={"SystemRoot": "C:\\Windows", "ComSpec": "cmd.exe", "Path": "C:\\bin", "SECRET": "x"},
-        windows=True,
-    )
+    with platform.use(platform.Windows()):
+        env = spawn.build_session_env(
+            gateway_url="wss://gw",
+            connect_token=CONNECT,
+            session_id="s",
+            state_dir=tmp_path,
+            pty_bridge_port=1,
+            source={"SystemRoot": "C:\\Windows", "ComSpec": "cmd.exe", "Path": "C:\\bin", "SECRET": "x"},
+        )
     assert env["SystemRoot"] == "C:\\Windows"
     assert env["ComSpec"] == "cmd.exe"
     assert "SECRET" not in env
@@ -918,42 +917,51 @@ class RacingFleet:
         self.calls.append(("release", session_id))
 
 
-class ClaimingWorker:
-    """What :meth:`QueueMode.claim_next` uses of the runner's ``Worker``."""
+def test_claim_next_never_claims_a_row_that_ended_during_an_earlier_attempt(tmp_path: Path) -> None:
+    started: list[str] = []
 
-    def __init__(self, feed: QueueFeed) -> None:
-        self.feed = feed
-        self.active: dict[str, Any] = {}
-        self.draining = False
-        self.metrics = Metrics()
-        self.config = WorkerConfig(token=TOKEN, poll_interval=5.0)
-        self.acceptor_id = "me"
-        self.fatal: Any = None
-        self.started: list[str] = []
+    def server_for(claim: QueueEntry, slot: int) -> Any:
+        started.append(claim.session_id)
+        return FakeServer(claim.session_id, slot)
 
-    def is_draining(self) -> bool:
-        return self.draining
-
-    def start_session(self, claim: QueueEntry, client: Any, binaries: Any) -> None:
-        self.started.append(claim.session_id)
-
-
-def test_claim_next_never_claims_a_row_that_ended_during_an_earlier_attempt() -> None:
-    async def scenario() -> tuple[RacingFleet, ClaimingWorker, str]:
+    async def scenario() -> tuple[RacingFleet, QueueMode, str]:
         feed = QueueFeed(object(), "o", "me")  # type: ignore[arg-type]
         feed.replace_all([entry("a", 1), entry("b", 2), entry("c", 3)])
         fleet = RacingFleet(feed, "a", "b")
-        worker = ClaimingWorker(feed)
-        outcome = await QueueMode(worker).claim_next(fleet, None)  # type: ignore[arg-type]
-        return fleet, worker, outcome
+        metrics = Metrics()
+        pool = SessionPool(1, metrics, drain_timeout=1.0)
+        config = WorkerConfig(token=TOKEN, poll_interval=5.0)
+        mode = QueueMode(config, fleet, pool, metrics, "me", server_for)  # type: ignore[arg-type]
+        mode.feed = feed
+        outcome = await mode.claim_next()
+        await pool.drain()
+        return fleet, mode, outcome
 
-    fleet, worker, outcome = run(scenario())
+    fleet, mode, outcome = run(scenario())
     assert outcome == "claimed"
     # "b" was served, terminated and released by another worker while our claim of "a" was in flight:
-    # it must not be claimed (contract 3.4), not even to be released at once.
+    # it must not be claimed (docs/fleet-api.md §5.2), not even to be released at once.
     assert fleet.calls == [("claim", "a"), ("claim", "c")]
-    assert worker.started == ["c"]
-    assert worker.metrics.counters["claim_conflicts"] == 1
+    assert started == ["c"]
+    assert mode.metrics.counters["claim_conflicts"] == 1
+
+
+class FakeServer:
+    """What the pool runs: a session that is served at once."""
+
+    def __init__(self, session_id: str, slot: int) -> None:
+        self.session_id, self.slot = session_id, slot
+        self.fatal = None
+        self.stopping = False
+
+    async def serve(self) -> SessionResult:
+        return SessionResult(self.session_id, SERVED, "served at once")
+
+    def notify(self, entry: Any) -> None:
+        pass
+
+    def request_stop(self, grace: Any = None) -> None:
+        self.stopping = True
 
 
 def test_next_candidate_matches_the_full_sorted_view() -> None:

@@ -12,7 +12,7 @@ import logging
 
 from devin_outposts.cli.common import EXIT_USAGE, fail
 from devin_outposts.cli.outpost import add_outpost_commands
-from devin_outposts.worker.config import ConfigError, add_start_arguments, build_config
+from devin_outposts.worker.options import ConfigError, add_start_arguments, build_config
 
 log = logging.getLogger("devin_outposts.worker")
 

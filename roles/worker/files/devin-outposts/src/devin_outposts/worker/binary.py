@@ -17,9 +17,7 @@ import asyncio
 import hashlib
 import logging
 import os
-import platform
 import re
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +26,8 @@ from typing import Optional
 import httpx
 
 from devin_outposts.limits import ResponseTooLarge, read_capped
-from devin_outposts.worker.config import SHA_RE
+from devin_outposts.worker import platform
+from devin_outposts.worker.options import SHA_RE
 
 log = logging.getLogger(__name__)
 
@@ -55,31 +54,18 @@ class UnsupportedPlatform(BinaryError):
 
 def host_os() -> str:
     """This machine's OS as an outpost platform name: ``linux``, ``macos`` or ``windows``."""
-    name: str = sys.platform
-    if name.startswith("linux"):
-        return "linux"
-    if name == "darwin":
-        return "macos"
-    if name in ("win32", "cygwin"):
-        return "windows"
-    return name
+    return platform.current().name
 
 
 def platform_suffix(system: Optional[str] = None, machine: Optional[str] = None) -> str:
-    """The distribution suffix for an OS/arch (default: this machine)."""
-    system = (system or platform.system()).lower()
-    machine = (machine or platform.machine()).lower()
-    arch = {"x86_64": "x64", "amd64": "x64", "x64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine)
-    table = {
-        ("linux", "x64"): "linux_x64",
-        ("linux", "arm64"): "linux_arm64",
-        ("darwin", "arm64"): "macos_arm64",
-        ("windows", "x64"): "windows_x64.exe",
-    }
-    suffix = table.get((system, arch or machine))
-    if suffix is None:
-        raise UnsupportedPlatform(f"no devin-remote build is published for {system}/{machine}")
-    return suffix
+    """The distribution suffix for an OS/arch (default: this machine's)."""
+    host = platform.current()
+    if system is not None or machine is not None:
+        host = platform.HostPlatform(system, machine)
+    try:
+        return host.binary_suffix()
+    except platform.UnsupportedHost as exc:
+        raise UnsupportedPlatform(str(exc)) from exc
 
 
 def check_sha(value: str, source: str) -> str:
@@ -107,16 +93,6 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    if os.name == "nt":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class BinaryStore:
@@ -274,7 +250,7 @@ class BinaryStore:
                 )
             os.chmod(tmp, 0o755)  # noqa: S103 - an executable, as the docs' chmod +x
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            platform.current().fsync_dir(path.parent)
             self.downloads += 1
             log.info("downloaded devin-remote %s (%d bytes, sha256 verified)", sha, size, extra={"sha": sha})
         finally:

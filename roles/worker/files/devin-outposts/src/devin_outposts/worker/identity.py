@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
 import uuid
 from pathlib import Path
 from typing import IO, Optional
 
+from devin_outposts.worker import platform
 from devin_outposts.worker.paths import make_private_dir
 
 ACCEPTOR_FILE = "acceptor_id"
@@ -73,8 +73,7 @@ def load_or_create_acceptor_id(data_dir: Path) -> str:
         os.fsync(fd)
     finally:
         os.close(fd)
-    if os.name != "nt":
-        os.chmod(tmp, 0o600)
+    platform.current().make_private(tmp)
     try:
         # link() fails if another process created the file meanwhile: then its id wins.
         os.link(tmp, path)
@@ -100,7 +99,7 @@ class FileLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.path, "a+b")  # noqa: SIM115 - kept open while the lock is held
         try:
-            _lock(handle)
+            platform.current().lock(handle)
         except OSError as exc:
             handle.close()
             raise LockedError(
@@ -124,17 +123,3 @@ class FileLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-
-if sys.platform == "win32":  # pragma: no cover - exercised on Windows hosts only
-    import msvcrt
-
-    def _lock(handle: IO[bytes]) -> None:
-        handle.seek(0)
-        msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-
-else:
-    import fcntl
-
-    def _lock(handle: IO[bytes]) -> None:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 from pathlib import Path
+
+from devin_outposts.worker import platform
+from devin_outposts.worker.platform import SharedDirectoryError
 
 MAX_COMPONENT = 100
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -67,17 +69,13 @@ def child_dir(parent: Path, value: str) -> Path:
     return resolved
 
 
-class SharedDirectoryError(PermissionError):
-    """A directory the worker would keep secrets in can be written by other users."""
-
-
 def make_private_dir(path: Path) -> Path:
-    """Create ``path`` with mode 0700, or check the directory that is already there.
+    """Create ``path`` for the worker alone, or check the directory that is already there.
 
-    Only a directory this call creates gets its mode set. One that exists may be shared (``/tmp``, a
-    home directory) and is not ours to change: it is refused when another user could write to it, or
-    replace what is in it (see :func:`check_not_shared`). Missing parents are created with the
-    default mode, like ``mkdir -p``.
+    Only a directory this call creates is made private. One that exists may be shared (``/tmp``, a home
+    directory) and is not ours to change: it is refused when another user could write to it or owns it
+    (:meth:`~devin_outposts.worker.platform.HostPlatform.check_not_shared`). Missing parents are created
+    with the default mode, like ``mkdir -p``.
     """
     try:
         path.mkdir(mode=0o700)
@@ -85,33 +83,10 @@ def make_private_dir(path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         return make_private_dir(path)
     except FileExistsError:
-        check_not_shared(path)
+        platform.current().check_not_shared(path)
         return path
-    if os.name != "nt":
-        os.chmod(path, 0o700)  # we created it: make it private whatever the umask
+    platform.current().make_private(path)  # we created it: private whatever the umask
     return path
 
 
-def check_not_shared(path: Path) -> None:
-    """Raise :class:`SharedDirectoryError` unless ``path`` is a directory only its owner can write to.
-
-    Its owner must be this user or root. Group- or world-writable directories (even sticky ones such as
-    ``/tmp``) are refused: another user could plant files or symlinks where the worker keeps its
-    identity, tokens and session state. (Windows: ACLs are set by the role; nothing to check here.)
-    """
-    info = os.stat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise SharedDirectoryError(f"refusing to use {path}: it is not a directory")
-    if os.name == "nt":
-        return
-    if info.st_uid not in (os.geteuid(), 0):
-        raise SharedDirectoryError(
-            f"refusing to use {path}: it belongs to another user (uid {info.st_uid}); give the worker a "
-            "data directory of its own (the parent of --cache-dir)"
-        )
-    if info.st_mode & 0o022:
-        raise SharedDirectoryError(
-            f"refusing to use {path}: other users can write to it (mode {stat.S_IMODE(info.st_mode):04o}); "
-            "give the worker a data directory of its own (the parent of --cache-dir), e.g. "
-            "--cache-dir /var/lib/devin-worker/cache"
-        )
+__all__ = ["SharedDirectoryError", "UnsafePathError", "child_dir", "make_private_dir", "safe_component"]

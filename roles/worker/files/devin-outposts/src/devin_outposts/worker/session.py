@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import shutil
 import time
@@ -33,15 +34,36 @@ from typing import Any, Optional, Protocol
 from devin_outposts.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.models import Phase, QueueEntry, SessionStatus
 from devin_outposts.worker.binary import BinaryError, BinaryStore, VerificationError
-from devin_outposts.worker.config import WorkerConfig
 from devin_outposts.worker.logs import forget_secret, register_secret
 from devin_outposts.worker.metrics import Metrics
+from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.paths import child_dir, make_private_dir
 from devin_outposts.worker.spawn import RemoteProcess, build_session_env, free_port, reap_stale_remote
 
 log = logging.getLogger(__name__)
 
-SERVED, FAILED, LOST, INTERRUPTED = "served", "failed", "lost", "interrupted"
+class Outcome(str, enum.Enum):
+    """How serving a session ended, as the worker counts it."""
+
+    SERVED = "served"  # the session ended (terminated, suspended or gone) and the claim was released
+    FAILED = "failed"  # the remote failed past the restart limit, the binary was refused, ...
+    LOST = "lost"  # another worker holds the claim now: the remote was stopped, nothing released
+    INTERRUPTED = "interrupted"  # the worker stopped it (drain timeout, second signal) and released
+
+
+SERVED, FAILED, LOST, INTERRUPTED = Outcome.SERVED, Outcome.FAILED, Outcome.LOST, Outcome.INTERRUPTED
+
+
+class Stop(str, enum.Enum):
+    """Why the supervision of a running remote ended (what the status checks, renewals and the worker
+    decided), and so what happens to the session next."""
+
+    EXITED = "exited"  # the remote exited on its own: confirm the status, maybe restart
+    TERMINATED = "terminated"  # session_status is terminated: stop the remote, release
+    GONE = "gone"  # the queue entry vanished (404): stop the remote, release
+    LOST = "lost"  # the claim is another acceptor's: stop the remote, do not release
+    STOPPED = "stopped"  # the worker asked (drain timeout, second signal): stop, release
+    FATAL = "fatal"  # the token was refused: stop everything
 
 
 class SessionFleet(Protocol):
@@ -57,10 +79,12 @@ class SessionFleet(Protocol):
 @dataclass
 class SessionResult:
     session_id: str
-    outcome: str
+    outcome: Outcome
     detail: str
     session_status: Optional[str] = None
     refused_binary: bool = False
+    #: The session is over for good (terminated, or its entry gone): its state dir can go.
+    finished: bool = False
 
 
 async def release_claim(
@@ -133,7 +157,7 @@ class SessionServer:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._renew_now = asyncio.Event()
-        self._ended: Optional[str] = None  # "terminated" | "gone" | "lost"
+        self._ended: Optional[Stop] = None  # TERMINATED, GONE or LOST, once known
         self._latest: Optional[QueueEntry] = claim
         self._tokens: list[str] = []
         self._extra = {"session_id": session_id, "slot": slot}
@@ -183,7 +207,7 @@ class SessionServer:
             if self.fleet is not None and not self.config.direct:
                 renewer = asyncio.ensure_future(self._renew_loop())
             result = await self._serve(state_dir)
-            if result.session_status == SessionStatus.TERMINATED.value or result.detail == "entry gone":
+            if result.finished:  # a suspended session keeps its state for a resume
                 shutil.rmtree(state_dir, ignore_errors=True)
         except FleetAuthError as exc:
             self.fatal = exc
@@ -270,10 +294,10 @@ class SessionServer:
                 extra={**self._extra, "pid": self.remote.pid},
             )
             why = await self._supervise(self.remote)
-            if why != "exit":
+            if why is not Stop.EXITED:
                 grace = self._stop_grace if self._stop_grace is not None else self.config.stop_grace
                 await self.remote.stop(grace)
-                if why == "fatal" and self.fatal is not None:
+                if why is Stop.FATAL and self.fatal is not None:
                     raise self.fatal
                 return self._ended_result(why)
             code = await self.remote.wait()
@@ -309,16 +333,16 @@ class SessionServer:
             if self._stop.is_set():
                 return SessionResult(self.session_id, INTERRUPTED, "stopped by the worker")
 
-    def _ended_result(self, why: str) -> SessionResult:
-        if why == "stop":
-            return SessionResult(self.session_id, INTERRUPTED, "stopped by the worker")
-        if why == "lost":
-            return SessionResult(
-                self.session_id, LOST, "the claim was lost to another worker; remote stopped"
-            )
-        if why == "gone":
-            return SessionResult(self.session_id, SERVED, "entry gone")
-        return SessionResult(self.session_id, SERVED, "session terminated", SessionStatus.TERMINATED.value)
+    def _ended_result(self, why: Stop) -> SessionResult:
+        sid = self.session_id
+        if why is Stop.LOST:
+            return SessionResult(sid, LOST, "the claim was lost to another worker; remote stopped")
+        if why is Stop.GONE:
+            return SessionResult(sid, SERVED, "entry gone", finished=True)
+        if why is Stop.TERMINATED:
+            terminated = SessionStatus.TERMINATED.value
+            return SessionResult(sid, SERVED, "session terminated", terminated, finished=True)
+        return SessionResult(sid, INTERRUPTED, "stopped by the worker")
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -326,34 +350,34 @@ class SessionServer:
 
     # --- while the remote runs --------------------------------------------------------------------
 
-    def _evaluate(self, entry: QueueEntry) -> Optional[str]:
+    def _evaluate(self, entry: QueueEntry) -> Optional[Stop]:
         status = entry.status
         if status.session_status == SessionStatus.TERMINATED:
-            return "terminated"
+            return Stop.TERMINATED
         if status.phase == Phase.CLAIMED and status.acceptor_id not in (None, self.acceptor_id):
-            return "lost"
+            return Stop.LOST
         if status.phase == Phase.PENDING:
             self._renew_now.set()  # our claim fell back to the queue: take it again
         return None
 
-    async def _check_status(self) -> Optional[str]:
+    async def _check_status(self) -> Optional[Stop]:
         if self.fleet is None or self.config.direct:
             return None
         try:
             entry = await self.fleet.get_devin(self.session_id)
         except FleetNotFound:
-            return "gone"
+            return Stop.GONE
         except FleetAuthError as exc:
             self.fatal = exc
-            return "fatal"
+            return Stop.FATAL
         except FleetError as exc:
             log.warning("%s; checking again later", exc, extra=self._extra)
             return None
         self._latest = entry
         return self._evaluate(entry)
 
-    async def _supervise(self, remote: RemoteProcess) -> str:
-        """Wait until the remote exits (``exit``) or must be stopped (terminated/gone/lost/stop/fatal)."""
+    async def _supervise(self, remote: RemoteProcess) -> Stop:
+        """Wait until the remote exits (EXITED) or must be stopped (any other :class:`Stop`)."""
         exited = asyncio.ensure_future(remote.proc.wait())
         stop = asyncio.ensure_future(self._stop.wait())
         next_check = time.monotonic() + self.config.poll_interval
@@ -366,8 +390,8 @@ class SessionServer:
                 if self._ended is not None:
                     return self._ended
                 if self.fatal is not None:
-                    return "fatal"
-                why: Optional[str] = None
+                    return Stop.FATAL
+                why: Optional[Stop] = None
                 if self._wake.is_set():
                     self._wake.clear()
                     if self._poll_soon:  # the entry was deleted: ask the server what became of it
@@ -386,16 +410,16 @@ class SessionServer:
                     )[0]
                     wake.cancel()
                     if exited in done:
-                        return "exit"
+                        return Stop.EXITED
                     if stop in done:
-                        return "stop"
+                        return Stop.STOPPED
                     if wake in done:
                         continue  # judged at the top of the next turn
                     self._poll_soon = False
                     why = await self._check_status()
                     next_check = time.monotonic() + self.config.poll_interval
                 if why is not None:
-                    self._ended = why if why != "fatal" else None
+                    self._ended = why if why is not Stop.FATAL else None
                     return why
         finally:
             stop.cancel()
@@ -414,7 +438,7 @@ class SessionServer:
             try:
                 entry = await self.fleet.get_devin(self.session_id)
             except FleetNotFound:
-                return self._ended_result("gone")
+                return self._ended_result(Stop.GONE)
             except FleetAuthError as exc:
                 self.fatal = exc
                 raise
@@ -423,10 +447,11 @@ class SessionServer:
             else:
                 status = entry.status.session_status
                 if status in (SessionStatus.SUSPENDED, SessionStatus.TERMINATED):
-                    return SessionResult(self.session_id, SERVED, f"session {status}", status.value)
-                if self._evaluate(entry) == "lost":
-                    self._ended = "lost"
-                    return self._ended_result("lost")
+                    detail, finished = f"session {status}", status == SessionStatus.TERMINATED
+                    return SessionResult(self.session_id, SERVED, detail, status.value, finished=finished)
+                if self._evaluate(entry) is Stop.LOST:
+                    self._ended = Stop.LOST
+                    return self._ended_result(Stop.LOST)
             if attempt + 1 < reads:
                 await self._pause(self.config.confirm_interval)
         return None
@@ -447,11 +472,11 @@ class SessionServer:
                 entry = await self.fleet.claim(self.session_id, self.acceptor_id)
             except FleetConflict as exc:
                 log.warning("%s: the claim was lost", exc, extra=self._extra)
-                self._ended = "lost"
+                self._ended = Stop.LOST
                 self._wake.set()
                 return
             except FleetNotFound:
-                self._ended = "gone"
+                self._ended = Stop.GONE
                 self._wake.set()
                 return
             except FleetAuthError as exc:

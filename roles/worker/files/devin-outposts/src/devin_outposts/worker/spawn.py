@@ -20,45 +20,15 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
+from devin_outposts.worker import platform
+
 log = logging.getLogger(__name__)
 
-PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "TZ")
-DESKTOP_PASSTHROUGH = ("DISPLAY", "WAYLAND_DISPLAY", "XAUTHORITY")
-#: "The Windows system environment" (contract 2.3): what Windows programs need to start at all.
-WINDOWS_PASSTHROUGH = (
-    "SYSTEMROOT",
-    "SYSTEMDRIVE",
-    "WINDIR",
-    "COMSPEC",
-    "PATHEXT",
-    "TEMP",
-    "TMP",
-    "USERPROFILE",
-    "USERNAME",
-    "USERDOMAIN",
-    "APPDATA",
-    "LOCALAPPDATA",
-    "PROGRAMDATA",
-    "PROGRAMFILES",
-    "PROGRAMFILES(X86)",
-    "PROGRAMW6432",
-    "COMMONPROGRAMFILES",
-    "COMMONPROGRAMFILES(X86)",
-    "COMPUTERNAME",
-    "HOMEDRIVE",
-    "HOMEPATH",
-    "NUMBER_OF_PROCESSORS",
-    "OS",
-    "PROCESSOR_ARCHITECTURE",
-    "PSMODULEPATH",
-    "PUBLIC",
-)
 PIDFILE = "remote.pid"
 
 
@@ -80,21 +50,10 @@ def build_session_env(
     chrome_path: Optional[str] = None,
     desktop: Optional[str] = None,
     source: Optional[Mapping[str, str]] = None,
-    windows: Optional[bool] = None,
 ) -> dict[str, str]:
-    """The complete environment of one ``devin-remote serve`` process."""
-    src = os.environ if source is None else source
-    env: dict[str, str] = {}
-    names = PASSTHROUGH + DESKTOP_PASSTHROUGH
-    if windows if windows is not None else os.name == "nt":
-        upper = {key.upper(): key for key in src}
-        for name in WINDOWS_PASSTHROUGH:
-            if name in upper:
-                env[upper[name]] = src[upper[name]]
-    for name in names:
-        value = src.get(name)
-        if value is not None and value != "":
-            env[name] = value
+    """The complete environment of one ``devin-remote serve`` process: what the platform lets a session
+    inherit from ``source`` (the worker's environment), then the spawn-contract variables."""
+    env = platform.current().inherited_env(os.environ if source is None else source)
     env.update(
         {
             "DEVIN_OUTPOST_GATEWAY_URL": gateway_url,
@@ -112,12 +71,7 @@ def build_session_env(
 
 
 def _proc_start_time(pid: int) -> Optional[str]:
-    """The kernel's start time of ``pid`` (Linux), to tell a live remote from a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    return platform.current().process_start_time(pid)
 
 
 def process_alive(pid: int) -> bool:
@@ -144,11 +98,9 @@ def reap_stale_remote(state_dir: Path) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     killed = False
-    if os.name != "nt" and started is not None and _proc_start_time(pid) == started and process_alive(pid):
+    if started is not None and _proc_start_time(pid) == started and process_alive(pid):
         log.warning("stopping devin-remote pid %d left behind by a previous worker", pid, extra={"pid": pid})
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-            killed = True
+        killed = platform.current().kill_orphan_group(pgid)
     with contextlib.suppress(OSError):
         path.unlink()
     return killed
@@ -169,11 +121,7 @@ class RemoteProcess:
     async def start(
         cls, binary: Path, *, cwd: Path, env: Mapping[str, str], state_dir: Path, session_id: str
     ) -> RemoteProcess:
-        kwargs: dict[str, object] = {}
-        if os.name == "nt":  # pragma: no cover - Windows only
-            kwargs["creationflags"] = 0x00000200  # CREATE_NEW_PROCESS_GROUP
-        else:
-            kwargs["start_new_session"] = True
+        kwargs = platform.current().process_group_options()
         proc = await asyncio.create_subprocess_exec(
             str(binary),
             "serve",
@@ -182,7 +130,7 @@ class RemoteProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            **kwargs,  # type: ignore[arg-type]
+            **kwargs,
         )
         remote = cls(proc, state_dir, session_id)
         remote._write_pidfile()
@@ -222,7 +170,7 @@ class RemoteProcess:
 
     async def wait(self) -> int:
         code = await self.proc.wait()
-        self._kill_group(signal.SIGKILL if os.name != "nt" else None)  # leftovers of a finished session
+        self._signal_group(kill=True)  # leftovers of a finished session
         # A child that escaped the group may hold the pipes open: do not wait for it forever.
         pending = (await asyncio.wait(self._pumps, timeout=2.0))[1] if self._pumps else set()
         for task in pending:
@@ -231,20 +179,14 @@ class RemoteProcess:
             (self.state_dir / PIDFILE).unlink()
         return code
 
-    def _kill_group(self, sig: Optional[int]) -> None:
-        if os.name == "nt":  # pragma: no cover
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill() if sig is None else self.proc.terminate()
-            return
-        assert sig is not None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+    def _signal_group(self, *, kill: bool) -> None:
+        platform.current().signal_group(self.proc, self.pid, kill=kill)
 
     async def stop(self, grace: float) -> int:
         """SIGTERM the process group, SIGKILL it after ``grace`` seconds; returns the exit code."""
         if self.proc.returncode is None:
             self._stopping = True
-            self._kill_group(signal.SIGTERM if os.name != "nt" else None)
+            self._signal_group(kill=False)
             try:
                 await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace)
             except asyncio.TimeoutError:
@@ -253,5 +195,5 @@ class RemoteProcess:
                     grace,
                     extra={"session_id": self.session_id, "pid": self.pid},
                 )
-                self._kill_group(signal.SIGKILL if os.name != "nt" else None)
+                self._signal_group(kill=True)
         return await self.wait()

@@ -133,6 +133,7 @@ class QueueFeed:
         on_update: Optional[Callable[[str, Optional[QueueEntry]], None]] = None,
         clock: Callable[[], float] = time.time,
         spread: bool = False,
+        on_change: Optional[Callable[[], None]] = None,
     ) -> None:
         self.client = client
         self.outpost_id = outpost_id
@@ -144,7 +145,8 @@ class QueueFeed:
         self.on_update = on_update
         self.clock = clock
         self.entries: dict[str, QueueEntry] = {}
-        self.changed = asyncio.Event()
+        #: Called when a row may have become claimable (the owner's loop should look again).
+        self.on_change = on_change or (lambda: None)
         self.cursor: Optional[str] = None
         self.synced = False
         #: Watch events applied so far (a stream that carried none and ended at once is paced).
@@ -190,7 +192,7 @@ class QueueFeed:
         if self.on_update:
             self.on_update(entry.session_id, entry)
         if self.claimable(entry) or expiry is not None:
-            self.changed.set()
+            self.on_change()
 
     def _compact(self) -> None:
         """Rebuild the heap from the rows pending now (amortised O(1) per push).
@@ -218,7 +220,7 @@ class QueueFeed:
         for entry in fresh.values():
             self.upsert(entry)
         self.synced = True
-        self.changed.set()
+        self.on_change()
 
     def apply(self, event: WatchEvent) -> None:
         self.events += 1
