@@ -77,8 +77,8 @@ from devin_outposts.client import QUEUE_PATH, FleetClient
 from devin_outposts.sim.admin_client import SimAdmin, SimAdminError
 from devin_outposts.worker import session as session_module
 from devin_outposts.worker.binary import BinaryStore
-from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.exits import WorkerExit
+from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.runner import Worker
 from devin_outposts.worker.session import SERVED
 

@@ -25,7 +25,6 @@ from devin_outposts.worker.binary import (
     parse_digest,
     platform_suffix,
 )
-from devin_outposts.worker.options import ConfigError, WorkerConfig, parse_metrics_addr, parse_start_args
 from devin_outposts.worker.feed import Backoff, QueueFeed, oldest_first
 from devin_outposts.worker.identity import (
     FileLock,
@@ -33,6 +32,7 @@ from devin_outposts.worker.identity import (
     load_or_create_acceptor_id,
 )
 from devin_outposts.worker.metrics import Metrics
+from devin_outposts.worker.options import ConfigError, WorkerConfig, parse_metrics_addr, parse_start_args
 from devin_outposts.worker.paths import UnsafePathError, child_dir, safe_component
 from devin_outposts.worker.pool import SessionPool
 from devin_outposts.worker.queue_mode import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
