@@ -1,11 +1,12 @@
 # Entry points for developers and CI. Each target calls a script under scripts/, which does the work.
 #   make demo    set everything up and run the demo against the embedded fleet simulator
 #   make test    the whole suite (CI runs exactly this)
-#   make <stage> one stage: ruff mypy ansible-lint changelog sanity units package integration molecule, or lint
+#   make build   the release: both wheels and the collection tarball (with the worker's wheel) in dist/
+#   make <stage> one stage: ruff mypy imports ansible-lint changelog sanity units package integration molecule, or lint
 
-STAGES := ruff mypy ansible-lint changelog sanity units package integration molecule
+STAGES := ruff mypy imports ansible-lint changelog sanity units package integration molecule
 
-.PHONY: help demo test bootstrap lint $(STAGES) clean
+.PHONY: help demo test build bootstrap lint $(STAGES) clean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -16,6 +17,9 @@ demo:
 
 test:
 	scripts/test.sh
+
+build:
+	scripts/build.sh
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -28,4 +32,4 @@ $(STAGES):
 
 # Remove test reports and caches (not .venv: delete it by hand to rebuild it from scratch).
 clean:
-	rm -rf tests/output .cache .ansible .pytest_cache .ruff_cache .mypy_cache
+	rm -rf tests/output .cache .ansible .pytest_cache .ruff_cache .mypy_cache dist roles/worker/files/wheels

@@ -1,6 +1,6 @@
 """What the benchmarks share: a simulator per scenario, real worker processes, a marker remote, percentiles.
 
-* :func:`bench_sim` starts ``devin-outposts sim serve`` as its own process (as users run it) on a fresh
+* :func:`bench_sim` starts ``devin-outposts-sim serve`` as its own process (as users run it) on a fresh
   SQLite file, with one ``linux`` outpost and a machine token.
 * :class:`Worker` runs ``devin-outposts worker start`` with the token in its environment (never argv),
   its own data, cache and working directories, and ``--metrics-addr 127.0.0.1:0``, so that readiness
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from devin_outposts.sim import testing
-from devin_outposts.sim.admin_client import SimAdmin
-from devin_outposts.sim.testing import SimProcess
 from devin_outposts.worker.spawn import process_alive
+from devin_outposts_sim import testing
+from devin_outposts_sim.admin_client import SimAdmin
+from devin_outposts_sim.testing import SimProcess
 
 METRICS_LINE = re.compile(r"serving /metrics and /healthz on [^\s:]+:(\d+)")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

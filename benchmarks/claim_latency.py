@@ -1,6 +1,6 @@
 """Benchmark the worker: claim latency, time to a running remote, fleet throughput, idle footprint.
 
-Everything runs in one go against simulators this script starts (``devin-outposts sim serve`` processes
+Everything runs in one go against simulators this script starts (``devin-outposts-sim serve`` processes
 with default settings, one fresh SQLite file per scenario) and real ``devin-outposts worker start``
 processes (token in the environment, never on argv):
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-from devin_outposts.sim.admin_client import SimAdmin, SimAdminError
+from devin_outposts_sim.admin_client import SimAdmin, SimAdminError
 
 from _harness import (
     BenchError,
@@ -265,7 +265,7 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str, str, Optional[
         label = f"fleet {fl['sessions']} x {fl['workers']} workers"
         rows.append((label, f"{fl['sessions_per_s']:.1f} sessions/s", "-", None))
         rows.append(("double serves", str(doubles), "0", doubles == 0))
-        stale = fl["reclaimed_after_end"]  # contract 3.4: never claim a terminated/suspended row
+        stale = fl["reclaimed_after_end"]  # docs/fleet-api.md §5: never claim a terminated/suspended row
         rows.append(("claims of ended sessions", str(stale), "0 (3.4)", stale == 0))
     if "idle" in results:
         rss = results["idle"]["rss_mib"]

@@ -29,7 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-from devin_outposts.sim.testing import SimProcess
+
+from devin_outposts_sim.testing import SimProcess
 
 REPO = Path(__file__).resolve().parents[1]
 

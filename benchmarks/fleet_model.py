@@ -6,7 +6,7 @@ one event loop instead, so that 10, 50, 200 and 1,000 workers can be measured. E
 code from end to end (``Worker``, ``QueueMode``, ``QueueFeed``, ``SessionServer`` and ``FleetClient``:
 list, watch, claims, 409 handling, renewals, status checks, confirm reads, release), each with its own
 acceptor id, data directory, working directory and HTTP connections, over real sockets to a
-``devin-outposts sim serve`` process with default settings (one fresh SQLite file per run). Only two
+``devin-outposts-sim serve`` process with default settings (one fresh SQLite file per run). Only two
 things are stood in for, because a process per session would be the whole cost at this scale:
 
 * the process layer: ``devin_outposts.worker.session.RemoteProcess`` is replaced by an in-process
@@ -73,14 +73,15 @@ from typing import Any, Callable, ClassVar, Optional, TextIO, cast
 from urllib.parse import unquote
 
 import httpx
-from devin_outposts.client import QUEUE_PATH, FleetClient
-from devin_outposts.sim.admin_client import SimAdmin, SimAdminError
+
+from devin_outposts.api.client import QUEUE_PATH, FleetClient
 from devin_outposts.worker import session as session_module
 from devin_outposts.worker.binary import BinaryStore
 from devin_outposts.worker.exits import WorkerExit
 from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.runner import Worker
 from devin_outposts.worker.session import SERVED
+from devin_outposts_sim.admin_client import SimAdmin, SimAdminError
 
 from _harness import BenchError, BenchSim, analyse_claims, bench_sim, cpu_seconds_of, summarize
 

@@ -10,7 +10,7 @@ client that does the job (plain httpx and raw sockets, no worker code). One run:
 2. **enqueue**: ``--sessions`` sessions enqueued through the admin API (the brain's side) by
    ``--enqueuers`` concurrent clients: enqueues per second.
 3. **claim storm**: ``--claimers`` concurrent claimers each list the outpost's pending rows (``first=20``)
-   and try them oldest first, skipping rows whose ``session_status`` is ``terminated`` (contract 3.4); a
+   and try them oldest first, skipping rows whose ``session_status`` is ``terminated`` (docs/fleet-api.md §5); a
    409 sends a claimer to the next row. A won claim is served at once: the brain marks the session
    terminated (admin API) and the claimer releases it. Until every session is served: won claims per
    second, requests per second, 409s per session.
@@ -20,7 +20,7 @@ client that does the job (plain httpx and raw sockets, no worker code). One run:
 The simulator's CPU time (utime + stime of its process, from ``/proc``) is read around each phase, once
 the watch streams have caught up. "CPU per 1000 sessions" covers the enqueue and claim-storm phases.
 
-Every run starts a fresh simulator (``devin-outposts sim serve``, default settings except a watch
+Every run starts a fresh simulator (``devin-outposts-sim serve``, default settings except a watch
 duration longer than a run) on a fresh SQLite file. ``--runs`` repeats; the figures are **medians** over
 the runs. ``--baseline REV`` also runs the simulator from the package source of git revision ``REV``
 (extracted with ``git archive`` into a temporary directory and put first on the server's
@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
 import httpx
-from devin_outposts.sim.admin_client import SimAdminError
+
+from devin_outposts_sim.admin_client import SimAdminError
 
 from _harness import BenchError, BenchSim, bench_sim, cpu_seconds_of
 

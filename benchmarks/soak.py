@@ -1,6 +1,6 @@
 """Soak: a few real workers for an hour with a 10 s claim TTL, sessions of random length, and faults.
 
-Set-up: one ``devin-outposts sim serve`` process (``--claim-ttl 10``; other settings default), a
+Set-up: one ``devin-outposts-sim serve`` process (``--claim-ttl 10``; other settings default), a
 fault-injecting HTTP proxy (``_faultproxy.py``) between the workers and the simulator's fleet API, and
 ``--workers`` (4) real ``devin-outposts worker start`` processes (token in the environment, JSON logs,
 metrics on a loopback port) whose ``--api-url`` is the proxy. The remote is the marker ``/bin/sh`` script
@@ -72,11 +72,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-from devin_outposts.sim.admin_client import SimAdmin, SimAdminError
-from devin_outposts.sim.testing import SimProcess
-from devin_outposts.worker.spawn import process_alive
-
 from _faultproxy import FaultProxy
+from devin_outposts.worker.spawn import process_alive
+from devin_outposts_sim.admin_client import SimAdmin, SimAdminError
+from devin_outposts_sim.testing import SimProcess
 
 from _harness import (
     METRICS_LINE,

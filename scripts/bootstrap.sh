@@ -12,7 +12,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
-PKG_DIR="$ROOT/roles/worker/files/devin-outposts"
+PY_DIR="$ROOT/python"
 STAMP="$VENV/.devin-outposts-requirements.sha256"
 PYTHON="${OUTPOSTS_PYTHON:-python3.11}"
 APT_PACKAGES=(git rsync python3-venv shellcheck)
@@ -41,7 +41,7 @@ install_apt_packages() {
 requirements_hash() {
     {
         "$VENV/bin/python" -c 'import sys; print(sys.version)'
-        cat "$ROOT/requirements-dev.txt" "$PKG_DIR/pyproject.toml" "${BASH_SOURCE[0]}"
+        cat "$ROOT/requirements-dev.txt" "$PY_DIR"/*/pyproject.toml "${BASH_SOURCE[0]}"
     } | sha256sum | cut -d' ' -f1
 }
 

@@ -6,7 +6,7 @@
 #   scripts/demo.sh -v          # arguments go to ansible-playbook
 #
 # 1. bootstrap (apt packages if missing, .venv, requirements-dev.txt)
-# 2. start `devin-outposts sim serve` on a free loopback port, with its database in a temporary folder
+# 2. start `devin-outposts-sim serve` on a free loopback port, with its database in a temporary folder
 # 3. issue an orchestrator-scope token through the simulator's admin API
 # 4. run playbooks/demo.yml with DEVIN_API_URL and DEVIN_OUTPOSTS_TOKEN in the environment (never on argv);
 #    the play starts `devin-outposts worker start` itself, once it has registered the outpost
@@ -61,7 +61,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 say "demo: starting the fleet simulator"
-devin-outposts sim serve --host 127.0.0.1 --port 0 --port-file "$work/port" --db "$work/sim.db" \
+devin-outposts-sim serve --host 127.0.0.1 --port 0 --port-file "$work/port" --db "$work/sim.db" \
     --admin-token-file "$work/admin-token" --no-access-log --log-level warning >"$work/sim.log" 2>&1 &
 sim_pid=$!
 
@@ -77,7 +77,7 @@ say "demo: simulator listening at $url (pid $sim_pid)"
 # The admin verbs read the admin token from this file; nothing secret goes on a command line.
 export DEVIN_SIM_URL="$url"
 export DEVIN_SIM_ADMIN_TOKEN_FILE="$work/admin-token"
-DEVIN_OUTPOSTS_TOKEN=$(devin-outposts sim token create --scope orchestrator --label demo)
+DEVIN_OUTPOSTS_TOKEN=$(devin-outposts-sim token create --scope orchestrator --label demo)
 [[ -n "$DEVIN_OUTPOSTS_TOKEN" ]] || die "the simulator issued an empty token"
 export DEVIN_API_URL="$url" DEVIN_OUTPOSTS_TOKEN
 say "demo: issued an orchestrator-scope token"

@@ -3,10 +3,13 @@
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
-PKG_DIR="$ROOT/roles/worker/files/devin-outposts"
+PY_DIR="$ROOT/python"
+# The two Python distributions: the worker (ships to hosts) and the fleet simulator (never does).
+PKG_DIR="$PY_DIR/devin-outposts"
+SIM_DIR="$PY_DIR/devin-outposts-sim"
 # A stage script exits with this code when it has nothing to test; scripts/test.sh reports it as skipped.
 EXIT_SKIPPED=77
-export ROOT VENV PKG_DIR EXIT_SKIPPED
+export ROOT VENV PY_DIR PKG_DIR SIM_DIR EXIT_SKIPPED
 
 say() { printf '%s\n' "$*"; }
 warn() { printf 'WARNING: %s\n' "$*" >&2; }

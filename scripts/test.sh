@@ -14,20 +14,21 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-STAGES=(ruff mypy ansible-lint changelog sanity units package integration molecule)
+STAGES=(ruff mypy imports ansible-lint changelog sanity units package integration molecule)
 declare -A ABOUT=(
-    [ruff]="ruff check on the bundled package"
-    [mypy]="mypy --strict on the bundled package"
+    [ruff]="ruff check on python/ and the benchmarks"
+    [mypy]="mypy --strict on both Python distributions (the worker also for win32 and darwin)"
+    [imports]="import-linter: the import layers of python/ (no circles, no upward imports)"
     [ansible-lint]="ansible-lint, production profile"
     [changelog]="antsibull-changelog lint"
     [sanity]="ansible-test sanity --venv --python 3.11"
     [units]="ansible-test units --venv --python 3.11 (tests/unit)"
-    [package]="pytest tests/package"
+    [package]="pytest python/*/tests (both Python distributions)"
     [integration]="pytest tests/integration (playbooks against the simulator)"
     [molecule]="roles: tests/roles, then the Molecule scenarios on systemd-nspawn hosts"
 )
 declare -A GROUPS_=(
-    [lint]="ruff mypy ansible-lint changelog"
+    [lint]="ruff mypy imports ansible-lint changelog"
     [all]="${STAGES[*]}"
 )
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# pytest on the bundled package's tests (tests/package).
+# pytest on both Python distributions' tests (python/devin-outposts/tests, python/devin-outposts-sim/tests).
 set -euo pipefail
 # shellcheck source=../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
-has_pytest_files "$ROOT/tests/package" || skip "tests/package holds no test files yet"
+has_pytest_files "$PKG_DIR/tests" || skip "python/devin-outposts/tests holds no test files yet"
 ensure_env
 cd "$ROOT"
-run_pytest tests/package "$@"
+run_pytest "$PKG_DIR/tests" "$SIM_DIR/tests" "$@"

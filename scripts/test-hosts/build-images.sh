@@ -7,7 +7,7 @@
 #   DEVIN_OUTPOSTS_TEST_HOSTS=/var/tmp/x scripts/...   # another cache directory
 #   DEVIN_OUTPOSTS_TEST_HOSTS_REBUILD=1 ...            # rebuild the root filesystems
 #
-# The recipe is the one in shared/reference/test-hosts.md ("The base root filesystem"): debootstrap minbase,
+# The recipe: a base root filesystem by debootstrap minbase,
 # timers masked (idempotence), libnss-myhostname and emptied /etc/hostname and /etc/resolv.conf (no 20 s
 # stall in sudo or name lookups). The hosts get no network: Molecule reaches them with ssh through
 # `nsenter -n socat`, and the tests relay only the ports they create (see scripts/test-hosts/nspawn-host.sh).

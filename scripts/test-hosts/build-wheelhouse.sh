@@ -13,7 +13,7 @@ PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 [[ -x "$PYTHON" ]] || PYTHON=python3
 ARCH=$(uname -m)
 # The runtime requirements of the bundled package (pyproject.toml [project].dependencies).
-mapfile -t REQS < <("$PYTHON" - "$ROOT/roles/worker/files/devin-outposts/pyproject.toml" <<'PY'
+mapfile -t REQS < <("$PYTHON" - "$ROOT/python/devin-outposts/pyproject.toml" <<'PY'
 import sys, tomllib
 with open(sys.argv[1], "rb") as fh:
     print("\n".join(tomllib.load(fh)["project"]["dependencies"]))

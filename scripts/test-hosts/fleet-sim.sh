@@ -33,7 +33,7 @@ SH
     sha256sum "$dir/static/devin-remote_${sha}_linux_x64" | cut -d' ' -f1 >"$dir/static/devin-remote_${sha}_linux_x64.sha256"
     printf '%s\n' "$sha" >"$dir/static/latest_linux_x64"
     rm -f "$dir/sim.port"
-    setsid "$PY" -m devin_outposts sim serve --db "$dir/sim.db" --port 0 --port-file "$dir/sim.port" \
+    setsid "$PY" -m devin_outposts_sim serve --db "$dir/sim.db" --port 0 --port-file "$dir/sim.port" \
         --admin-token-file "$dir/sim.admin-token" --claim-ttl 30 --no-access-log </dev/null >"$dir/sim.log" 2>&1 &
     echo $! >"$dir/sim.pid"
     static_port=$(free_port)

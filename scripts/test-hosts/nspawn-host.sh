@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Boot, stop and reach systemd-nspawn test hosts (recipe B of shared/reference/test-hosts.md).
+# Boot, stop and reach systemd-nspawn test hosts (docs/architecture.md, "Test hosts").
 #
 #   nspawn-host.sh start NAME SUITE             boot a host from CACHE/rootfs-SUITE (volatile overlay, private
 #                                               network, its own cgroups); prints the leader PID when it is up

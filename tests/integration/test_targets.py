@@ -34,7 +34,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 
 try:
     import httpx
-    from devin_outposts.sim import testing as sim_testing
+    from devin_outposts_sim import testing as sim_testing
 except ImportError as exc:
     if IN_CI:
         raise

@@ -1,0 +1,363 @@
+"""The simulated fleet API as a Starlette app: outposts CRUD, the queue, watch, claim, release, the
+organization default platform, the ``devin-remote`` distribution and the gateway
+(:mod:`~devin_outposts_sim.gateway`), and (under ``/_sim``) the admin API and the brain
+(:mod:`~devin_outposts_sim.admin`, :mod:`~devin_outposts_sim.brain`). See docs/simulator.md.
+
+:func:`create_app` builds the app around a :class:`~devin_outposts_sim.store.Store`; the lifespan starts
+the claim sweeper and the watch notifier. Every error, including unknown routes and wrong methods, is a
+JSON ``{"detail": "..."}`` body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from devin_outposts_sim import validate
+from devin_outposts_sim.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE
+from devin_outposts_sim.auth import authenticate
+from devin_outposts_sim.config import SimConfig
+from devin_outposts_sim.cursor import decode_outpost_cursor, decode_queue_cursor
+from devin_outposts_sim.errors import ALREADY_CLAIMED, Conflict, Invalid, SimError
+from devin_outposts_sim.store import Store
+from devin_outposts_sim.watch import ChangeFeed, Notifier, watch_stream
+
+log = logging.getLogger(__name__)
+
+#: The three spellings of the outposts collection (docs/fleet-api.md §4 and §10.1 Q1); all behave the same.
+OUTPOST_COLLECTIONS = ("/opbeta/outposts/outposts", "/opbeta/outposts/pools", "/opbeta/outposts")
+QUEUE = "/opbeta/outposts/devins"
+PHASES = ("pending", "claimed")
+
+
+@dataclass
+class SimRuntime:
+    """What the routes share: the store, the settings and (while serving) the watch notifier and the
+    gateway's (woken by queue changes and by tool-call changes, for the gateway's and brain's long polls)."""
+
+    store: Store
+    config: SimConfig
+    owns_store: bool = False
+    notifier: Optional[Notifier] = None
+    #: The queue changes, read and serialised once for every watch stream.
+    feed: Optional[ChangeFeed] = None
+    gateway: Optional[Notifier] = None
+    #: Sweeps scheduled by :meth:`sweep_after`, cancelled at shutdown.
+    timers: set[asyncio.Future[None]] = field(default_factory=set)
+
+    def close_notifiers(self) -> None:
+        """End every watch stream and long poll (server shutdown). Call from the loop's thread."""
+        for notifier in (self.notifier, self.gateway):
+            if notifier is not None:
+                notifier.close()
+        for timer in list(self.timers):
+            timer.cancel()
+
+    def sweep_after(self, delay: float) -> None:
+        """Sweep (write due lagging statuses, expire due claims) ``delay`` seconds from now, so watchers
+        hear of a change that falls due between two runs of the sweeper. Call from the loop's thread."""
+
+        async def later() -> None:
+            # A hair late: the due time is on the wall clock, asyncio sleeps on the monotonic one.
+            await asyncio.sleep(delay + 0.01)
+            try:
+                await run_in_threadpool(self.store.expire_claims)
+            except Exception:
+                log.exception("delayed sweep failed")
+
+        timer = asyncio.ensure_future(later())
+        self.timers.add(timer)
+        timer.add_done_callback(self.timers.discard)
+
+
+def runtime_of(request: Request) -> SimRuntime:
+    runtime: SimRuntime = request.app.state.sim
+    return runtime
+
+
+def detail(status: int, message: Any, headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status, headers=headers)
+
+
+async def body_of(request: Request) -> dict[str, Any]:
+    return validate.parse_json_object(await request.body())
+
+
+def gateway_url(request: Request, config: SimConfig) -> str:
+    if config.gateway_url:
+        return config.gateway_url
+    scheme = "wss" if request.url.scheme == "https" else "ws"
+    return f"{scheme}://{request.url.netloc}/gateway"
+
+
+# --- outposts --------------------------------------------------------------------------------------
+
+
+async def list_outposts(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, MACHINE_SCOPE, "list outposts")
+    first = validate.page_size(request.query_params.get("first"))
+    raw_after = request.query_params.get("after")
+    after = decode_outpost_cursor(raw_after) if raw_after else None
+    page = await run_in_threadpool(sim.store.list_outposts, principal.account_id, first, after)
+    return JSONResponse(page.to_wire())
+
+
+async def create_outpost(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, ORCHESTRATOR_SCOPE, "create outposts")
+    body = await body_of(request)
+    name = validate.outpost_name(body.get("name"))
+    platform = validate.outpost_platform(body.get("platform"))
+    description = validate.optional_str(body, "description", max_len=validate.DESCRIPTION_MAX)
+    allowed = body.get("allowed_org_ids")
+    if allowed is not None and (
+        not isinstance(allowed, list) or not all(isinstance(o, str) for o in allowed)
+    ):
+        raise Invalid("allowed_org_ids must be a list of organization ids or null")
+    outpost = await run_in_threadpool(
+        sim.store.create_outpost, principal.account_id, name, platform, description, allowed
+    )
+    return JSONResponse(outpost.to_wire(), status_code=201)
+
+
+async def get_outpost(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, ORCHESTRATOR_SCOPE, "read an outpost")
+    outpost_id = request.path_params["outpost_id"]
+    outpost = await run_in_threadpool(sim.store.get_outpost, principal.account_id, outpost_id)
+    return JSONResponse(outpost.to_wire())
+
+
+async def delete_outpost(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, ORCHESTRATOR_SCOPE, "delete outposts")
+    outpost_id = request.path_params["outpost_id"]
+    outpost = await run_in_threadpool(sim.store.delete_outpost, principal.account_id, outpost_id)
+    return JSONResponse(outpost.to_wire())
+
+
+# --- the queue ---------------------------------------------------------------------------------------
+
+
+async def list_devins(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, MACHINE_SCOPE, "read the queue")
+    query = request.query_params
+    watch = validate.query_bool(query.get("watch"), "watch")
+    outpost = query.get("outpost") or query.get("pool") or None
+    raw_cursor = query.get("cursor")
+    cursor = decode_queue_cursor(raw_cursor) if raw_cursor else None
+    if watch:
+        if sim.notifier is None or sim.feed is None:  # pragma: no cover - only without the lifespan
+            raise SimError("the watch notifier is not running")
+        stream = watch_stream(
+            sim.store,
+            sim.notifier,
+            sim.feed,
+            account_id=principal.account_id,
+            outpost=outpost,
+            cursor=cursor,
+            max_duration=sim.config.watch_max_duration,
+            keepalive_interval=sim.config.keepalive_interval,
+        )
+        headers = {
+            "content-type": "text/event-stream",
+            "cache-control": "no-cache",
+            "x-accel-buffering": "no",
+        }
+        return StreamingResponse(stream, headers=headers)
+    first = validate.page_size(query.get("first"))
+    phase = query.get("phase") or None
+    if phase is not None and phase not in PHASES:
+        raise Invalid("phase must be pending or claimed")
+    page = await run_in_threadpool(
+        lambda: sim.store.list_entries(
+            principal.account_id,
+            first=first,
+            outpost=outpost,
+            phase=phase,
+            acceptor_id=query.get("acceptor_id") or None,
+            cursor=cursor,
+        )
+    )
+    return JSONResponse(page.to_wire())
+
+
+async def get_devin(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, MACHINE_SCOPE, "read the queue")
+    entry = await run_in_threadpool(
+        sim.store.get_entry_wire, principal.account_id, request.path_params["session_id"]
+    )
+    return JSONResponse(entry)
+
+
+async def claim(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, MACHINE_SCOPE, "claim sessions")
+    acceptor = validate.acceptor_id(await body_of(request))
+    session_id = request.path_params["session_id"]
+    if sim.store.certainly_claimed_by_another(principal.account_id, session_id, acceptor):
+        raise Conflict(ALREADY_CLAIMED)  # a losing claim, answered without a write (see the method)
+    url = gateway_url(request, sim.config)
+    entry = await run_in_threadpool(
+        lambda: sim.store.claim_wire(
+            principal.account_id,
+            session_id,
+            acceptor,
+            ttl=sim.config.claim_ttl,
+            gateway_url=url,
+        )
+    )
+    return JSONResponse(entry)
+
+
+async def release(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, MACHINE_SCOPE, "release sessions")
+    acceptor = validate.acceptor_id(await body_of(request))
+    entry = await run_in_threadpool(
+        sim.store.release_wire, principal.account_id, request.path_params["session_id"], acceptor
+    )
+    return JSONResponse(entry)
+
+
+# --- organization default platform -----------------------------------------------------------------
+
+
+async def get_default_platform(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, MACHINE_SCOPE, "read the default platform")
+    found = await run_in_threadpool(
+        sim.store.get_default_platform, principal.account_id, request.path_params["org_id"]
+    )
+    return JSONResponse(found.to_wire())
+
+
+async def put_default_platform(request: Request) -> Response:
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, ORCHESTRATOR_SCOPE, "set the default platform")
+    body = await body_of(request)
+    platform = validate.optional_str(body, "platform", max_len=100)
+    outpost_pool_id = validate.optional_str(body, "outpost_pool_id", max_len=200)
+    if platform is not None and outpost_pool_id is not None:
+        raise Invalid("Give at most one of platform and outpost_pool_id")
+    if platform is not None and not platform.strip():
+        raise Invalid("platform must be a non-empty string or null")
+    updated = await run_in_threadpool(
+        sim.store.set_default_platform,
+        principal.account_id,
+        request.path_params["org_id"],
+        platform,
+        outpost_pool_id,
+    )
+    return JSONResponse(updated.to_wire())
+
+
+# --- errors, lifespan, assembly ----------------------------------------------------------------------
+
+
+async def on_sim_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SimError)
+    return detail(exc.status, exc.detail)
+
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return detail(exc.status_code, exc.detail, dict(exc.headers) if exc.headers else None)
+
+
+async def on_crash(request: Request, exc: Exception) -> Response:
+    log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return detail(500, "Internal server error")
+
+
+async def _sweep(store: Store, interval: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+        if stop.is_set():
+            return
+        try:
+            expired = await run_in_threadpool(store.expire_claims)
+        except Exception:
+            log.exception("claim sweeper failed")
+        else:
+            if expired:
+                log.info("returned %d expired claim(s) to the queue", expired)
+
+
+@asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    sim: SimRuntime = app.state.sim
+    notifier = Notifier(asyncio.get_running_loop())
+    sim.notifier = notifier
+    feed = ChangeFeed(sim.store, notifier)
+    sim.feed = feed
+    sim.store.add_listener(feed.notify)
+    gateway = Notifier(asyncio.get_running_loop())
+    sim.gateway = gateway
+    sim.store.add_listener(gateway.notify)
+    sim.store.add_call_listener(gateway.notify)
+    stop = asyncio.Event()
+    sweeper = asyncio.ensure_future(_sweep(sim.store, sim.config.sweep_interval, stop))
+    try:
+        yield
+    finally:
+        sim.close_notifiers()
+        stop.set()
+        await sweeper
+        sim.store.remove_listener(feed.notify)
+        sim.store.remove_listener(gateway.notify)
+        sim.store.remove_call_listener(gateway.notify)
+        if sim.owns_store:
+            sim.store.close()
+
+
+def api_routes() -> list[BaseRoute]:
+    routes: list[BaseRoute] = [
+        Route(QUEUE, list_devins, methods=["GET"]),
+        Route(QUEUE + "/{session_id}", get_devin, methods=["GET"]),
+        Route(QUEUE + "/{session_id}/claim", claim, methods=["POST"]),
+        Route(QUEUE + "/{session_id}/release", release, methods=["POST"]),
+    ]
+    for collection in OUTPOST_COLLECTIONS:
+        routes.append(Route(collection, list_outposts, methods=["GET"]))
+        routes.append(Route(collection, create_outpost, methods=["POST"]))
+    for collection in OUTPOST_COLLECTIONS:  # after the fixed paths, which "/opbeta/outposts/{id}" shadows
+        routes.append(Route(collection + "/{outpost_id}", get_outpost, methods=["GET"]))
+        routes.append(Route(collection + "/{outpost_id}", delete_outpost, methods=["DELETE"]))
+    path = "/v3beta1/organizations/{org_id}/default-platform"
+    routes.append(Route(path, get_default_platform, methods=["GET"]))
+    routes.append(Route(path, put_default_platform, methods=["PUT"]))
+    return routes
+
+
+def create_app(config: SimConfig, store: Optional[Store] = None) -> Starlette:
+    """The simulator app. Without ``store``, it opens ``config.db`` and closes it at shutdown."""
+    from devin_outposts_sim.admin import admin_routes
+    from devin_outposts_sim.brain import brain_routes
+    from devin_outposts_sim.cli_dist_routes import cli_dist_routes
+    from devin_outposts_sim.gateway import gateway_routes
+
+    config.validate()
+    runtime = SimRuntime(store=store or Store(config.db), config=config, owns_store=store is None)
+    app = Starlette(
+        routes=[*api_routes(), *gateway_routes(), *admin_routes(), *brain_routes(), *cli_dist_routes()],
+        exception_handlers={SimError: on_sim_error, HTTPException: on_http_error, Exception: on_crash},
+        lifespan=_lifespan,
+    )
+    app.state.sim = runtime
+    return app

@@ -1,0 +1,424 @@
+"""The SQLite layer under the simulator's store: schema, transactions, revisions and change listeners.
+
+One connection, guarded by a lock, in autocommit mode; every write runs inside ``BEGIN IMMEDIATE`` so
+two writers (threads here, or a second process on the same file) can never interleave a
+compare-and-swap. File databases use WAL with ``synchronous=NORMAL``: a committed transaction survives a
+``kill -9`` of the simulator. ``:memory:`` is for tests.
+
+Revisions: every change to a queue row gets a new ``rev``, a float that is the wall clock in Unix seconds
+unless that would not be strictly greater than the last one, in which case it is the last one plus a
+microsecond. The last revision is stored in ``meta``, so revisions keep increasing across restarts (and a
+clock that steps backwards) and cursors issued before a restart stay valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+SCHEMA_VERSION = 2
+_REV_STEP = 1e-6
+#: The platform of a queue entry whose outpost uses the default platform (``spec.platform: null``). Only
+#: the outpost's platform is nullable (docs/fleet-api.md §3): entries always name a concrete one, which clients
+#: filter on. Devin's default machine is Ubuntu and ``linux_x64`` is the first ``devin-remote`` build,
+#: so the default platform is ``linux``. (The organization default-platform API names a hosted platform
+#: label or an outpost, not an OS, so it cannot decide this.)
+DEFAULT_PLATFORM = "linux"
+#: The grace a claim gets when its session stops running, for a claim made before ``claim_ttl`` was
+#: recorded (a database from schema version 1): the contract's usual claim TTL.
+FALLBACK_CLAIM_TTL = 300.0
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS accounts (
+    account_id TEXT PRIMARY KEY, default_org_id TEXT, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS api_tokens (
+    token_hash TEXT PRIMARY KEY, account_id TEXT NOT NULL, scopes TEXT NOT NULL, label TEXT,
+    created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS orgs (
+    org_id TEXT PRIMARY KEY, account_id TEXT NOT NULL, default_platform TEXT,
+    default_outpost_id TEXT, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS outposts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, outpost_id TEXT NOT NULL UNIQUE, account_id TEXT NOT NULL,
+    name TEXT NOT NULL, platform TEXT, description TEXT, allowed_org_ids TEXT, created_at REAL NOT NULL,
+    UNIQUE (account_id, name));
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY, account_id TEXT NOT NULL, outpost_id TEXT NOT NULL,
+    kind TEXT NOT NULL, platform TEXT, remote_binary_sha TEXT, network_policy TEXT,
+    phase TEXT NOT NULL, acceptor_id TEXT, claim_deadline REAL, claim_chain INTEGER,
+    session_status TEXT NOT NULL, created_at REAL NOT NULL, rev REAL NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS sessions_by_rev ON sessions (account_id, rev, session_id);
+CREATE TABLE IF NOT EXISTS claim_history (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, session_id TEXT NOT NULL,
+    account_id TEXT NOT NULL, outpost_id TEXT NOT NULL, action TEXT NOT NULL, acceptor_id TEXT,
+    token_fingerprint TEXT, claim_deadline REAL, chain INTEGER, reason TEXT);
+CREATE INDEX IF NOT EXISTS claim_history_by_session ON claim_history (session_id, seq);
+CREATE TABLE IF NOT EXISTS connect_tokens (
+    token_hash TEXT PRIMARY KEY, session_id TEXT NOT NULL, acceptor_id TEXT NOT NULL,
+    chain INTEGER NOT NULL, issued_at REAL NOT NULL, revoked_at REAL, revoked_reason TEXT);
+CREATE INDEX IF NOT EXISTS connect_tokens_by_session ON connect_tokens (session_id, revoked_at);
+CREATE TABLE IF NOT EXISTS dist_artifacts (
+    sha TEXT NOT NULL, suffix TEXT NOT NULL, content BLOB NOT NULL, published_sha256 TEXT NOT NULL,
+    created_at REAL NOT NULL, PRIMARY KEY (sha, suffix));
+CREATE TABLE IF NOT EXISTS dist_latest (suffix TEXT PRIMARY KEY, sha TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS remote_connections (
+    connection_id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, at REAL NOT NULL,
+    last_seen REAL NOT NULL, acceptor_id TEXT, chain INTEGER, token_fingerprint TEXT, info TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS remote_connections_by_session ON remote_connections (session_id, connection_id);
+CREATE TABLE IF NOT EXISTS tool_calls (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, call_id TEXT NOT NULL UNIQUE, session_id TEXT NOT NULL,
+    tool TEXT NOT NULL, args TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL,
+    delivered_at REAL, connection_id INTEGER, attempts INTEGER NOT NULL DEFAULT 0, completed_at REAL,
+    result TEXT);
+CREATE INDEX IF NOT EXISTS tool_calls_by_session ON tool_calls (session_id, state, seq);
+"""
+
+#: Columns of ``sessions`` added after schema version 1. They are added by ``ALTER TABLE`` on every open
+#: (when missing), so a database written by an older simulator keeps its state and its cursors.
+#: ``claim_ttl``: the TTL of the current claim or renewal, the grace a claim gets when its session stops
+#: running (see :meth:`StoreBase._write_status_locked`). ``ending_status``/``ending_at``: the status the
+#: brain ended the session with, and when it is to be written, while it lags the end notice (the
+#: simulator's ``status_lag``; see :meth:`StoreBase._apply_endings_locked`).
+ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"), ("ending_status", "TEXT"), ("ending_at", "REAL"))
+#: A claim that :meth:`StoreBase._expire_locked` returns to the queue once its deadline passes. The
+#: expiry queries spell it exactly so, which lets SQLite use the partial index ``sessions_expirable``.
+EXPIRABLE = "phase = 'claimed' AND deleted = 0 AND session_status != 'running'"
+
+#: The indexes of the hot queries (run on every open, after the added columns exist; see
+#: python/devin-outposts-sim/tests/test_sim_query_plans.py, which checks that none of those queries scans a table):
+#:
+#: * ``sessions_by_change``: the watch feed reads every change after a revision;
+#: * ``sessions_by_outpost_rev`` / ``sessions_by_rev``: watch replays and lists of one outpost / of an
+#:   account, in ``(rev, session_id)`` order from a cursor;
+#: * ``sessions_by_outpost_phase``: a worker's ``?outpost=&phase=pending`` list and its ``total``;
+#: * ``sessions_by_acceptor``: an orchestrator's ``?phase=claimed&acceptor_id=`` list;
+#: * ``sessions_expirable``, ``sessions_by_ending`` (partial): what every request checks first, claims
+#:   due to expire and lagging statuses due to be written; only the few candidate rows are in them, so
+#:   the check costs nothing when there are none;
+#: * ``claim_history_by_outpost``: the admin claim history of an outpost (benchmarks read it).
+#:
+#: Two indexes of schema version 1 are dropped: ``(outpost_id, deleted, phase)`` is a prefix of
+#: ``sessions_by_outpost_phase``, and ``(phase, claim_deadline)`` held every running claim as well.
+INDEXES = f"""
+DROP INDEX IF EXISTS sessions_by_outpost;
+DROP INDEX IF EXISTS sessions_by_deadline;
+CREATE INDEX IF NOT EXISTS sessions_by_change ON sessions (rev);
+CREATE INDEX IF NOT EXISTS sessions_by_outpost_rev ON sessions (outpost_id, rev, session_id);
+CREATE INDEX IF NOT EXISTS sessions_by_outpost_phase
+    ON sessions (outpost_id, deleted, phase, rev, session_id);
+CREATE INDEX IF NOT EXISTS sessions_by_acceptor ON sessions (acceptor_id, rev, session_id);
+CREATE INDEX IF NOT EXISTS sessions_expirable ON sessions (claim_deadline) WHERE {EXPIRABLE};
+CREATE INDEX IF NOT EXISTS sessions_by_ending ON sessions (ending_at) WHERE ending_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS claim_history_by_outpost ON claim_history (outpost_id, seq);
+"""
+#: Is anything due: a claim to expire or a lagging status to write (``?``: now, twice)?
+DUE_SQL = (
+    f"SELECT 1 FROM sessions WHERE {EXPIRABLE} AND claim_deadline <= ? "
+    "UNION ALL SELECT 1 FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? LIMIT 1"
+)
+#: The claims due to expire (``?``: now), oldest deadline first.
+EXPIRE_SQL = (
+    f"SELECT * FROM sessions WHERE {EXPIRABLE} AND claim_deadline <= ? ORDER BY claim_deadline, session_id"
+)
+#: The lagging statuses due to be written (``?``: now).
+ENDINGS_SQL = "SELECT * FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? ORDER BY ending_at"
+
+#: Tables wiped by :meth:`StoreBase.reset` (``meta`` survives so revisions keep increasing). The
+#: ``dist_*`` tables hold published ``devin-remote`` artifacts (the built-in stand-in is not stored);
+#: ``remote_connections`` and ``tool_calls`` are the gateway's and the brain's records.
+DATA_TABLES = (
+    "accounts",
+    "api_tokens",
+    "orgs",
+    "outposts",
+    "sessions",
+    "claim_history",
+    "connect_tokens",
+    "dist_artifacts",
+    "dist_latest",
+    "remote_connections",
+    "tool_calls",
+)
+
+
+def token_hash(token: str) -> str:
+    """How tokens are stored: only their SHA-256, never the token itself."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_fingerprint(token: str) -> str:
+    """The short, non-secret id of a connect token recorded in the claim history (16 hex digits).
+
+    Tests compute it from a claim response's ``connect_token`` to match history records.
+    """
+    return token_hash(token)[:16]
+
+
+class StoreBase:
+    """Connection, transactions, revisions and change notification. Not used on its own."""
+
+    def __init__(self, path: str = ":memory:", *, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[], None]] = []
+        self._changed = False
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._conn.row_factory = sqlite3.Row
+        if path != ":memory:" and not path.startswith("file::memory:"):
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA busy_timeout=30000")
+        with self._lock:
+            self._conn.executescript(SCHEMA)
+            self._upgrade()
+            self._conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('last_rev', '0')")
+            row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
+            stored = float(row["value"])
+            top = self._conn.execute("SELECT MAX(rev) AS top FROM sessions").fetchone()["top"]
+            self._last_rev = max(stored, float(top or 0.0))
+
+    def _upgrade(self) -> None:
+        """Bring a database of an older schema version (or a new one) up to :data:`SCHEMA_VERSION`."""
+        conn = self._conn
+        columns = {str(row["name"]) for row in conn.execute("PRAGMA table_info(sessions)")}
+        for name, declaration in ADDED_SESSION_COLUMNS:
+            if name not in columns:
+                conn.execute(f"ALTER TABLE sessions ADD COLUMN {name} {declaration}")
+        conn.executescript(INDEXES)
+        # Schema version 1 queued sessions of a default-platform outpost with a null platform.
+        conn.execute("UPDATE sessions SET platform = ? WHERE platform IS NULL", (DEFAULT_PLATFORM,))
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+        )
+
+    # --- lifecycle and listeners ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from whatever thread committed) after every committed queue change."""
+        self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        if callback in self._listeners:
+            self._listeners.remove(callback)
+
+    def now(self) -> float:
+        return self._clock()
+
+    # --- transactions --------------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE``); listeners run after a commit that changed rows."""
+        with self._lock:
+            self._changed = False
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Another process may share the file: take the last revision from the database, now
+                # that this transaction holds the write lock.
+                self._reload_last_rev()
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                self._reload_last_rev()
+                raise
+            self._conn.execute("COMMIT")
+            changed, self._changed = self._changed, False
+        if changed:
+            for callback in list(self._listeners):
+                callback()
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """Statements outside any transaction (each one sees the latest commit); no claim expiry."""
+        with self._lock:
+            yield self._conn
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction (one consistent view) in which no claim is void and no lagging status is
+        overdue, as with :meth:`_tx`, but without taking the write lock unless something is due.
+
+        Why: reads (lists, gets, watch replays, connect-token checks) are most of the traffic. Taking
+        SQLite's write lock for each of them (``BEGIN IMMEDIATE`` only to run the expiry) serialised
+        them behind every writer, of this process and of any other on the file.
+        """
+        with self._lock:
+            now = self._clock()
+            if self._conn.execute(DUE_SQL, (now, now)).fetchone() is not None:
+                with self._tx() as conn:
+                    self._expire_locked(conn, now)
+            self._conn.execute("BEGIN")
+            try:
+                # Another process may share the file: a head cursor made in here must be current.
+                self._reload_last_rev()
+                yield self._conn
+            finally:
+                self._conn.execute("COMMIT")  # a read transaction: this only ends the snapshot
+
+    def _reload_last_rev(self) -> None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
+        self._last_rev = max(self._last_rev, float(row["value"]))
+
+    def _next_rev(self, conn: sqlite3.Connection, now: float) -> float:
+        """A revision strictly greater than every earlier one; marks the transaction as a change."""
+        rev = max(now, self._last_rev + _REV_STEP)
+        if rev <= self._last_rev:  # pragma: no cover - float guard
+            rev = self._last_rev + 2 * _REV_STEP
+        self._last_rev = rev
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'last_rev'", (repr(rev),))
+        self._changed = True
+        return rev
+
+    @property
+    def last_rev(self) -> float:
+        return self._last_rev
+
+    def reset(self) -> None:
+        """Delete every account, token, outpost, session and record (test isolation)."""
+        with self._tx() as conn:
+            for table in DATA_TABLES:
+                conn.execute(f"DELETE FROM {table}")
+            self._changed = True
+
+    # --- claim expiry (used by every queue read and write) -------------------------------------------
+
+    def _revoke_tokens(self, conn: sqlite3.Connection, session_id: str, now: float, reason: str) -> None:
+        conn.execute(
+            "UPDATE connect_tokens SET revoked_at = ?, revoked_reason = ? "
+            "WHERE session_id = ? AND revoked_at IS NULL",
+            (now, reason, session_id),
+        )
+
+    def _record(
+        self,
+        conn: sqlite3.Connection,
+        row: sqlite3.Row,
+        action: str,
+        now: float,
+        *,
+        acceptor_id: Optional[str] = None,
+        fingerprint: Optional[str] = None,
+        deadline: Optional[float] = None,
+        chain: Optional[int] = None,
+        reason: Optional[str] = None,
+    ) -> int:
+        cur = conn.execute(
+            "INSERT INTO claim_history (at, session_id, account_id, outpost_id, action, acceptor_id, "
+            "token_fingerprint, claim_deadline, chain, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                now,
+                row["session_id"],
+                row["account_id"],
+                row["outpost_id"],
+                action,
+                acceptor_id,
+                fingerprint,
+                deadline,
+                chain,
+                reason,
+            ),
+        )
+        seq = cur.lastrowid
+        assert seq is not None
+        return seq
+
+    def _expire_locked(self, conn: sqlite3.Connection, now: float) -> int:
+        """Return expired claims to the queue, except those whose session is ``running``.
+
+        Lagging statuses that are due are written first: a session that stopped running is judged by
+        its status from then on (and gets its grace, see :meth:`_write_status_locked`).
+        """
+        self._apply_endings_locked(conn, now)
+        rows = conn.execute(EXPIRE_SQL, (now,)).fetchall()
+        for row in rows:
+            rev = self._next_rev(conn, now)
+            conn.execute(
+                "UPDATE sessions SET phase = 'pending', acceptor_id = NULL, claim_deadline = NULL, "
+                "claim_chain = NULL, claim_ttl = NULL, rev = ? WHERE session_id = ?",
+                (rev, row["session_id"]),
+            )
+            self._record(
+                conn,
+                row,
+                "expire",
+                now,
+                acceptor_id=row["acceptor_id"],
+                deadline=row["claim_deadline"],
+                chain=row["claim_chain"],
+                reason="claim deadline passed",
+            )
+            self._revoke_tokens(conn, row["session_id"], now, "expired")
+        return len(rows)
+
+    def _write_status_locked(
+        self, conn: sqlite3.Connection, row: sqlite3.Row, status: str, now: float
+    ) -> None:
+        """Set ``session_status`` (a queue change). When a claimed session stops running, its claim
+        lasts at least one claim TTL from now.
+
+        Why: a claim may outlive its deadline while the session runs (it stays with its worker). Were it
+        voided the instant the session stopped running, the holder's connect tokens would be revoked
+        before the remote got the end notice (its pending long poll would get 401, docs/fleet-api.md §6.6 says
+        tokens cover the session's lifetime) and the holder's release would get 409, although contract
+        4.2 has the remote told first, then the worker confirm the status and release. The grace gives
+        the holder that time; a holder that never releases loses the claim when the grace runs out.
+        """
+        deadline = row["claim_deadline"]
+        if (
+            row["phase"] == "claimed"
+            and deadline is not None
+            and row["session_status"] == "running"
+            and status != "running"
+        ):
+            ttl = row["claim_ttl"] if row["claim_ttl"] is not None else FALLBACK_CLAIM_TTL
+            deadline = max(float(deadline), now + float(ttl))
+        rev = self._next_rev(conn, now)
+        # A status written now replaces a lagging one that was still to come.
+        conn.execute(
+            "UPDATE sessions SET session_status = ?, claim_deadline = ?, ending_status = NULL, "
+            "ending_at = NULL, rev = ? WHERE session_id = ?",
+            (status, deadline, rev, row["session_id"]),
+        )
+
+    def _apply_endings_locked(self, conn: sqlite3.Connection, now: float) -> None:
+        """Write the lagging statuses that are due (the brain ended those sessions ``status_lag`` ago)."""
+        rows = conn.execute(ENDINGS_SQL, (now,)).fetchall()
+        for row in rows:
+            self._write_status_locked(conn, row, str(row["ending_status"]), now)
+
+    def expire_claims(self) -> int:
+        """The sweeper's work: expire claims now; returns how many went back to the queue."""
+        with self._tx() as conn:
+            return self._expire_locked(conn, self._clock())
+
+    def _tombstone_locked(self, conn: sqlite3.Connection, row: sqlite3.Row, now: float, reason: str) -> None:
+        """Soft-delete a queue row: it leaves lists, answers 404, and watchers get a DELETED event."""
+        rev = self._next_rev(conn, now)
+        conn.execute(
+            "UPDATE sessions SET deleted = 1, ending_status = NULL, ending_at = NULL, rev = ? "
+            "WHERE session_id = ?",
+            (rev, row["session_id"]),
+        )
+        if row["phase"] == "claimed":
+            self._record(
+                conn,
+                row,
+                "tombstone",
+                now,
+                acceptor_id=row["acceptor_id"],
+                deadline=row["claim_deadline"],
+                chain=row["claim_chain"],
+                reason=reason,
+            )
+        self._revoke_tokens(conn, row["session_id"], now, "tombstoned")

@@ -1,0 +1,286 @@
+"""The gateway's and the brain's state: connect-token checks, remote connections and scripted tool calls.
+
+The simulated brain appends tool calls to a session; a ``devin-remote`` connected through the gateway
+with the session's connect token takes them one at a time, in order, and posts each result. Calls move
+through ``queued`` -> ``delivered`` (to one connection) -> ``done``; calls still queued when the brain ends
+the session become ``cancelled``. A call delivered to a connection that never answered goes back to
+``queued`` when a *newer* connection of the session connects (the remote was restarted), so a restarted
+remote picks up where the old one stopped. Only the newest connection of a session gets work: an older
+one still asking is answered 409 (superseded).
+
+Connecting marks the session ``running`` (what the real brain does once the remote is up), unless it is
+already ``suspended`` or ``terminated`` (or the brain ended it and the written status still lags, see
+:meth:`GatewayStore.end_session`); then the answer says the session is over. Every gateway call
+checks the connect token first: it is valid while its claim chain lasts (see :meth:`check_connect_token`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from typing import Any, Callable, Optional
+
+from devin_outposts.api.models import QueueEntry
+from devin_outposts_sim.db import token_fingerprint, token_hash
+from devin_outposts_sim.errors import Conflict, Invalid, NotFound, Unauthorized
+from devin_outposts_sim.queue import QueueStore, entry_from_row
+
+INVALID_CONNECT_TOKEN = "Invalid connect token"  # noqa: S105 - an error message, not a secret
+SUPERSEDED = "This connection was superseded by a newer connection of the session"
+ENDED_STATUSES = ("suspended", "terminated")
+CALL_STATES = ("queued", "delivered", "done", "cancelled")
+MAX_INFO_CHARS = 256 * 1024
+MAX_RESULT_CHARS = 4 * 1024 * 1024
+
+
+def _call_view(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": row["call_id"],
+        "seq": row["seq"],
+        "session_id": row["session_id"],
+        "tool": row["tool"],
+        "args": json.loads(row["args"]),
+        "state": row["state"],
+        "created_at": row["created_at"],
+        "delivered_at": row["delivered_at"],
+        "completed_at": row["completed_at"],
+        "connection_id": row["connection_id"],
+        "attempts": row["attempts"],
+        "result": json.loads(row["result"]) if row["result"] is not None else None,
+    }
+
+
+def _connection_view(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "connection_id": row["connection_id"],
+        "session_id": row["session_id"],
+        "at": row["at"],
+        "last_seen": row["last_seen"],
+        "acceptor_id": row["acceptor_id"],
+        "chain": row["chain"],
+        "token_fingerprint": row["token_fingerprint"],
+        **json.loads(row["info"]),
+    }
+
+
+def _remote_status(row: sqlite3.Row) -> str:
+    """The session's status as its remote is told it: an end the brain announced counts at once, even
+    while the written ``session_status`` still lags it."""
+    return str(row["ending_status"] or row["session_status"])
+
+
+class GatewayStore(QueueStore):
+    """Connect tokens as the gateway sees them, remote connections, and the brain's tool calls."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._call_listeners: list[Callable[[], None]] = []
+
+    def add_call_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every committed change to tool calls or connections."""
+        self._call_listeners.append(callback)
+
+    def remove_call_listener(self, callback: Callable[[], None]) -> None:
+        if callback in self._call_listeners:
+            self._call_listeners.remove(callback)
+
+    def _calls_changed(self) -> None:
+        for callback in list(self._call_listeners):
+            callback()
+
+    # --- connect tokens ---------------------------------------------------------------------------
+
+    def _token_holder(self, conn: sqlite3.Connection, session_id: str, token: str) -> Optional[sqlite3.Row]:
+        found: Optional[sqlite3.Row] = conn.execute(
+            "SELECT t.acceptor_id, t.chain FROM connect_tokens t "
+            "JOIN sessions s ON s.session_id = t.session_id "
+            "WHERE t.token_hash = ? AND t.session_id = ? AND t.revoked_at IS NULL AND s.deleted = 0 "
+            "AND s.phase = 'claimed' AND s.acceptor_id = t.acceptor_id AND s.claim_chain = t.chain",
+            (token_hash(token), session_id),
+        ).fetchone()
+        return found
+
+    def check_connect_token(self, session_id: str, token: str) -> bool:
+        """True while ``token`` belongs to the current claim chain of ``session_id``'s holder."""
+        with self._snapshot() as conn:
+            return self._token_holder(conn, session_id, token) is not None
+
+    def _gateway_auth(
+        self, conn: sqlite3.Connection, session_id: str, token: str
+    ) -> tuple[sqlite3.Row, sqlite3.Row]:
+        """The session row and the token's holder, after expiring due claims (a bad token is a 401)."""
+        self._expire_locked(conn, self._clock())
+        holder = self._token_holder(conn, session_id, token)
+        if holder is None:
+            raise Unauthorized(INVALID_CONNECT_TOKEN)
+        return self._reload(conn, session_id), holder
+
+    # --- the gateway (the remote's side) ------------------------------------------------------------
+
+    def remote_connect(self, session_id: str, token: str, info: dict[str, Any]) -> dict[str, Any]:
+        """Record a remote connection; mark the session running unless it is over."""
+        encoded = json.dumps(info)
+        if len(encoded) > MAX_INFO_CHARS:
+            raise Invalid(f"the connection info must be at most {MAX_INFO_CHARS} characters of JSON")
+        with self._tx() as conn:
+            row, holder = self._gateway_auth(conn, session_id, token)
+            now = self._clock()
+            status = _remote_status(row)
+            ended = status in ENDED_STATUSES
+            if not ended and status != "running":
+                rev = self._next_rev(conn, now)
+                conn.execute(
+                    "UPDATE sessions SET session_status = 'running', rev = ? WHERE session_id = ?",
+                    (rev, session_id),
+                )
+                status = "running"
+            cur = conn.execute(
+                "INSERT INTO remote_connections (session_id, at, last_seen, acceptor_id, chain, "
+                "token_fingerprint, info) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    now,
+                    now,
+                    holder["acceptor_id"],
+                    holder["chain"],
+                    token_fingerprint(token),
+                    encoded,
+                ),
+            )
+            connection_id = cur.lastrowid
+            conn.execute(
+                "UPDATE tool_calls SET state = 'queued', connection_id = NULL, delivered_at = NULL "
+                "WHERE session_id = ? AND state = 'delivered'",
+                (session_id,),
+            )
+        self._calls_changed()
+        return {"connection_id": connection_id, "session_status": status, "end": ended}
+
+    def remote_next(self, session_id: str, token: str, connection_id: int) -> Optional[dict[str, Any]]:
+        """The next answer for a remote: the end of the session, the next call, or None (no work yet)."""
+        with self._tx() as conn:
+            row, _holder = self._gateway_auth(conn, session_id, token)
+            status = _remote_status(row)
+            if status in ENDED_STATUSES:
+                return {"type": "end", "session_status": status}
+            latest = conn.execute(
+                "SELECT MAX(connection_id) AS latest FROM remote_connections WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()["latest"]
+            if latest != connection_id:
+                raise Conflict(SUPERSEDED)
+            now = self._clock()
+            conn.execute(
+                "UPDATE remote_connections SET last_seen = ? WHERE connection_id = ?", (now, connection_id)
+            )
+            call = conn.execute(
+                "SELECT * FROM tool_calls WHERE session_id = ? AND state = 'queued' ORDER BY seq LIMIT 1",
+                (session_id,),
+            ).fetchone()
+            if call is None:
+                return None
+            conn.execute(
+                "UPDATE tool_calls SET state = 'delivered', delivered_at = ?, connection_id = ?, "
+                "attempts = attempts + 1 WHERE seq = ?",
+                (now, connection_id, call["seq"]),
+            )
+        self._calls_changed()
+        return {
+            "type": "call",
+            "call": {"id": call["call_id"], "tool": call["tool"], "args": json.loads(call["args"])},
+        }
+
+    def remote_result(
+        self, session_id: str, token: str, connection_id: int, call_id: str, result: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Store the result of a call delivered to ``connection_id``; anything else is a 404/409."""
+        encoded = json.dumps(result)
+        if len(encoded) > MAX_RESULT_CHARS:
+            raise Invalid(f"a result must be at most {MAX_RESULT_CHARS} characters of JSON")
+        with self._tx() as conn:
+            self._gateway_auth(conn, session_id, token)
+            call = conn.execute(
+                "SELECT * FROM tool_calls WHERE call_id = ? AND session_id = ?", (call_id, session_id)
+            ).fetchone()
+            if call is None:
+                raise NotFound("Unknown tool call")
+            if call["state"] != "delivered" or call["connection_id"] != connection_id:
+                raise Conflict(f"Tool call {call_id} is not awaiting a result from this connection")
+            conn.execute(
+                "UPDATE tool_calls SET state = 'done', completed_at = ?, result = ? WHERE seq = ?",
+                (self._clock(), encoded, call["seq"]),
+            )
+        self._calls_changed()
+        return {"id": call_id, "state": "done"}
+
+    # --- the brain (admin side) ---------------------------------------------------------------------
+
+    def add_calls(self, session_id: str, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Append validated ``(tool, args)`` calls to a live session; returns them with their ids."""
+        with self._tx() as conn:
+            self._live_row(conn, None, session_id)
+            now = self._clock()
+            seqs = []
+            for tool, args in calls:
+                cur = conn.execute(
+                    "INSERT INTO tool_calls (call_id, session_id, tool, args, state, created_at) "
+                    "VALUES (?, ?, ?, ?, 'queued', ?)",
+                    (f"call_{secrets.token_hex(8)}", session_id, tool, json.dumps(args), now),
+                )
+                seqs.append(cur.lastrowid)
+            rows = conn.execute(
+                f"SELECT * FROM tool_calls WHERE seq IN ({','.join('?' * len(seqs))}) ORDER BY seq", seqs
+            ).fetchall()
+        self._calls_changed()
+        return [_call_view(row) for row in rows]
+
+    def _known_session(self, conn: sqlite3.Connection, session_id: str) -> None:
+        if self._session_row(conn, session_id) is None:
+            raise NotFound("Session not found")
+
+    def session_calls(self, session_id: str) -> list[dict[str, Any]]:
+        """Every call of a session (tombstoned sessions too), oldest first, with results and timings."""
+        with self._read() as conn:
+            self._known_session(conn, session_id)
+            rows = conn.execute("SELECT * FROM tool_calls WHERE session_id = ? ORDER BY seq", (session_id,))
+            return [_call_view(row) for row in rows.fetchall()]
+
+    def session_connections(self, session_id: str) -> list[dict[str, Any]]:
+        """Every remote connection of a session, oldest first: what the remote reported on connect."""
+        with self._read() as conn:
+            self._known_session(conn, session_id)
+            rows = conn.execute(
+                "SELECT * FROM remote_connections WHERE session_id = ? ORDER BY connection_id", (session_id,)
+            )
+            return [_connection_view(row) for row in rows.fetchall()]
+
+    def end_session(self, session_id: str, session_status: str, *, lag: float = 0.0) -> QueueEntry:
+        """The brain ends a session: set ``suspended``/``terminated``, cancel calls not yet delivered.
+        Connected remotes are told to exit at their next request (long polls wake at once).
+
+        With ``lag`` > 0 the remotes are told now but ``session_status`` is written ``lag`` seconds
+        later (the real status update can lag the remote's exit, docs/fleet-api.md §5): the entry returned, and
+        every read until then, still shows the old status.
+        """
+        if session_status not in ENDED_STATUSES:
+            raise Invalid("session_status must be suspended or terminated")
+        with self._tx() as conn:
+            now = self._clock()
+            self._expire_locked(conn, now)
+            row = self._live_row(conn, None, session_id)
+            if lag > 0:
+                conn.execute(
+                    "UPDATE sessions SET ending_status = ?, ending_at = ? WHERE session_id = ?",
+                    (session_status, now + lag, session_id),
+                )
+            else:
+                self._write_status_locked(conn, row, session_status, now)
+            conn.execute(
+                "UPDATE tool_calls SET state = 'cancelled', completed_at = ? "
+                "WHERE session_id = ? AND state = 'queued'",
+                (now, session_id),
+            )
+            entry = entry_from_row(self._reload(conn, session_id))
+        self._calls_changed()
+        return entry

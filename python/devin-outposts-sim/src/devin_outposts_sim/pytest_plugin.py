@@ -1,0 +1,174 @@
+"""pytest fixtures for tests against the fleet simulator: this repository's, and users' own.
+
+Use them from a ``conftest.py``: ``from devin_outposts_sim.pytest_plugin import *`` (or, in a root
+conftest, ``pytest_plugins = ["devin_outposts_sim.pytest_plugin"]``).
+
+* ``sim``: an in-process simulator (``:memory:``, ``FAST`` timings), empty at the start of each test
+  (one server per session, reset through the admin API, so tests stay fast).
+* ``make_sim(**config)``: start another one with custom settings (closed at the end of the test).
+* ``orchestrator_token`` / ``machine_token``: API tokens of the default account on ``sim``.
+* ``api(token)``: a sync httpx client on ``sim`` sending ``Authorization: Bearer <token>``.
+* ``outpost``: an outpost (``linux``) created on ``sim``.
+* ``watch(token, **params)``: open a watch stream (:class:`WatchStream`) as a context manager.
+* ``wait_until(predicate, timeout=10)``: bounded polling for a condition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any, Callable, Optional
+
+import httpx
+import pytest
+
+from devin_outposts.api.models import Outpost
+from devin_outposts_sim import testing as sim_testing
+from devin_outposts_sim.testing import SimHandle, run_sim
+
+#: Timings for tests: short enough to expire and end streams quickly, long enough not to race.
+FAST: dict[str, float] = {
+    "claim_ttl": 30.0,
+    "watch_max_duration": 10.0,
+    "keepalive_interval": 5.0,
+    "sweep_interval": 0.05,
+}
+
+__all__ = ["FAST", "_shared_sim", "api", "machine_token", "make_sim", "orchestrator_token", "outpost", "sim",
+           "wait_until", "watch"]
+
+MakeSim = Callable[..., SimHandle]
+Api = Callable[..., httpx.Client]
+
+
+@pytest.fixture
+def make_sim() -> Iterator[MakeSim]:
+    with ExitStack() as stack:
+
+        def start(**config: Any) -> SimHandle:
+            return stack.enter_context(run_sim(**{**FAST, **config}))
+
+        yield start
+
+
+@pytest.fixture(scope="session")
+def _shared_sim() -> Iterator[SimHandle]:
+    with run_sim(
+        claim_ttl=FAST["claim_ttl"],
+        watch_max_duration=FAST["watch_max_duration"],
+        keepalive_interval=FAST["keepalive_interval"],
+        sweep_interval=FAST["sweep_interval"],
+    ) as handle:
+        yield handle
+
+
+@pytest.fixture
+def sim(_shared_sim: SimHandle) -> SimHandle:
+    """The shared simulator (``FAST`` timings), emptied by the admin reset before each test."""
+    _shared_sim.admin.reset()
+    return _shared_sim
+
+
+@pytest.fixture
+def orchestrator_token(sim: SimHandle) -> str:
+    return sim.create_token("orchestrator")
+
+
+@pytest.fixture
+def machine_token(sim: SimHandle) -> str:
+    return sim.create_token("machine")
+
+
+@pytest.fixture
+def api(sim: SimHandle) -> Iterator[Api]:
+    with ExitStack() as stack:
+
+        def client(token: Optional[str] = None, *, handle: Optional[SimHandle] = None) -> httpx.Client:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            target = handle or sim
+            return stack.enter_context(httpx.Client(base_url=target.url, headers=headers, timeout=30.0))
+
+        yield client
+
+
+@pytest.fixture
+def outpost(sim: SimHandle) -> Outpost:
+    return sim.admin.create_outpost("rhel", "linux")
+
+
+# --- helpers shared by the simulator tests ---------------------------------------------------------
+
+
+def _wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``."""
+    try:
+        return sim_testing.wait_until(predicate, timeout=timeout, interval=interval)
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture
+def wait_until() -> Callable[..., Any]:
+    """``wait_until(predicate, timeout=10)``: poll until truthy (returns it); fail after the timeout."""
+    return _wait_until
+
+
+class WatchStream:
+    """An open ``?watch=true`` response, read as SSE events (``data:`` lines) and comments."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self._lines = response.iter_lines()
+        self.comments: list[str] = []
+        self.ended = False
+
+    def next_event(self) -> Optional[dict[str, Any]]:
+        """The next data event (comments are counted, not returned), or None when the stream ended."""
+        for line in self._lines:
+            if line.startswith(":"):
+                self.comments.append(line[1:].strip())
+            elif line.startswith("data:"):
+                event: dict[str, Any] = json.loads(line[len("data:") :].strip())
+                return event
+        self.ended = True
+        return None
+
+    def until(self, predicate: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """Events up to and including the first one matching ``predicate``; fails if the stream ends."""
+        seen: list[dict[str, Any]] = []
+        while True:
+            event = self.next_event()
+            if event is None:
+                pytest.fail(f"the stream ended before the expected event; got {[e['type'] for e in seen]}")
+            seen.append(event)
+            if predicate(event):
+                return seen
+
+    def rest(self) -> list[dict[str, Any]]:
+        """Every remaining event until the server ends the stream."""
+        seen: list[dict[str, Any]] = []
+        while (event := self.next_event()) is not None:
+            seen.append(event)
+        return seen
+
+
+WatchFactory = Callable[..., AbstractContextManager[WatchStream]]
+
+
+@pytest.fixture
+def watch(sim: SimHandle) -> WatchFactory:
+    """``with watch(token, outpost=..., cursor=..., handle=other_sim) as stream: ...``"""
+
+    @contextmanager
+    def open_watch(token: str, *, handle: Optional[SimHandle] = None, **params: Any) -> Iterator[WatchStream]:
+        target = handle or sim
+        query = {"watch": "true", **{k: v for k, v in params.items() if v is not None}}
+        headers = {"Authorization": f"Bearer {token}"}
+        with ExitStack() as stack:  # one ``with`` per context: Python 3.9 has no parenthesised form
+            client = stack.enter_context(httpx.Client(base_url=target.url, headers=headers, timeout=15.0))
+            response = stack.enter_context(client.stream("GET", "/opbeta/outposts/devins", params=query))
+            assert response.status_code == 200, response.read()
+            yield WatchStream(response)
+
+    return open_watch

@@ -1,0 +1,517 @@
+"""The queue of sessions (``devins``): enqueue, list, changes for watchers, claim, release, history.
+
+Claims are a compare-and-swap inside one ``BEGIN IMMEDIATE`` transaction, so exactly one of any number
+of concurrent claimers wins. Every operation first returns expired claims to the queue (unless the
+session is ``running``), so no answer ever shows a claim that is already void, whether or not the
+background sweeper has run yet.
+
+Connect tokens: each claim or renewal issues a fresh token. All tokens issued to the current holder since
+its claim began (its *claim chain*) stay valid while that chain lasts; release, expiry, a tombstone or a
+takeover by another acceptor revokes them. The end of a session does not: a claimed session that stops
+running keeps its claim for at least one more claim TTL (:meth:`StoreBase._write_status_locked`), so the
+remote hears of the end and the holder can release.
+:meth:`~devin_outposts_sim.gateway_store.GatewayStore.check_connect_token` answers the question a gateway
+asks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pydantic import ValidationError
+
+from devin_outposts.api.models import NetworkPolicy, QueueEntry
+from devin_outposts_sim.cursor import QueueCursor
+from devin_outposts_sim.db import DEFAULT_PLATFORM, StoreBase, token_fingerprint, token_hash
+from devin_outposts_sim.errors import (
+    ALREADY_CLAIMED,
+    NOT_CLAIMED_BY_ACCEPTOR,
+    OUTPOST_NOT_FOUND,
+    SESSION_NOT_FOUND,
+    Conflict,
+    Invalid,
+    NotFound,
+)
+
+_STATUS_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+# The hot queries, kept here so python/devin-outposts-sim/tests/test_sim_query_plans.py can check SQLite's plan of each.
+#: A page of the queue list (``{where}``: :func:`list_filter`, plus the cursor term) and its total.
+LIST_SQL = "SELECT * FROM sessions WHERE {where} ORDER BY rev, session_id LIMIT ?"
+COUNT_SQL = "SELECT COUNT(*) AS n FROM sessions WHERE {where}"
+#: The cursor term of a list (``>=``: the boundary row repeats) and of a replay (``>`` after the first).
+#: A row value, so that SQLite seeks the index to the cursor instead of scanning up to it.
+CURSOR_TERM = " AND (rev, session_id) {op} (?, ?)"
+#: A watch stream's backlog: one outpost's changes, or an account's.
+REPLAY_OUTPOST_SQL = "SELECT * FROM sessions WHERE outpost_id = ?{cursor} ORDER BY rev, session_id LIMIT ?"
+REPLAY_ACCOUNT_SQL = "SELECT * FROM sessions WHERE account_id = ?{cursor} ORDER BY rev, session_id LIMIT ?"
+#: The watch feed: every change after a revision.
+CHANGES_AFTER_SQL = "SELECT * FROM sessions WHERE rev > ? ORDER BY rev LIMIT ?"
+
+
+def list_filter(
+    account_id: str, outpost: Optional[str], phase: Optional[str], acceptor_id: Optional[str]
+) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause and parameters of a queue list (without its cursor term).
+
+    With an outpost, the caller has checked that it is the account's, so no ``account_id`` term: the
+    list and its ``total`` come from the index ``sessions_by_outpost_phase`` (or ``_rev``).
+    """
+    if outpost is not None:
+        where, params = ["outpost_id = ?", "deleted = 0"], [outpost]
+    elif acceptor_id is not None:
+        where, params = ["acceptor_id = ?", "account_id = ?", "deleted = 0"], [acceptor_id, account_id]
+        acceptor_id = None
+    else:
+        where, params = ["account_id = ?", "deleted = 0"], [account_id]
+    for column, value in (("phase", phase), ("acceptor_id", acceptor_id)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    return " AND ".join(where), params
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row as a watcher sees it: ``DELETED`` for a tombstone, else ``MODIFIED``."""
+
+    wire: dict[str, Any]
+    deleted: bool
+    cursor: QueueCursor
+    account_id: str = ""
+
+    @property
+    def entry(self) -> QueueEntry:
+        return QueueEntry.model_validate(self.wire)
+
+    @property
+    def session_id(self) -> str:
+        return self.cursor.session_id
+
+    @property
+    def type(self) -> str:
+        return "DELETED" if self.deleted else "MODIFIED"
+
+    def event(self) -> dict[str, Any]:
+        return {"type": self.type, "object": self.wire, "cursor": self.cursor.encode()}
+
+
+@dataclass(frozen=True)
+class QueuePage:
+    """A page of the queue list; ``wire_items`` as sent, ``items`` as the client's model."""
+
+    wire_items: list[dict[str, Any]]
+    cursor: QueueCursor
+    has_next_page: bool
+    total: int
+
+    @property
+    def items(self) -> list[QueueEntry]:
+        return [QueueEntry.model_validate(item) for item in self.wire_items]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "items": self.wire_items,
+            "cursor": self.cursor.encode(),
+            "has_next_page": self.has_next_page,
+            "total": self.total,
+        }
+
+
+def row_cursor(row: sqlite3.Row) -> QueueCursor:
+    return QueueCursor(float(row["rev"]), str(row["session_id"]))
+
+
+def row_wire(
+    row: sqlite3.Row, *, connect_token: Optional[str] = None, gateway_url: Optional[str] = None
+) -> dict[str, Any]:
+    """A queue row as the wire shows it (docs/fleet-api.md §3), built directly from the row.
+
+    Why not through the client's model: validating and dumping a pydantic model per row was most of
+    the cost of a list page and of every watch event. python/devin-outposts-sim/tests/test_sim_wire.py checks that this is
+    exactly what ``QueueEntry.model_validate(...).to_wire()`` gives, so nothing drifts from the model.
+    """
+    policy = row["network_policy"]
+    deadline = row["claim_deadline"]
+    return {
+        "metadata": {
+            "session_id": row["session_id"],
+            "outpost_id": row["outpost_id"],
+            "created_at": int(row["created_at"]),
+            "updated_at": int(row["rev"]),
+        },
+        "spec": {
+            "kind": row["kind"],
+            "platform": row["platform"],
+            "remote_binary_sha": row["remote_binary_sha"],
+            "network_policy": json.loads(policy) if policy is not None else None,
+        },
+        "status": {
+            "phase": row["phase"],
+            "acceptor_id": row["acceptor_id"],
+            "claim_deadline": int(deadline) if deadline is not None else None,
+            "session_status": row["session_status"],
+            "connect_token": connect_token,
+            "gateway_url": gateway_url,
+        },
+    }
+
+
+def entry_from_row(
+    row: sqlite3.Row, *, connect_token: Optional[str] = None, gateway_url: Optional[str] = None
+) -> QueueEntry:
+    return QueueEntry.model_validate(row_wire(row, connect_token=connect_token, gateway_url=gateway_url))
+
+
+def row_change(row: sqlite3.Row) -> Change:
+    return Change(row_wire(row), bool(row["deleted"]), row_cursor(row), str(row["account_id"]))
+
+
+def validate_session_status(value: Any) -> str:
+    """Any lowercase word: the four known values, or an unknown one to test enum tolerance."""
+    if not isinstance(value, str) or not _STATUS_RE.match(value):
+        raise Invalid(
+            "session_status must be a lowercase word such as pending, running, suspended, terminated"
+        )
+    return value
+
+
+class QueueStore(StoreBase):
+    """Queue rows, claims, the claim history and connect tokens."""
+
+    def _session_row(self, conn: sqlite3.Connection, session_id: str) -> Optional[sqlite3.Row]:
+        row: Optional[sqlite3.Row] = conn.execute(
+            "SELECT * FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return row
+
+    def _live_row(self, conn: sqlite3.Connection, account_id: Optional[str], session_id: str) -> sqlite3.Row:
+        """The live (not tombstoned) row, visible to ``account_id`` (None = any account), else 404."""
+        row = self._session_row(conn, session_id)
+        if row is None or row["deleted"] or (account_id is not None and row["account_id"] != account_id):
+            raise NotFound(SESSION_NOT_FOUND)
+        return row
+
+    def _reload(self, conn: sqlite3.Connection, session_id: str) -> sqlite3.Row:
+        row = self._session_row(conn, session_id)
+        assert row is not None
+        return row
+
+    # --- admin-side changes (the "brain" enqueueing and updating sessions) ----------------------------
+
+    def enqueue(self, outpost_id: str, session_id: Optional[str] = None, **options: Any) -> QueueEntry:
+        """:meth:`enqueue_wire`, as the client's model."""
+        return QueueEntry.model_validate(self.enqueue_wire(outpost_id, session_id, **options))
+
+    def enqueue_wire(
+        self,
+        outpost_id: str,
+        session_id: Optional[str] = None,
+        *,
+        kind: str = "new",
+        platform: Optional[str] = None,
+        remote_binary_sha: Optional[str] = None,
+        session_status: str = "pending",
+        network_policy: Optional[dict[str, Any]] = None,
+    ) -> dict[str, Any]:
+        """Queue a session on an outpost (of any account). ``platform`` defaults to the outpost's, and
+        for an outpost of the default platform (null) to :data:`DEFAULT_PLATFORM`: an entry always
+        names a concrete platform.
+
+        A live entry with the same id is a 409; a tombstoned one is replaced (a ``resume`` entry for a
+        session whose earlier entry was swept away).
+        """
+        validate_session_status(session_status)
+        policy_json = None
+        if network_policy is not None:
+            try:
+                policy_json = json.dumps(NetworkPolicy.model_validate(network_policy).to_wire())
+            except ValidationError as exc:
+                raise Invalid(f"network_policy is invalid: {exc.errors()[0]['msg']}") from exc
+        session_id = session_id or f"devin-{secrets.token_hex(16)}"
+        with self._tx() as conn:
+            now = self._clock()
+            outpost = conn.execute("SELECT * FROM outposts WHERE outpost_id = ?", (outpost_id,)).fetchone()
+            if outpost is None:
+                raise NotFound(OUTPOST_NOT_FOUND)
+            existing = self._session_row(conn, session_id)
+            if existing is not None and not existing["deleted"]:
+                raise Conflict(f"Session {session_id} is already queued on outpost {existing['outpost_id']}")
+            rev = self._next_rev(conn, now)
+            conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            conn.execute(
+                "INSERT INTO sessions (session_id, account_id, outpost_id, kind, platform, "
+                "remote_binary_sha, network_policy, phase, session_status, created_at, rev) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+                (
+                    session_id,
+                    outpost["account_id"],
+                    outpost_id,
+                    kind,
+                    platform or outpost["platform"] or DEFAULT_PLATFORM,
+                    remote_binary_sha,
+                    policy_json,
+                    session_status,
+                    now,
+                    rev,
+                ),
+            )
+            return row_wire(self._reload(conn, session_id))
+
+    def set_session_status(self, session_id: str, session_status: str) -> QueueEntry:
+        return QueueEntry.model_validate(self.set_session_status_wire(session_id, session_status))
+
+    def set_session_status_wire(self, session_id: str, session_status: str) -> dict[str, Any]:
+        validate_session_status(session_status)
+        with self._tx() as conn:
+            now = self._clock()
+            self._expire_locked(conn, now)
+            row = self._live_row(conn, None, session_id)
+            self._write_status_locked(conn, row, session_status, now)
+            return row_wire(self._reload(conn, session_id))
+
+    def tombstone(self, session_id: str, reason: str = "tombstoned by the admin API") -> QueueEntry:
+        with self._tx() as conn:
+            now = self._clock()
+            self._expire_locked(conn, now)
+            row = self._live_row(conn, None, session_id)
+            self._tombstone_locked(conn, row, now, reason)
+            return entry_from_row(self._reload(conn, session_id))
+
+    # --- reads --------------------------------------------------------------------------------------
+
+    def get_entry(self, account_id: str, session_id: str) -> QueueEntry:
+        return QueueEntry.model_validate(self.get_entry_wire(account_id, session_id))
+
+    def get_entry_wire(self, account_id: str, session_id: str) -> dict[str, Any]:
+        with self._snapshot() as conn:
+            return row_wire(self._live_row(conn, account_id, session_id))
+
+    def head_cursor(self) -> QueueCursor:
+        """A cursor just past every change so far: a watch from it replays nothing."""
+        return QueueCursor(math.nextafter(self._last_rev, math.inf), "")
+
+    def _outpost_of(self, conn: sqlite3.Connection, account_id: str, outpost_id: str) -> bool:
+        """Whether ``outpost_id`` names an outpost of ``account_id``.
+
+        Entries of an outpost all belong to the outpost's account, so once this holds, queries of the
+        outpost's rows need no ``account_id`` term and can be answered from an index alone.
+        """
+        found = conn.execute(
+            "SELECT 1 FROM outposts WHERE outpost_id = ? AND account_id = ?", (outpost_id, account_id)
+        ).fetchone()
+        return found is not None
+
+    def list_entries(
+        self,
+        account_id: str,
+        *,
+        first: int,
+        outpost: Optional[str] = None,
+        phase: Optional[str] = None,
+        acceptor_id: Optional[str] = None,
+        cursor: Optional[QueueCursor] = None,
+    ) -> QueuePage:
+        """Keyset page over ``(rev, session_id)`` with a ``>=`` boundary (the boundary row repeats).
+
+        ``has_next_page`` means "the page was full". A full page's cursor is its last row; otherwise the
+        cursor is the head, so a watch started from it replays nothing already listed. With
+        ``first=1`` the boundary row is skipped when more rows follow it, else no page could advance.
+        """
+        where, params = list_filter(account_id, outpost, phase, acceptor_id)
+        if cursor is not None:
+            where += CURSOR_TERM.format(op=">=")
+            params.extend([cursor.rev, cursor.session_id])
+        with self._snapshot() as conn:
+            if outpost is not None and not self._outpost_of(conn, account_id, outpost):
+                rows, total = [], 0  # an unknown outpost, or another account's: an empty list
+            else:
+                total = conn.execute(COUNT_SQL.format(where=where), params).fetchone()["n"]
+                rows = conn.execute(LIST_SQL.format(where=where), [*params, first + 1]).fetchall()
+            head = self.head_cursor()
+        if cursor is not None and first == 1 and len(rows) > 1 and row_cursor(rows[0]) == cursor:
+            rows = rows[1:]
+        page = rows[:first]
+        stuck = cursor is not None and len(page) == 1 and row_cursor(page[0]) == cursor
+        has_next = len(page) == first and not stuck
+        return QueuePage(
+            wire_items=[row_wire(row) for row in page],
+            cursor=row_cursor(page[-1]) if has_next else head,
+            has_next_page=has_next,
+            total=int(total),
+        )
+
+    def changes_since(
+        self,
+        account_id: str,
+        *,
+        outpost: Optional[str] = None,
+        cursor: Optional[QueueCursor] = None,
+        inclusive: bool = True,
+        limit: int = 200,
+    ) -> list[Change]:
+        """Rows (tombstones included) at (``inclusive``) or after ``cursor``, oldest change first."""
+        changes, dummy_head = self.replay(
+            account_id, outpost=outpost, cursor=cursor, inclusive=inclusive, limit=limit
+        )
+        return changes
+
+    def replay(
+        self,
+        account_id: str,
+        *,
+        outpost: Optional[str] = None,
+        cursor: Optional[QueueCursor] = None,
+        inclusive: bool = True,
+        limit: int = 200,
+    ) -> tuple[list[Change], float]:
+        """:meth:`changes_since` and the head revision of the same snapshot: when fewer than ``limit``
+        rows come back, every change up to the head has been seen (a watch stream then follows the
+        shared feed from there)."""
+        params: list[Any] = [outpost] if outpost is not None else [account_id]
+        term = ""
+        if cursor is not None:
+            term = CURSOR_TERM.format(op=">=" if inclusive else ">")
+            params.extend([cursor.rev, cursor.session_id])
+        sql = (REPLAY_OUTPOST_SQL if outpost is not None else REPLAY_ACCOUNT_SQL).format(cursor=term)
+        with self._snapshot() as conn:
+            head = self._last_rev
+            if outpost is not None and not self._outpost_of(conn, account_id, outpost):
+                return [], head
+            rows = conn.execute(sql, [*params, limit]).fetchall()
+        return [row_change(row) for row in rows], head
+
+    def changes_after(self, rev: Optional[float], limit: int = 200) -> tuple[list[Change], float]:
+        """Every account's changes with a revision above ``rev``, oldest first, and the head revision
+        (every change at or below it is in the list, unless the list is ``limit`` long). ``rev=None``
+        reads only the head.
+
+        The watch feed's read: no claim expiry (an event shows a row as it was committed; expiries are
+        changes of their own), and no write lock.
+        """
+        with self._read() as conn:
+            self._reload_last_rev()
+            head = self._last_rev
+            if rev is None:
+                return [], head
+            rows = conn.execute(CHANGES_AFTER_SQL, (rev, limit)).fetchall()
+        return [row_change(row) for row in rows], head
+
+    # --- claim and release --------------------------------------------------------------------------
+
+    def certainly_claimed_by_another(self, account_id: str, session_id: str, acceptor_id: str) -> bool:
+        """True when a claim by ``acceptor_id`` would be refused with 409 right now: another acceptor
+        holds a claim that is not due to expire (its deadline is ahead, or the session runs; a due
+        lagging status would only extend it). Then :meth:`claim_wire` would answer the same 409.
+
+        Why: in a claim storm most claims lose, and answering each loser with a write transaction
+        (and a trip to the thread pool) made the losers most of the simulator's work. This is one
+        read by primary key, made on the caller's thread. It never waits: when the store is busy, it
+        answers False and the caller takes the ordinary path.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            row = self._session_row(self._conn, session_id)
+        finally:
+            self._lock.release()
+        if row is None or row["deleted"] or row["account_id"] != account_id or row["phase"] != "claimed":
+            return False
+        if row["acceptor_id"] in (None, acceptor_id):
+            return False
+        deadline = row["claim_deadline"]
+        return row["session_status"] == "running" or (deadline is not None and deadline > self._clock())
+
+    def claim(
+        self, account_id: str, session_id: str, acceptor_id: str, *, ttl: float, gateway_url: str
+    ) -> QueueEntry:
+        """:meth:`claim_wire`, as the client's model."""
+        wire = self.claim_wire(account_id, session_id, acceptor_id, ttl=ttl, gateway_url=gateway_url)
+        return QueueEntry.model_validate(wire)
+
+    def claim_wire(
+        self, account_id: str, session_id: str, acceptor_id: str, *, ttl: float, gateway_url: str
+    ) -> dict[str, Any]:
+        """Claim, or renew when ``acceptor_id`` already holds the claim. Returns the entry with a fresh
+        ``connect_token`` and the ``gateway_url``. Another live holder is a 409; no entry is a 404."""
+        with self._tx() as conn:
+            now = self._clock()
+            self._expire_locked(conn, now)
+            row = self._live_row(conn, account_id, session_id)
+            holder = row["acceptor_id"] if row["phase"] == "claimed" else None
+            if holder is not None and holder != acceptor_id:
+                raise Conflict(ALREADY_CLAIMED)
+            token = f"ct_{secrets.token_urlsafe(32)}"
+            fingerprint = token_fingerprint(token)
+            deadline = now + ttl
+            if holder == acceptor_id:
+                chain = int(row["claim_chain"])
+                self._record(
+                    conn,
+                    row,
+                    "renew",
+                    now,
+                    acceptor_id=acceptor_id,
+                    fingerprint=fingerprint,
+                    deadline=deadline,
+                    chain=chain,
+                )
+            else:
+                self._revoke_tokens(conn, session_id, now, "superseded")
+                chain = self._record(
+                    conn,
+                    row,
+                    "claim",
+                    now,
+                    acceptor_id=acceptor_id,
+                    fingerprint=fingerprint,
+                    deadline=deadline,
+                )
+                conn.execute("UPDATE claim_history SET chain = ? WHERE seq = ?", (chain, chain))
+            rev = self._next_rev(conn, now)
+            conn.execute(
+                "UPDATE sessions SET phase = 'claimed', acceptor_id = ?, claim_deadline = ?, "
+                "claim_chain = ?, claim_ttl = ?, rev = ? WHERE session_id = ?",
+                (acceptor_id, deadline, chain, ttl, rev, session_id),
+            )
+            conn.execute(
+                "INSERT INTO connect_tokens (token_hash, session_id, acceptor_id, chain, issued_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (token_hash(token), session_id, acceptor_id, chain, now),
+            )
+            return row_wire(self._reload(conn, session_id), connect_token=token, gateway_url=gateway_url)
+
+    def release(self, account_id: str, session_id: str, acceptor_id: str) -> QueueEntry:
+        return QueueEntry.model_validate(self.release_wire(account_id, session_id, acceptor_id))
+
+    def release_wire(self, account_id: str, session_id: str, acceptor_id: str) -> dict[str, Any]:
+        """Return a claimed session to the queue; only its current holder may (else 409)."""
+        with self._tx() as conn:
+            now = self._clock()
+            self._expire_locked(conn, now)
+            row = self._live_row(conn, account_id, session_id)
+            if row["phase"] != "claimed" or row["acceptor_id"] != acceptor_id:
+                raise Conflict(NOT_CLAIMED_BY_ACCEPTOR)
+            self._record(
+                conn,
+                row,
+                "release",
+                now,
+                acceptor_id=acceptor_id,
+                deadline=row["claim_deadline"],
+                chain=row["claim_chain"],
+            )
+            self._revoke_tokens(conn, session_id, now, "released")
+            rev = self._next_rev(conn, now)
+            conn.execute(
+                "UPDATE sessions SET phase = 'pending', acceptor_id = NULL, claim_deadline = NULL, "
+                "claim_chain = NULL, claim_ttl = NULL, rev = ? WHERE session_id = ?",
+                (rev, session_id),
+            )
+            return row_wire(self._reload(conn, session_id))

@@ -1,0 +1,571 @@
+"""Async client for the Outposts fleet API (contract section 3) and the organization default platform (6).
+
+One :class:`FleetClient` owns the connection: base URL, bearer token, timeouts, TLS verification, the CA
+bundle and proxies (both from the environment, as httpx reads ``SSL_CERT_FILE``, ``HTTPS_PROXY`` and
+``NO_PROXY``), bounded retries on 429/5xx and connection errors, both pagination envelopes, the SSE watch
+and error mapping. Methods return the pydantic models of :mod:`devin_outposts.api.models`.
+
+Usage::
+
+    async with FleetClient.from_env() as client:
+        entries, cursor = await client.list_all_devins(outpost="outpost_env-...", phase="pending")
+        async for event in client.watch_devins(outpost="outpost_env-...", cursor=cursor):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import os
+import random
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+from urllib.parse import quote
+
+# httpx imports its command-line client (rich, click, pygments: about 5 MiB resident) whenever those
+# happen to be installed, and falls back to a stub when that import fails. Nothing here uses it, so
+# make the import fail: a None entry in sys.modules makes ``import httpx._main`` raise ImportError.
+if "httpx" not in sys.modules:
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+import httpx
+from pydantic import ValidationError
+
+from devin_outposts import __version__
+from devin_outposts.api.errors import (
+    FleetConflict,
+    FleetConnectionError,
+    FleetError,
+    FleetNotFound,
+    FleetProtocolError,
+    error_for_status,
+)
+from devin_outposts.api.limits import (
+    MAX_BODY_BYTES,
+    MAX_SSE_LINE,
+    ResponseTooLarge,
+    capped_lines,
+    read_capped,
+)
+from devin_outposts.api.models import (
+    DefaultPlatform,
+    Outpost,
+    OutpostList,
+    QueueEntry,
+    QueueList,
+    WatchEvent,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_API_URL = "https://api.devin.ai"
+QUEUE_PATH = "/opbeta/outposts/devins"
+#: The documented outposts CRUD path; the simulator also serves ``/opbeta/outposts`` and ``…/pools``.
+OUTPOSTS_PATH = "/opbeta/outposts/outposts"
+MAX_PAGE_SIZE = 200
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+MAX_RETRY_AFTER = 60.0
+
+#: ``verify`` as httpx takes it: on/off, a CA bundle path, or a ready SSL context (shared between clients).
+VerifyType = Union[bool, str, ssl.SSLContext]
+
+
+def normalize_api_url(url: str) -> str:
+    """Return the API base URL without a trailing slash or an ``/opbeta...`` suffix.
+
+    Users sometimes paste ``https://api.devin.ai/opbeta/outposts/``; the contract says to give the base
+    only, so we accept both rather than building ``/opbeta/outposts/opbeta/outposts/...``.
+    """
+    text = url.strip()
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"API URL must start with http:// or https://, got {url!r}")
+    text = text.rstrip("/")
+    for suffix in ("/opbeta/outposts", "/opbeta"):
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+    return text
+
+
+def _segment(value: str) -> str:
+    """Quote a server- or user-provided id for use as exactly one URL path segment.
+
+    Every reserved character is escaped (``/``, ``?``, ``#``, ``%``), and so are the dot segments ``.``
+    and ``..``, which URL normalisation (httpx's included) would otherwise remove, turning a claim of
+    session ``..`` into ``POST /opbeta/outposts/claim``.
+    """
+    if not value:
+        raise ValueError("an id cannot be empty")
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A fleet API answer, read in full but within :data:`~devin_outposts.api.limits.MAX_BODY_BYTES`."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+    reason_phrase: str
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+def _detail(response: Reply) -> str:
+    """The server's ``detail`` (FastAPI style), else a truncated body, for error messages.
+
+    A list-shaped ``detail`` (FastAPI's validation errors) becomes one line: ``loc.path: msg; ...``.
+    """
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()
+        return text[:200] if text else response.reason_phrase
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        if isinstance(detail, list):
+            return "; ".join(_validation_error(item) for item in detail)[:300]
+        return detail if isinstance(detail, str) else json.dumps(detail)[:300]
+    return json.dumps(body)[:200]
+
+
+def _validation_error(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    message = str(item.get("msg", json.dumps(item)))
+    loc = item.get("loc")
+    if isinstance(loc, list) and loc:
+        return ".".join(str(part) for part in loc) + ": " + message
+    return message
+
+
+def _retry_after(response: Reply) -> Optional[float]:
+    """Seconds to wait from ``Retry-After`` (delta-seconds or an HTTP date), at most a minute; else None."""
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, min(seconds, MAX_RETRY_AFTER))
+
+
+def _check_page_size(first: int) -> None:
+    if not 1 <= first <= MAX_PAGE_SIZE:
+        raise ValueError(f"page size must be between 1 and {MAX_PAGE_SIZE}, got {first}")
+
+
+class FleetClient:
+    """Async client for one account's fleet API. Use as an async context manager or call :meth:`aclose`."""
+
+    def __init__(
+        self,
+        api_url: str = DEFAULT_API_URL,
+        token: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        watch_idle_timeout: float = 60.0,
+        verify: VerifyType = True,
+        retries: int = 3,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.api_url = normalize_api_url(api_url)
+        self._token = token
+        self._retries = max(0, retries)
+        self._backoff_base = backoff_base
+        self._backoff_max = backoff_max
+        self._watch_timeout = httpx.Timeout(timeout, connect=connect_timeout, read=watch_idle_timeout)
+        headers = {"User-Agent": f"devin-outposts/{__version__}", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(
+            base_url=self.api_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            verify=verify,
+            transport=transport,
+            trust_env=True,
+        )
+
+    @classmethod
+    def from_env(
+        cls,
+        api_url: Optional[str] = None,
+        token: Optional[str] = None,
+        environ: Optional[Mapping[str, str]] = None,
+        **kwargs: Any,
+    ) -> FleetClient:
+        """Build a client from explicit values, falling back to ``DEVIN_API_URL``/``DEVIN_OUTPOSTS_TOKEN``.
+
+        A private CA bundle can be given as ``DEVIN_CA_BUNDLE`` (or the standard ``SSL_CERT_FILE``).
+        """
+        env = os.environ if environ is None else environ
+        url = api_url or env.get("DEVIN_API_URL") or DEFAULT_API_URL
+        tok = token or env.get("DEVIN_OUTPOSTS_TOKEN") or None
+        if "verify" not in kwargs and env.get("DEVIN_CA_BUNDLE"):
+            kwargs["verify"] = env["DEVIN_CA_BUNDLE"]
+        return cls(url, tok, **kwargs)
+
+    async def __aenter__(self) -> FleetClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def __repr__(self) -> str:  # never show the token
+        return f"FleetClient(api_url={self.api_url!r}, token={'set' if self._token else 'unset'})"
+
+    # --- transport --------------------------------------------------------------------------------
+
+    def _backoff(self, attempt: int) -> float:
+        """Full-jitter exponential backoff: uniform in [0, min(max, base * 2**attempt)]."""
+        return random.uniform(0, min(self._backoff_max, self._backoff_base * (2**attempt)))  # noqa: S311
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        operation: str,
+        *,
+        params: Optional[Mapping[str, Any]] = None,
+        body: Optional[Mapping[str, Any]] = None,
+        replay_safe: bool = True,
+    ) -> Reply:
+        """Send one request with bounded retries; raise the mapped :class:`FleetError` on failure.
+
+        ``replay_safe=False`` (outpost creation) retries only when the server cannot have acted on the
+        request: a refused connection or a 429. Claims and releases are safe to replay because a
+        re-claim by the same acceptor is a renewal and a repeated release answers 409/404.
+        """
+        clean_params = {k: v for k, v in (params or {}).items() if v is not None}
+        attempt = 0
+        while True:
+            try:
+                response = await self._send(method, path, operation, params=clean_params, body=body)
+            except httpx.TransportError as exc:
+                unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+                if attempt >= self._retries or not (replay_safe or unsent):
+                    raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
+                delay = self._backoff(attempt)
+                log.debug("retrying %s after %s (%.2fs)", operation, type(exc).__name__, delay)
+            else:
+                if 300 <= response.status_code < 400:
+                    # Never followed: the token must not travel to wherever a redirect points.
+                    location = response.headers.get("Location") or "another URL"
+                    raise FleetProtocolError(
+                        operation,
+                        f"redirected to {location}; set api_url to the API's base URL",
+                        response.status_code,
+                    )
+                if response.status_code < 400:
+                    return response
+                retryable = response.status_code in RETRY_STATUSES and (
+                    replay_safe or response.status_code == 429
+                )
+                if not retryable or attempt >= self._retries:
+                    raise error_for_status(response.status_code)(
+                        operation, _detail(response), response.status_code
+                    )
+                after = _retry_after(response)
+                delay = self._backoff(attempt) if after is None else after
+                log.debug("retrying %s after HTTP %s (%.2fs)", operation, response.status_code, delay)
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        operation: str,
+        *,
+        params: Mapping[str, Any],
+        body: Optional[Mapping[str, Any]],
+    ) -> Reply:
+        """One request; the reply read within the size limit (a larger one is a protocol error)."""
+        request = self._http.build_request(method, path, params=params, json=body)
+        response = await self._http.send(request, stream=True)
+        try:
+            content = await read_capped(response, MAX_BODY_BYTES)
+        except ResponseTooLarge as exc:
+            raise FleetProtocolError(operation, str(exc), response.status_code) from exc
+        finally:
+            await response.aclose()
+        return Reply(response.status_code, response.headers, content, response.reason_phrase)
+
+    @staticmethod
+    def _parse(model: Any, response: Reply, operation: str) -> Any:
+        try:
+            body = response.json()
+        except ValueError as exc:
+            shown = response.content[:120].decode("utf-8", errors="replace")
+            raise FleetProtocolError(
+                operation, f"the API answered with a body that is not JSON: {shown!r}", response.status_code
+            ) from exc
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+                for error in exc.errors()[:3]
+            )
+            status = response.status_code
+            raise FleetProtocolError(operation, f"unexpected response: {problems}", status) from exc
+
+    # --- queue ------------------------------------------------------------------------------------
+
+    async def list_devins(
+        self,
+        *,
+        outpost: Optional[str] = None,
+        phase: Optional[str] = None,
+        acceptor_id: Optional[str] = None,
+        first: int = 100,
+        cursor: Optional[str] = None,
+    ) -> QueueList:
+        """One page of ``GET /opbeta/outposts/devins``."""
+        _check_page_size(first)
+        operation = f"list sessions{f' on outpost {outpost}' if outpost else ''}"
+        params = {"outpost": outpost, "phase": phase, "acceptor_id": acceptor_id, "first": first}
+        params["cursor"] = cursor
+        response = await self._request("GET", QUEUE_PATH, operation, params=params)
+        result: QueueList = self._parse(QueueList, response, operation)
+        return result
+
+    async def list_all_devins(
+        self,
+        *,
+        outpost: Optional[str] = None,
+        phase: Optional[str] = None,
+        acceptor_id: Optional[str] = None,
+        first: int = 100,
+        cursor: Optional[str] = None,
+    ) -> tuple[list[QueueEntry], Optional[str]]:
+        """Every matching entry across pages, upserted by session id, and the final cursor.
+
+        Rows at a page boundary come back on the next page; the later copy wins because it is fresher.
+        The returned cursor is the place to start a watch from.
+        """
+        entries: dict[str, QueueEntry] = {}
+        while True:
+            page = await self.list_devins(
+                outpost=outpost, phase=phase, acceptor_id=acceptor_id, first=first, cursor=cursor
+            )
+            for entry in page.items:
+                entries.pop(entry.session_id, None)  # keep the fresher copy, in server order
+                entries[entry.session_id] = entry
+            if not page.has_next_page:
+                return list(entries.values()), page.cursor or cursor
+            if page.cursor is None or page.cursor == cursor:
+                raise FleetProtocolError(
+                    "list sessions", "the API reported another page but did not advance the cursor"
+                )
+            cursor = page.cursor
+
+    async def watch_devins(
+        self, *, outpost: Optional[str] = None, cursor: Optional[str] = None
+    ) -> AsyncIterator[WatchEvent]:
+        """Stream ``MODIFIED``/``DELETED`` events until the server ends the stream.
+
+        Streams end after at most a few minutes by design, so callers reconnect with the last event's
+        cursor. A connection or HTTP error raises :class:`FleetError` (no retry here: the caller's
+        reconnect loop owns the backoff).
+        """
+        operation = f"watch sessions{f' on outpost {outpost}' if outpost else ''}"
+        params = {"watch": "true", "outpost": outpost, "cursor": cursor}
+        clean = {k: v for k, v in params.items() if v is not None}
+        headers = {"Accept": "text/event-stream"}
+        try:
+            async with self._http.stream(
+                "GET", QUEUE_PATH, params=clean, headers=headers, timeout=self._watch_timeout
+            ) as response:
+                if response.status_code >= 400:
+                    content = await read_capped(response, MAX_BODY_BYTES)
+                    reply = Reply(response.status_code, response.headers, content, response.reason_phrase)
+                    raise error_for_status(response.status_code)(
+                        operation, _detail(reply), response.status_code
+                    )
+                data_lines: list[str] = []
+                data_size = 0
+                async for line in capped_lines(response, MAX_SSE_LINE):
+                    if line == "":
+                        if data_lines:
+                            yield self._parse_event("\n".join(data_lines), operation)
+                            data_lines, data_size = [], 0
+                        continue
+                    if line.startswith(":"):
+                        continue  # keepalive comment
+                    field, _sep, value = line.partition(":")
+                    if field == "data":
+                        data_lines.append(value[1:] if value.startswith(" ") else value)
+                        data_size += len(value)
+                        if data_size > MAX_SSE_LINE:  # one event of many lines: the same bound
+                            raise ResponseTooLarge(MAX_SSE_LINE)
+                if data_lines:  # a final event without its blank line
+                    yield self._parse_event("\n".join(data_lines), operation)
+        except httpx.TransportError as exc:
+            raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
+        except ResponseTooLarge as exc:
+            raise FleetProtocolError(operation, f"watch stream: {exc}") from exc
+
+    @staticmethod
+    def _parse_event(data: str, operation: str) -> WatchEvent:
+        try:
+            return WatchEvent.model_validate_json(data)
+        except ValidationError as exc:
+            raise FleetProtocolError(operation, f"malformed watch event: {exc}") from exc
+
+    async def get_devin(self, session_id: str) -> QueueEntry:
+        """``GET …/devins/{id}``; raises :class:`FleetNotFound` once the entry is gone."""
+        operation = f"get session {session_id}"
+        response = await self._request("GET", f"{QUEUE_PATH}/{_segment(session_id)}", operation)
+        result: QueueEntry = self._parse(QueueEntry, response, operation)
+        return result
+
+    async def claim(self, session_id: str, acceptor_id: str) -> QueueEntry:
+        """Claim (or renew, when ``acceptor_id`` already holds it). Losers get :class:`FleetConflict`."""
+        operation = f"claim session {session_id}"
+        response = await self._request(
+            "POST",
+            f"{QUEUE_PATH}/{_segment(session_id)}/claim",
+            operation,
+            body={"acceptor_id": acceptor_id},
+        )
+        result: QueueEntry = self._parse(QueueEntry, response, operation)
+        return result
+
+    async def release(
+        self, session_id: str, acceptor_id: str, *, missing_ok: bool = True
+    ) -> Optional[QueueEntry]:
+        """Return a claimed session to the queue.
+
+        With ``missing_ok`` (the default) a 409 (not ours any more) or 404 (tombstoned) is treated as
+        "already released", as the contract recommends, and returns ``None``.
+        """
+        operation = f"release session {session_id}"
+        try:
+            response = await self._request(
+                "POST",
+                f"{QUEUE_PATH}/{_segment(session_id)}/release",
+                operation,
+                body={"acceptor_id": acceptor_id},
+            )
+        except (FleetConflict, FleetNotFound):
+            if missing_ok:
+                return None
+            raise
+        result: QueueEntry = self._parse(QueueEntry, response, operation)
+        return result
+
+    # --- outposts ---------------------------------------------------------------------------------
+
+    async def list_outposts(self, *, first: int = 100, after: Optional[str] = None) -> OutpostList:
+        _check_page_size(first)
+        operation = "list outposts"
+        response = await self._request(
+            "GET", OUTPOSTS_PATH, operation, params={"first": first, "after": after}
+        )
+        result: OutpostList = self._parse(OutpostList, response, operation)
+        return result
+
+    async def list_all_outposts(self, *, page_size: int = MAX_PAGE_SIZE) -> list[Outpost]:
+        """Every outpost of the account, following ``end_cursor`` until ``has_next_page`` is false."""
+        found: dict[str, Outpost] = {}
+        after: Optional[str] = None
+        while True:
+            page = await self.list_outposts(first=page_size, after=after)
+            for outpost in page.items:
+                found[outpost.outpost_id] = outpost
+            if not page.has_next_page:
+                return list(found.values())
+            if page.end_cursor is None or page.end_cursor == after:
+                raise FleetProtocolError(
+                    "list outposts", "the API reported another page but did not advance end_cursor"
+                )
+            after = page.end_cursor
+
+    async def find_outpost(self, name_or_id: str) -> Optional[Outpost]:
+        """The outpost with this id or name, or ``None``. Uses the list, which a machine token may read."""
+        for outpost in await self.list_all_outposts():
+            if name_or_id in (outpost.outpost_id, outpost.name):
+                return outpost
+        return None
+
+    async def get_outpost(self, outpost_id: str) -> Outpost:
+        operation = f"get outpost {outpost_id}"
+        response = await self._request("GET", f"{OUTPOSTS_PATH}/{_segment(outpost_id)}", operation)
+        result: Outpost = self._parse(Outpost, response, operation)
+        return result
+
+    async def create_outpost(
+        self, name: str, *, platform: Optional[str] = None, description: Optional[str] = None
+    ) -> Outpost:
+        operation = f"create outpost {name}"
+        body: dict[str, Any] = {"name": name, "platform": platform}
+        if description is not None:
+            body["description"] = description
+        response = await self._request("POST", OUTPOSTS_PATH, operation, body=body, replay_safe=False)
+        result: Outpost = self._parse(Outpost, response, operation)
+        return result
+
+    async def delete_outpost(self, outpost_id: str, *, missing_ok: bool = False) -> bool:
+        """Delete an outpost. Returns False when it was already gone and ``missing_ok`` is set."""
+        operation = f"delete outpost {outpost_id}"
+        try:
+            await self._request("DELETE", f"{OUTPOSTS_PATH}/{_segment(outpost_id)}", operation)
+        except FleetNotFound:
+            if missing_ok:
+                return False
+            raise
+        return True
+
+    # --- organization default platform ------------------------------------------------------------
+
+    async def get_default_platform(self, org_id: str) -> DefaultPlatform:
+        operation = f"get the default platform of organization {org_id}"
+        response = await self._request(
+            "GET", f"/v3beta1/organizations/{_segment(org_id)}/default-platform", operation
+        )
+        result: DefaultPlatform = self._parse(DefaultPlatform, response, operation)
+        return result
+
+    async def set_default_platform(
+        self, org_id: str, *, platform: Optional[str] = None, outpost_pool_id: Optional[str] = None
+    ) -> DefaultPlatform:
+        """Set (or, with neither argument, clear) the organization's default platform."""
+        if platform is not None and outpost_pool_id is not None:
+            raise ValueError("give at most one of platform and outpost_pool_id")
+        operation = f"set the default platform of organization {org_id}"
+        response = await self._request(
+            "PUT",
+            f"/v3beta1/organizations/{_segment(org_id)}/default-platform",
+            operation,
+            body={"platform": platform, "outpost_pool_id": outpost_pool_id},
+        )
+        result: DefaultPlatform = self._parse(DefaultPlatform, response, operation)
+        return result
+
+
+__all__ = ["DEFAULT_API_URL", "FleetClient", "FleetError", "normalize_api_url"]

@@ -1,0 +1,92 @@
+"""Helpers shared by the CLI verbs: API options, running a coroutine, and one-line error reporting."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable
+from typing import Any, Callable, TypeVar
+
+from devin_outposts.api.client import FleetClient
+from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
+
+# One table of exit codes for every verb (documented in docs/worker.md).
+from devin_outposts.worker.exits import (
+    EXIT_AUTH,
+    EXIT_CONFLICT,
+    EXIT_ERROR,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+)
+
+T = TypeVar("T")
+
+__all__ = ["EXIT_AUTH", "EXIT_CONFLICT", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE"]
+
+
+def add_api_options(parser: argparse.ArgumentParser) -> None:
+    """``--api-url`` and ``--token``, with the same environment variables as ``devin worker``."""
+    parser.add_argument(
+        "--api-url",
+        default=None,
+        help="Devin API base URL (env DEVIN_API_URL, default https://api.devin.ai)",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="API token. Prefer the DEVIN_OUTPOSTS_TOKEN environment variable: argv is visible to "
+        "every user of the machine.",
+    )
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of plain text")
+
+
+def fail(message: str, code: int = EXIT_ERROR) -> int:
+    """Print one error line to stderr and return the exit code."""
+    print(f"devin-outposts: error: {message}", file=sys.stderr)
+    return code
+
+
+def exit_code_for(error: FleetError) -> int:
+    if isinstance(error, FleetAuthError):
+        return EXIT_AUTH
+    if isinstance(error, FleetNotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(error, FleetConflict):
+        return EXIT_CONFLICT
+    return EXIT_ERROR
+
+
+def run_with_client(args: argparse.Namespace, action: Callable[[FleetClient], Awaitable[T]]) -> T:
+    """Build a client from ``args`` and the environment, run ``action`` with it, and close it."""
+
+    async def _run() -> T:
+        async with FleetClient.from_env(api_url=args.api_url, token=args.token) as client:
+            return await action(client)
+
+    return asyncio.run(_run())
+
+
+def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn fleet and input errors raised by ``handler`` into one clear line and an exit code."""
+
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except FleetError as exc:
+            return fail(str(exc), exit_code_for(exc))
+        except ValueError as exc:
+            return fail(str(exc), EXIT_USAGE)
+
+    wrapper.__name__ = handler.__name__
+    wrapper.__doc__ = handler.__doc__
+    return wrapper
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))

@@ -1,0 +1,258 @@
+"""Finding, downloading, verifying and caching the ``devin-remote`` binary (docs/fleet-api.md §8).
+
+* The SHA comes from the session (``spec.remote_binary_sha``), then ``--remote-binary-sha`` /
+  ``DEVIN_WORKER_REMOTE_SHA``, then ``<base>/latest_<suffix>``; every SHA must match ``^[0-9a-f]{6,40}$``.
+* ``<base>/devin-remote_<sha>_<suffix>`` is streamed into a temporary file in the cache dir while it is
+  hashed, compared with ``<base>/devin-remote_<sha>_<suffix>.sha256``, fsynced, made 0755 and renamed into
+  place, so a half-written or unverified file never carries the final name.
+* A cached binary is hashed again every time it is used and compared with the published digest (fetched
+  once per process, with the ``.sha256`` saved beside the binary as a fallback when the server cannot be
+  reached), so a tampered cache is refused: the file is discarded and downloaded again, and a download
+  that does not verify either is never made executable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+from devin_outposts.api.limits import ResponseTooLarge, read_capped
+from devin_outposts.worker import platform
+from devin_outposts.worker.options import SHA_RE
+
+log = logging.getLogger(__name__)
+
+_DIGEST_RE = re.compile(r"[0-9a-fA-F]{64}")
+MAX_BINARY_BYTES = 1 << 30
+#: A ``latest_*`` file holds one SHA; a ``.sha256`` file one digest and perhaps a file name.
+MAX_LATEST_BYTES = 1 << 10
+MAX_DIGEST_BYTES = 4 << 10
+LATEST_TTL = 60.0
+_CHUNK = 1 << 16
+
+
+class BinaryError(Exception):
+    """The binary could not be obtained (network, HTTP status, bad SHA): retry later."""
+
+
+class VerificationError(BinaryError):
+    """A binary did not match its published sha256: it is never run."""
+
+
+class UnsupportedPlatform(BinaryError):
+    """No devin-remote build exists for this OS/architecture."""
+
+
+def host_os() -> str:
+    """This machine's OS as an outpost platform name: ``linux``, ``macos`` or ``windows``."""
+    return platform.current().name
+
+
+def platform_suffix(system: Optional[str] = None, machine: Optional[str] = None) -> str:
+    """The distribution suffix for an OS/arch (default: this machine's)."""
+    host = platform.current()
+    if system is not None or machine is not None:
+        host = platform.HostPlatform(system, machine)
+    try:
+        return host.binary_suffix()
+    except platform.UnsupportedHost as exc:
+        raise UnsupportedPlatform(str(exc)) from exc
+
+
+def check_sha(value: str, source: str) -> str:
+    text = value.strip().lower()
+    if not SHA_RE.fullmatch(text):
+        raise BinaryError(f"{source} is not a 6-40 character hex SHA: {value.strip()[:60]!r}")
+    return text
+
+
+def parse_digest(text: str) -> str:
+    """The hex digest of a ``.sha256`` file: ``<digest>`` or ``<digest>  <filename>``."""
+    for line in text.splitlines():
+        token = line.strip().split(maxsplit=1)[0] if line.strip() else ""
+        if token:
+            token = token.lstrip("\\")
+            if _DIGEST_RE.fullmatch(token):
+                return token.lower()
+            break
+    raise VerificationError("the .sha256 file does not start with a 64-character hex digest")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class BinaryStore:
+    """Resolves SHAs and hands out verified ``devin-remote`` paths from the cache."""
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        static_base_url: str,
+        *,
+        http: Optional[httpx.AsyncClient] = None,
+        owns_http: bool = False,
+        suffix: Optional[str] = None,
+        latest_ttl: float = LATEST_TTL,
+    ) -> None:
+        self.cache_dir = cache_dir
+        self.base = static_base_url if static_base_url.endswith("/") else static_base_url + "/"
+        self.suffix = suffix or platform_suffix()
+        self._http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True
+        )
+        self._own_http = http is None or owns_http
+        self._latest: Optional[tuple[str, float]] = None
+        self._latest_ttl = latest_ttl
+        self._digests: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.downloads = 0
+        self.verification_failures = 0
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._http.aclose()
+
+    def binary_name(self, sha: str) -> str:
+        return f"devin-remote_{sha}_{self.suffix}"
+
+    async def _get_small(self, name: str, limit: int) -> str:
+        """The text of a small published file (``latest_*``, ``*.sha256``), refusing more than ``limit``."""
+        url = self.base + name
+        try:
+            async with self._http.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
+                content = await read_capped(response, limit)
+        except httpx.HTTPError as exc:
+            raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
+        except ResponseTooLarge as exc:
+            raise BinaryError(f"Could not download {url}: {exc}") from exc
+        return content.decode("utf-8", errors="replace")
+
+    async def latest_sha(self) -> str:
+        now = time.monotonic()
+        if self._latest and now - self._latest[1] < self._latest_ttl:
+            return self._latest[0]
+        names = [f"latest_{self.suffix}"]
+        if self.suffix.endswith(".exe"):  # the Windows latest_* name is unconfirmed (docs/fleet-api.md §8)
+            names.append(f"latest_{self.suffix[:-4]}")
+        error: Optional[BinaryError] = None
+        for name in names:
+            try:
+                text = await self._get_small(name, MAX_LATEST_BYTES)
+            except BinaryError as exc:
+                error = exc
+                continue
+            sha = check_sha(text, f"{self.base}{name}")
+            self._latest = (sha, now)
+            return sha
+        assert error is not None
+        raise error
+
+    async def resolve_sha(self, session_sha: Optional[str], fallback_sha: Optional[str]) -> tuple[str, str]:
+        """The SHA to run and where it came from: ``session``, ``worker`` or ``latest``."""
+        if session_sha:
+            return check_sha(session_sha, "the session's remote_binary_sha"), "session"
+        if fallback_sha:
+            return check_sha(fallback_sha, "--remote-binary-sha"), "worker"
+        return await self.latest_sha(), "latest"
+
+    async def _published_digest(self, sha: str, *, sidecar: Path) -> str:
+        cached = self._digests.get(sha)
+        if cached:
+            return cached
+        try:
+            published = await self._get_small(self.binary_name(sha) + ".sha256", MAX_DIGEST_BYTES)
+        except BinaryError:
+            if sidecar.exists():  # noqa: ASYNC240 - a tiny local file
+                log.warning(
+                    "could not fetch the published sha256 of devin-remote %s; using the saved copy", sha
+                )
+                return parse_digest(sidecar.read_text(encoding="utf-8", errors="replace"))  # noqa: ASYNC240
+            raise
+        digest = parse_digest(published)
+        self._digests[sha] = digest
+        return digest
+
+    async def ensure(self, sha: str) -> Path:
+        """A verified, executable ``devin-remote`` for ``sha`` (downloaded when not cached)."""
+        sha = check_sha(sha, "devin-remote SHA")
+        lock = self._locks.setdefault(sha, asyncio.Lock())
+        async with lock:
+            self.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = self.cache_dir / self.binary_name(sha)
+            sidecar = path.with_name(path.name + ".sha256")
+            expected = await self._published_digest(sha, sidecar=sidecar)
+            if path.exists():
+                actual = await asyncio.to_thread(file_sha256, path)
+                if actual == expected:
+                    return path
+                self.verification_failures += 1
+                log.error(
+                    "cached devin-remote %s does not match its published sha256 (expected %s, found %s): "
+                    "discarding it and downloading it again",
+                    path,
+                    expected,
+                    actual,
+                    extra={"sha": sha},
+                )
+                path.unlink()
+            await self._download(sha, path, expected)
+            sidecar_tmp = sidecar.with_name(f".{sidecar.name}.{uuid.uuid4().hex}")
+            sidecar_tmp.write_text(f"{expected}  {path.name}\n", encoding="utf-8")
+            os.replace(sidecar_tmp, sidecar)
+            return path
+
+    async def _download(self, sha: str, path: Path, expected: str) -> None:
+        url = self.base + self.binary_name(sha)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                try:
+                    async with self._http.stream("GET", url) as response:
+                        if response.status_code != 200:
+                            raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
+                        async for chunk in response.aiter_bytes(_CHUNK):
+                            size += len(chunk)
+                            if size > MAX_BINARY_BYTES:
+                                raise BinaryError(
+                                    f"Could not download {url}: larger than {MAX_BINARY_BYTES} bytes"
+                                )
+                            digest.update(chunk)
+                            handle.write(chunk)
+                except httpx.HTTPError as exc:
+                    raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
+                handle.flush()
+                os.fsync(handle.fileno())
+            actual = digest.hexdigest()
+            if actual != expected:
+                self.verification_failures += 1
+                raise VerificationError(
+                    f"Refusing devin-remote {sha}: the download from {url} has sha256 {actual}, but the "
+                    f"published checksum is {expected}"
+                )
+            os.chmod(tmp, 0o755)  # noqa: S103 - an executable, as the docs' chmod +x
+            os.replace(tmp, path)
+            platform.current().fsync_dir(path.parent)
+            self.downloads += 1
+            log.info("downloaded devin-remote %s (%d bytes, sha256 verified)", sha, size, extra={"sha": sha})
+        finally:
+            if tmp.exists():
+                tmp.unlink()

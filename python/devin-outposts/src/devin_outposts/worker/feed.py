@@ -1,0 +1,429 @@
+"""Following one outpost's queue: list, then watch from the final cursor, with reconnects.
+
+:class:`QueueFeed` keeps an up-to-date picture of the outpost's entries and tells the runner which
+sessions may be claimed (docs/fleet-api.md §4 and §5):
+
+* a full list (all phases) seeds the picture and yields the cursor the watch starts from;
+* every ``MODIFIED``/``DELETED`` event is upserted by ``session_id`` (delivery is at least once, so a
+  duplicate is harmless) and its cursor is kept for the next reconnect;
+* the stream ends by design after a few minutes (or seconds): a clean end is reconnected at once from
+  the last cursor, however short the stream lived; only an error backs off, 1 s, 2 s, 4 s ... up to
+  :data:`FEED_BACKOFF_CAP` seconds, with jitter. A rejected cursor (400/422 or a malformed event)
+  re-lists;
+* every :data:`RESYNC_INTERVAL` seconds the watch is re-seeded by a full list, a level-based safety net;
+* with ``watch=False`` the queue is re-listed every poll interval instead.
+
+Claimable means: ``phase=pending`` and ``session_status`` neither ``suspended`` nor ``terminated``, or
+claimed by another acceptor whose ``claim_deadline`` has passed (its claim returns to the queue). The
+runner takes them oldest first: ``created_at``, then ``session_id``, one at a time through
+:meth:`QueueFeed.next_candidate`, which judges the feed's *current* copy of each row. It keeps pending rows
+in a heap (pruned lazily) and other acceptors' claims in a small map, so a queue event costs O(log n)
+instead of a sort of the whole outpost.
+
+Spreading (``spread=True``, the worker's default): when every worker of an outpost goes for the same
+oldest row, one wins and all the others get a 409, and each 409 counts against the account's rate
+limits. :meth:`QueueFeed.next_claim` therefore keeps oldest-first as the rule but lets each row have an
+*owner*: among the *contenders* (this worker and the other acceptors seen claiming on the outpost in the
+last :data:`PEER_MEMORY` seconds that hold no claim now, i.e. are probably idle), the one with the highest
+rendezvous hash of ``(acceptor_id, session_id)``. The owner claims at once; the contender ranked *r*-th
+waits ``min(r, SPREAD_MAX_RANK) * SPREAD_STEP`` seconds from the moment the row became claimable, and
+by then the watch has usually shown the row claimed, so it never sends the losing request. Among the
+oldest rows (a window of twice the contenders), each worker takes the oldest row it may claim now.
+Fairness bound: when any contender is idle, the oldest claimable row is claimed no later than
+``SPREAD_MAX_RANK * SPREAD_STEP`` seconds (2 s) after it would have been strictly oldest-first, and with
+a single worker (no peers seen) the order is exactly oldest-first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import heapq
+import logging
+import time
+from collections.abc import AsyncIterator, Collection, Iterable
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
+
+from devin_outposts.api.errors import FleetAuthError, FleetError, FleetInvalid, FleetProtocolError
+from devin_outposts.api.models import Phase, QueueEntry, WatchEvent, WatchEventType
+from devin_outposts.worker.metrics import Metrics
+from devin_outposts.worker.retrying import Backoff
+
+log = logging.getLogger(__name__)
+
+RESYNC_INTERVAL = 300.0
+#: The longest wait between attempts to reach a failing API: an idle worker notices a recovered API
+#: within this many seconds (each attempt is one request; jitter spreads a fleet's attempts).
+FEED_BACKOFF_CAP = 5.0
+#: A clean stream end counts as "quick" when the stream lived less than this and carried no event;
+#: after QUICK_ENDS_BEFORE_PAUSE of them in a row, reconnects are paced by QUICK_END_PAUSE seconds.
+QUICK_END = 1.0
+QUICK_ENDS_BEFORE_PAUSE = 3
+QUICK_END_PAUSE = 1.0
+#: Seconds past ``claim_deadline`` before an expired claim of another worker is tried (clock skew).
+EXPIRY_SLACK = 1.0
+#: Spreading: the deferral per rendezvous rank. Long enough for the owner's claim to reach our watch
+#: (a claim round trip plus an SSE event), short enough not to matter next to a session.
+SPREAD_STEP = 0.25
+#: Ranks beyond this wait no longer: a row whose first few owners are gone is still claimed within 2 s.
+SPREAD_MAX_RANK = 8
+#: Seconds an acceptor seen claiming on the outpost counts as a peer. Idle peers are only known from
+#: their past claims, so a long memory keeps a quiet outpost spread; a peer that has gone away costs
+#: at most a deferral of SPREAD_STEP per rank on the rows it would have owned.
+PEER_MEMORY = 600.0
+#: The most peers considered (the most recently seen): bounds the work per claim decision.
+MAX_CONTENDERS = 32
+
+
+def rendezvous_score(acceptor_id: str, session_id: str) -> int:
+    """A stable pseudo-random score of ``(acceptor, session)``: the same on every worker and platform."""
+    digest = hashlib.blake2b(f"{acceptor_id}\0{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+@dataclass(frozen=True)
+class ClaimChoice:
+    """The row to claim next, and how many seconds to wait before claiming it (0: now)."""
+
+    entry: QueueEntry
+    wait: float
+
+
+class QueueSource(Protocol):
+    """What the feed needs from the fleet client."""
+
+    async def list_all_devins(
+        self,
+        *,
+        outpost: Optional[str] = None,
+        phase: Optional[str] = None,
+        acceptor_id: Optional[str] = None,
+        first: int = 100,
+        cursor: Optional[str] = None,
+    ) -> tuple[list[QueueEntry], Optional[str]]: ...
+
+    def watch_devins(
+        self, *, outpost: Optional[str] = None, cursor: Optional[str] = None
+    ) -> AsyncIterator[WatchEvent]: ...
+
+
+def age_key(entry: QueueEntry) -> tuple[int, str]:
+    """The claiming order: oldest ``created_at`` first, then ``session_id``."""
+    return (entry.metadata.created_at or 0, entry.session_id)
+
+
+def oldest_first(entries: Iterable[QueueEntry]) -> list[QueueEntry]:
+    return sorted(entries, key=age_key)
+
+
+class QueueFeed:
+    """The claimable sessions of one outpost, kept current by list-then-watch or by polling."""
+
+    def __init__(
+        self,
+        client: QueueSource,
+        outpost_id: str,
+        acceptor_id: str,
+        *,
+        watch: bool = True,
+        poll_interval: float = 5.0,
+        backoff_max: float = 60.0,
+        metrics: Optional[Metrics] = None,
+        on_update: Optional[Callable[[str, Optional[QueueEntry]], None]] = None,
+        clock: Callable[[], float] = time.time,
+        spread: bool = False,
+        on_change: Optional[Callable[[], None]] = None,
+    ) -> None:
+        self.client = client
+        self.outpost_id = outpost_id
+        self.acceptor_id = acceptor_id
+        self.watch = watch
+        self.poll_interval = poll_interval
+        self.backoff = Backoff(cap=min(backoff_max, FEED_BACKOFF_CAP))
+        self.metrics = metrics or Metrics()
+        self.on_update = on_update
+        self.clock = clock
+        self.entries: dict[str, QueueEntry] = {}
+        #: Called when a row may have become claimable (the owner's loop should look again).
+        self.on_change = on_change or (lambda: None)
+        self.cursor: Optional[str] = None
+        self.synced = False
+        #: Watch events applied so far (a stream that carried none and ended at once is paced).
+        self.events = 0
+        self._penalties: dict[str, float] = {}
+        self._last_list = 0.0
+        # Rows seen pending, oldest on top. An item whose row is no longer pending is dropped when it
+        # reaches the top; a row that turns pending again is pushed again (``_in_heap`` avoids duplicates).
+        self._pending: list[tuple[tuple[int, str], str]] = []
+        self._in_heap: set[str] = set()
+        self._compact_at = 64
+        #: session_id -> when another acceptor's claim of it expires.
+        self._foreign: dict[str, float] = {}
+        self.spread = spread
+        #: Other acceptors seen holding a claim on this outpost -> when (monotonic), most recent last.
+        self._peers: dict[str, float] = {}
+        #: session_id -> when (monotonic) it became claimable in our view: a deferral counts from there.
+        self._claimable_since: dict[str, float] = {}
+
+    # --- the picture ------------------------------------------------------------------------------
+
+    def upsert(self, entry: QueueEntry) -> None:
+        sid = entry.session_id
+        self.entries[sid] = entry
+        holder = entry.status.acceptor_id
+        if entry.status.phase == Phase.CLAIMED and holder and holder != self.acceptor_id:
+            self._peers.pop(holder, None)  # re-insert: the dict stays ordered by when we last saw them
+            self._peers[holder] = time.monotonic()
+        if entry.status.phase == Phase.PENDING and not entry.is_finished:
+            self._claimable_since.setdefault(sid, time.monotonic())
+        else:
+            self._claimable_since.pop(sid, None)
+        expiry = self._expiry(entry)
+        if expiry is None:
+            self._foreign.pop(sid, None)
+        else:
+            self._foreign[sid] = expiry
+        if entry.status.phase == Phase.PENDING and not entry.is_finished and sid not in self._in_heap:
+            heapq.heappush(self._pending, (age_key(entry), sid))
+            self._in_heap.add(sid)
+            if len(self._pending) > 2 * self._compact_at:
+                self._compact()
+        if self.on_update:
+            self.on_update(entry.session_id, entry)
+        if self.claimable(entry) or expiry is not None:
+            self.on_change()
+
+    def _compact(self) -> None:
+        """Rebuild the heap from the rows pending now (amortised O(1) per push).
+
+        A worker whose slots stay busy never calls next_candidate, so nothing else prunes the heap.
+        """
+        self._pending = [
+            (age_key(e), e.session_id)
+            for e in self.entries.values()
+            if e.status.phase == Phase.PENDING and not e.is_finished
+        ]
+        heapq.heapify(self._pending)
+        self._in_heap = {item[1] for item in self._pending}
+        self._compact_at = max(len(self._pending), 64)
+
+    def remove(self, session_id: str) -> None:
+        self.discard(session_id)
+        if self.on_update:
+            self.on_update(session_id, None)
+
+    def replace_all(self, entries: Iterable[QueueEntry]) -> None:
+        fresh = {entry.session_id: entry for entry in entries}
+        for gone in set(self.entries) - set(fresh):
+            self.remove(gone)
+        for entry in fresh.values():
+            self.upsert(entry)
+        self.synced = True
+        self.on_change()
+
+    def apply(self, event: WatchEvent) -> None:
+        self.events += 1
+        if event.type == WatchEventType.DELETED:
+            self.remove(event.object.session_id)
+        else:  # MODIFIED, or a type we do not know yet: the object is still the freshest copy we have
+            self.upsert(event.object)
+        if event.cursor:
+            self.cursor = event.cursor
+
+    def _expiry(self, entry: QueueEntry) -> Optional[float]:
+        """When a claim held by another acceptor expires (None when it is not such a claim)."""
+        status = entry.status
+        if status.phase != Phase.CLAIMED or status.acceptor_id == self.acceptor_id or entry.is_finished:
+            return None
+        if status.claim_deadline is None:
+            return None
+        return float(status.claim_deadline) + EXPIRY_SLACK
+
+    def claimable(self, entry: QueueEntry, now: Optional[float] = None) -> bool:
+        if entry.is_finished:
+            return False
+        if entry.status.phase == Phase.PENDING:
+            return True
+        expiry = self._expiry(entry)
+        return expiry is not None and expiry <= (self.clock() if now is None else now)
+
+    def penalize(self, session_id: str, seconds: float) -> None:
+        """Do not offer ``session_id`` for ``seconds`` (after a conflict or a failure)."""
+        self._penalties[session_id] = time.monotonic() + seconds
+
+    def discard(self, session_id: str) -> None:
+        """Forget ``session_id`` until the server tells us about it again."""
+        self.entries.pop(session_id, None)
+        self._foreign.pop(session_id, None)
+        self._claimable_since.pop(session_id, None)
+
+    def _drop_expired_penalties(self) -> None:
+        # Most penalised rows are claimed by the winner and never offered again, so they are not met
+        # by _blocked; without this the map would grow and a run-out penalty would wake the loop at once.
+        mono = time.monotonic()
+        for sid, until in list(self._penalties.items()):
+            if until <= mono:
+                del self._penalties[sid]
+
+    def _blocked(self, session_id: str, exclude: Collection[str], mono: float) -> bool:
+        until = self._penalties.get(session_id)
+        if until is not None and until <= mono:
+            del self._penalties[session_id]
+            until = None
+        return until is not None or session_id in exclude
+
+    def next_candidate(self, exclude: Collection[str] = ()) -> Optional[QueueEntry]:
+        """The oldest claimable row right now, judged on the current copy (None when there is none).
+
+        Called again before every claim attempt, so a row another worker claimed, or that ended, while
+        an earlier attempt was in flight is never tried on an old copy.
+        """
+        window = self._oldest(1, exclude)
+        return window[0] if window else None
+
+    def _oldest(self, count: int, exclude: Collection[str]) -> list[QueueEntry]:
+        """Up to ``count`` claimable rows, oldest first, skipping ``exclude`` and penalised rows."""
+        now, mono = self.clock(), time.monotonic()
+        found: list[QueueEntry] = []
+        stepped_over: list[tuple[tuple[int, str], str]] = []
+        while self._pending and len(found) < count:
+            item = heapq.heappop(self._pending)
+            sid = item[1]
+            current = self.entries.get(sid)
+            if current is None or current.status.phase != Phase.PENDING or current.is_finished:
+                self._in_heap.discard(sid)
+                continue
+            stepped_over.append(item)
+            if not self._blocked(sid, exclude, mono):  # not ours already, not cooling down
+                found.append(current)
+        for item in stepped_over:
+            heapq.heappush(self._pending, item)
+        expired = [
+            self.entries[sid]
+            for sid, expiry in self._foreign.items()
+            if expiry <= now and not self._blocked(sid, exclude, mono)
+        ]
+        expired = [e for e in expired if self.claimable(e, now)]
+        if expired:
+            found = oldest_first(found + expired)[:count]
+        return found
+
+    def contenders(self) -> list[str]:
+        """The acceptors that may claim a row now: this one and the peers that are probably idle."""
+        mono = time.monotonic()
+        for peer, seen in list(self._peers.items()):  # oldest first: stop at the first one to keep
+            if mono - seen <= PEER_MEMORY:
+                break
+            del self._peers[peer]
+        now = self.clock()
+        busy = {self.entries[sid].status.acceptor_id for sid, expiry in self._foreign.items() if expiry > now}
+        idle = [peer for peer in reversed(self._peers) if peer not in busy][:MAX_CONTENDERS]
+        return [self.acceptor_id, *idle]
+
+    def next_claim(self, exclude: Collection[str] = ()) -> Optional[ClaimChoice]:
+        """The row this worker should claim next and when (None when nothing is claimable).
+
+        Without spreading it is :meth:`next_candidate`, at once. With it, each row in the window of the
+        oldest ``2 * contenders`` rows waits this worker's rendezvous rank times :data:`SPREAD_STEP`,
+        counted from when the row became claimable; the row with the earliest time wins, the older on a
+        tie (see the module docstring for the fairness bound).
+        """
+        contenders = self.contenders() if self.spread else [self.acceptor_id]
+        if len(contenders) == 1:
+            first = self.next_candidate(exclude)
+            return ClaimChoice(first, 0.0) if first is not None else None
+        mono = time.monotonic()
+        best: Optional[ClaimChoice] = None
+        for entry in self._oldest(2 * len(contenders), exclude):
+            sid = entry.session_id
+            mine = rendezvous_score(self.acceptor_id, sid)
+            rank = sum(1 for peer in contenders[1:] if rendezvous_score(peer, sid) > mine)
+            since = self._claimable_since.get(sid)
+            if since is None:  # another worker's expired claim: claimable since it expired
+                expiry = self._foreign.get(sid)
+                since = mono - max(0.0, self.clock() - expiry) if expiry is not None else mono
+            wait = max(0.0, since + min(rank, SPREAD_MAX_RANK) * SPREAD_STEP - mono)
+            if best is None or wait < best.wait:
+                best = ClaimChoice(entry, wait)
+                if wait == 0.0:
+                    break  # the rows come oldest first: nothing later beats an immediate claim
+        return best
+
+    def candidates(self, exclude: Iterable[str] = ()) -> list[QueueEntry]:
+        """Every claimable row, sorted: a full view for inspection (the claim loop uses next_candidate)."""
+        now = self.clock()
+        self._drop_expired_penalties()
+        skip = set(exclude) | set(self._penalties)
+        return oldest_first(
+            e for e in self.entries.values() if e.session_id not in skip and self.claimable(e, now)
+        )
+
+    def next_wakeup(self) -> Optional[float]:
+        """Seconds until a penalty or a foreign claim runs out (None when nothing is waiting)."""
+        self._drop_expired_penalties()
+        waits = [until - time.monotonic() for until in self._penalties.values()]
+        now = self.clock()
+        waits.extend(expiry - now for expiry in self._foreign.values() if expiry > now)
+        return max(0.0, min(waits)) if waits else None
+
+    # --- following the server ---------------------------------------------------------------------
+
+    async def _list(self) -> None:
+        entries, cursor = await self.client.list_all_devins(outpost=self.outpost_id)
+        self.replace_all(entries)
+        self.cursor = cursor
+        self._last_list = time.monotonic()
+
+    async def run(self) -> None:
+        """Follow the queue until cancelled. Raises :class:`FleetAuthError`; every other error is retried.
+
+        A stream the server ends cleanly is normal (streams are bounded in time), so the watch is
+        reopened at once from the last cursor, however short it lived; only a stream that keeps ending
+        at once without an event is paced (:data:`QUICK_END_PAUSE`), so a misbehaving server cannot
+        make the worker spin. Errors back off with jitter up to :data:`FEED_BACKOFF_CAP` seconds, so an
+        idle worker notices a recovered API within a few seconds.
+        """
+        need_list = True
+        quick_ends = 0
+        while True:
+            started: Optional[float] = None
+            error: Optional[FleetError] = None
+            events = self.events
+            try:
+                if need_list or not self.watch or time.monotonic() - self._last_list > RESYNC_INTERVAL:
+                    await self._list()
+                    need_list = False
+                    if not self.watch:
+                        self.backoff.reset()
+                        await asyncio.sleep(self.poll_interval)
+                        continue
+                started = time.monotonic()
+                await self._stream()
+            except FleetAuthError:
+                raise
+            except (FleetProtocolError, FleetInvalid) as exc:
+                need_list = True  # the cursor or the stream is unusable: start again from a list
+                error = exc
+            except FleetError as exc:
+                error = exc
+            lived = time.monotonic() - started if started is not None else 0.0
+            if started is not None:
+                self.metrics.inc("watch_reconnects")
+            if error is None:
+                self.backoff.reset()
+                quick_ends = quick_ends + 1 if lived < QUICK_END and self.events == events else 0
+                delay = QUICK_END_PAUSE if quick_ends >= QUICK_ENDS_BEFORE_PAUSE else 0.0
+                log.debug("watch stream ended after %.1fs; reconnecting in %.1fs", lived, delay)
+            else:
+                quick_ends = 0
+                self.backoff.connection_lived(lived)  # a long healthy stream that broke starts afresh
+                delay = self.backoff.next_delay()
+                log.warning("%s; retrying in %.1fs", error, delay, extra={"outpost": self.outpost_id})
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+    async def _stream(self) -> None:
+        events = self.client.watch_devins(outpost=self.outpost_id, cursor=self.cursor)
+        async for event in events:
+            self.apply(event)

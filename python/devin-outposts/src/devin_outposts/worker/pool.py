@@ -1,0 +1,184 @@
+"""The session pool: the slots, the sessions running in them, the drain, and the one wake-up event.
+
+Every mode drives one :class:`SessionPool`: queue mode fills its slots from the queue, ``--session`` and
+direct-serve mode start one session in it. The pool knows nothing of the queue or the fleet API; it runs
+:class:`~devin_outposts.worker.session.SessionServer` objects, which do.
+
+The wake-up event is the pool's alone. Anything that may change what the owner of the pool should do
+next calls :meth:`SessionPool.wake` (a session finished, the queue changed, a signal came); the owner's
+loop calls :meth:`SessionPool.wait`, which returns at once when a wake came since the last wait, so a wake
+that arrives while the loop is busy is never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from devin_outposts.api.errors import FleetAuthError
+from devin_outposts.api.models import QueueEntry
+from devin_outposts.worker.metrics import Metrics
+from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionResult, SessionServer
+
+log = logging.getLogger(__name__)
+
+#: Grace between SIGTERM and SIGKILL for a remote stopped by a second signal.
+HARD_STOP_GRACE = 0.5
+
+
+@dataclass
+class _Running:
+    server: SessionServer
+    task: asyncio.Task[SessionResult]
+    slot: int
+
+
+class SessionPool:
+    """``size`` slots of sessions, the drain, and the wake-up event of the loop that fills them."""
+
+    def __init__(self, size: int, metrics: Metrics, *, drain_timeout: float) -> None:
+        self.size = size
+        self.metrics = metrics
+        self.drain_timeout = drain_timeout
+        self.running: dict[str, _Running] = {}
+        self.results: list[SessionResult] = []
+        #: Set by the first signal (no new sessions) and by a refused token.
+        self.draining = False
+        #: Set by a second signal: running sessions are stopped at once.
+        self.hard_stop = False
+        #: A refused token (401/403), from a claim or from a session: everything stops.
+        self.fatal: Optional[FleetAuthError] = None
+        #: Called with each finished session's result (queue mode cools failed sessions down).
+        self.on_finished: Optional[Callable[[SessionResult], None]] = None
+        # Made on first use, on the running loop: on Python 3.9 an Event binds to the loop current
+        # when it is created.
+        self._event: Optional[asyncio.Event] = None
+
+    # --- the wake-up event -------------------------------------------------------------------------
+
+    @property
+    def _wake_event(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
+
+    def wake(self) -> None:
+        """Something changed: the loop waiting in :meth:`wait` should look again."""
+        self._wake_event.set()
+
+    async def wait(self, timeout: Optional[float] = None) -> None:
+        """Wait for a wake (or ``timeout`` seconds); returns at once if one came since the last wait."""
+        event = self._wake_event
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=timeout)
+        event.clear()
+
+    async def pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless a drain starts first; True when the pool is not draining."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not self.draining and loop.time() < deadline:
+            await self.wait(deadline - loop.time())
+        return not self.draining
+
+    def is_draining(self) -> bool:
+        """The same as :attr:`draining`; a method, so that type checkers do not assume a loop's test of
+        it still holds after an ``await`` (a signal may come meanwhile)."""
+        return self.draining
+
+    # --- slots ---------------------------------------------------------------------------------------
+
+    def free_slot(self) -> Optional[int]:
+        used = {running.slot for running in self.running.values()}
+        for slot in range(self.size):
+            if slot not in used:
+                return slot
+        return None
+
+    @property
+    def held(self) -> Collection[str]:
+        """The sessions running here (the queue must not offer them again)."""
+        return self.running.keys()
+
+    def start(self, server: SessionServer) -> None:
+        """Run ``server`` in its slot; the pool wakes when it finishes."""
+        task = asyncio.ensure_future(server.serve())
+        task.add_done_callback(lambda t: self.wake())
+        self.running[server.session_id] = _Running(server, task, server.slot)
+        self.metrics.set("active_sessions", len(self.running))
+
+    def route(self, session_id: str, entry: Optional[QueueEntry]) -> None:
+        """A fresher copy of a running session's queue entry (``None``: it was deleted)."""
+        running = self.running.get(session_id)
+        if running is not None:
+            running.server.notify(entry)
+
+    def reap(self) -> list[SessionResult]:
+        """Collect the sessions that finished: count them, remember a refused token, return them."""
+        finished = []
+        for sid, running in list(self.running.items()):
+            if not running.task.done():
+                continue
+            del self.running[sid]
+            self.metrics.set("active_sessions", len(self.running))
+            try:
+                result = running.task.result()
+            except Exception as exc:  # a bug: keep serving the other sessions
+                log.exception("serving session %s crashed", sid, extra={"session_id": sid})
+                result = SessionResult(sid, FAILED, f"internal error: {exc}")
+            if running.server.fatal is not None:
+                self.fail(running.server.fatal)
+            if result.outcome == SERVED:
+                self.metrics.inc("sessions_served")
+            elif result.outcome in (FAILED, LOST):
+                self.metrics.inc("sessions_failed")
+            self.results.append(result)
+            finished.append(result)
+            if self.on_finished is not None:
+                self.on_finished(result)
+        return finished
+
+    # --- stopping ------------------------------------------------------------------------------------
+
+    def fail(self, error: FleetAuthError) -> None:
+        """The token was refused: stop claiming; the running sessions are stopped by :meth:`drain`."""
+        if self.fatal is None:
+            self.fatal = error
+        self.start_drain()
+
+    def start_drain(self) -> None:
+        """No new sessions; running ones may finish within the drain timeout."""
+        if not self.draining:
+            self.draining = True
+            self.metrics.set("draining", 1)
+        self.wake()
+
+    def stop_now(self) -> None:
+        """A second signal: stop every running session at once (their claims are still released)."""
+        self.hard_stop = True
+        for running in self.running.values():
+            running.server.request_stop(HARD_STOP_GRACE)
+        self.wake()
+
+    async def drain(self) -> None:
+        """Wait for every running session; stop them at the drain deadline, a second signal or a
+        refused token. Returns when none is left."""
+        loop = asyncio.get_running_loop()
+        deadline: Optional[float] = None
+        self.reap()
+        while self.running:
+            if self.draining and deadline is None:
+                deadline = loop.time() + self.drain_timeout
+            if self.fatal is not None or (deadline is not None and loop.time() >= deadline):
+                for running in self.running.values():
+                    if not running.server.stopping:
+                        running.server.request_stop(HARD_STOP_GRACE if self.hard_stop else None)
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
+            if timeout is not None and timeout <= 0:
+                timeout = None  # the stop was requested above: the sessions end within their grace
+            await self.wait(timeout)
+            self.reap()

@@ -1,0 +1,338 @@
+"""Queue mode: restart recovery, then claiming the session this worker should take whenever a slot is free.
+
+:class:`QueueMode` fills a :class:`~devin_outposts.worker.pool.SessionPool` from one outpost's queue,
+through one run of ``worker start`` without ``--session`` (docs/worker.md, "Modes"):
+
+1. resolve the outpost (an outage is waited out) and check its platform (exit 6 on a mismatch, before
+   any claim);
+2. restart recovery: list ``phase=claimed&acceptor_id=<mine>`` on the outpost and take each session back
+   by re-claiming it (a renewal, for a fresh connect token), releasing what no slot can hold;
+3. start the :class:`~devin_outposts.worker.feed.QueueFeed` and, whenever it or a finished session wakes
+   the pool, claim the row the feed offers (:meth:`~devin_outposts.worker.feed.QueueFeed.next_claim`:
+   oldest first, spread over the workers of the outpost). Each attempt asks the feed afresh, so the row is
+   judged on its current copy and never from a list built before an earlier attempt's round trip. A 409
+   counts as a conflict, sets the row aside for a while and waits a short random pause before the next
+   attempt; a 404 forgets the row (one log line); other API errors back off with jitter (1 s doubling to
+   ``--backoff-max-secs``); 401/403 end the worker (exit 3). ``--once`` stops claiming after its first
+   claim.
+
+It uses the pool's public methods only, and the fleet client: nothing here reaches into the runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import random
+from typing import Callable, Optional
+
+from devin_outposts.api.client import FleetClient
+from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
+from devin_outposts.api.models import Outpost, QueueEntry
+from devin_outposts.worker.binary import host_os
+from devin_outposts.worker.feed import QueueFeed, oldest_first
+from devin_outposts.worker.metrics import Metrics
+from devin_outposts.worker.options import WorkerConfig
+from devin_outposts.worker.outposts import check_platform, entry_platform_ok, resolve_outpost
+from devin_outposts.worker.pool import SessionPool
+from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
+from devin_outposts.worker.session import FAILED, LOST, SessionResult, SessionServer, release_claim
+
+log = logging.getLogger(__name__)
+
+#: The pause after the n-th conflict in a row is uniform in [0, CONFLICT_PAUSE * 2**(n-1)], capped at
+#: CONFLICT_PAUSE_CAP: long enough for the winner's claim to reach the watch, short next to a claim.
+CONFLICT_PAUSE = 0.05
+CONFLICT_PAUSE_CAP = 0.4
+#: Seconds a session that failed on this worker is not offered to it again (times its failure count).
+FAILED_SESSION_COOLDOWN = 60.0
+
+#: Makes the server for a claimed session in a slot.
+ServerFactory = Callable[[QueueEntry, int], SessionServer]
+
+
+def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> float:
+    return rng() * min(CONFLICT_PAUSE * 2.0 ** min(conflicts - 1, 16), CONFLICT_PAUSE_CAP)
+
+
+class ClaimOutcome(str, enum.Enum):
+    """What one turn of :meth:`QueueMode.claim_next` came to."""
+
+    CLAIMED = "claimed"  # a session was claimed and started
+    IDLE = "idle"  # nothing to claim now
+    DEFER = "defer"  # a row is there, but another worker should have the first go at it
+    ERROR = "error"  # the API failed: back off
+    FATAL = "fatal"  # the token was refused: stop
+
+
+class QueueMode:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        client: FleetClient,
+        pool: SessionPool,
+        metrics: Metrics,
+        acceptor_id: str,
+        server_for: ServerFactory,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.pool = pool
+        self.metrics = metrics
+        self.acceptor_id = acceptor_id
+        self.server_for = server_for
+        self.feed: Optional[QueueFeed] = None
+        self.feed_task: Optional[asyncio.Task[None]] = None
+        #: Following the queue (for /healthz).
+        self.ready = False
+        #: After a DEFER outcome: seconds until the deferred row may be claimed.
+        self.defer: Optional[float] = None
+        self._failures: dict[str, int] = {}
+
+    @property
+    def feed_stopped(self) -> bool:
+        return self.feed_task is not None and self.feed_task.done() and not self.pool.draining
+
+    # --- the run -------------------------------------------------------------------------------------
+
+    async def run(self) -> bool:
+        """Serve the outpost until drained. Returns False when stopped before anything was claimed."""
+        try:
+            outpost = await retry_transient(
+                lambda: resolve_outpost(self.client, self.config.outpost),
+                backoff=Backoff(cap=self.config.backoff_max),
+                pause=self.pool.pause,
+            )
+        except Stopped:
+            return False
+        check_platform(outpost)
+        self._announce(outpost)
+        recovery = Backoff(cap=self.config.backoff_max)
+        while not self.pool.draining:
+            try:
+                await self.recover(outpost.outpost_id)
+                break
+            except FleetAuthError:
+                raise
+            except FleetError as exc:
+                self.metrics.inc("api_errors")
+                await self.sleep(recovery.next_delay(), f"{exc}")
+        self.feed = QueueFeed(
+            self.client,
+            outpost.outpost_id,
+            self.acceptor_id,
+            watch=self.config.watch,
+            poll_interval=self.config.poll_interval,
+            backoff_max=self.config.backoff_max,
+            metrics=self.metrics,
+            on_update=self.pool.route,
+            on_change=self.pool.wake,
+            spread=self.config.claim_spread,
+        )
+        self.pool.on_finished = self._finished
+        if not self.pool.draining:
+            self._start_feed()
+        self.ready = True
+        try:
+            await self.claim_loop()
+        finally:
+            self.stop_feed()
+            await self._await_feed()
+            await self.pool.drain()
+        return True
+
+    def _announce(self, outpost: Outpost) -> None:
+        log.info(
+            "worker %s serving outpost %s (%s) on %s: %d slot(s), %s, workdir %s",
+            self.acceptor_id,
+            outpost.name,
+            outpost.outpost_id,
+            host_os(),
+            self.config.max_sessions,
+            "watching the queue" if self.config.watch else f"polling every {self.config.poll_interval:g}s",
+            self.config.workdir,
+            extra={"outpost": outpost.outpost_id, "acceptor_id": self.acceptor_id},
+        )
+        self.metrics.labels["outpost"] = outpost.outpost_id
+
+    def _start_feed(self) -> None:
+        assert self.feed is not None
+        self.feed_task = asyncio.ensure_future(self.feed.run())
+        self.feed_task.add_done_callback(lambda t: self.pool.wake())
+
+    def stop_feed(self) -> None:
+        """Close the watch (a drain has started): no more claims."""
+        if self.feed_task is not None:
+            self.feed_task.cancel()
+
+    async def _await_feed(self) -> None:
+        if self.feed_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.feed_task
+
+    def _finished(self, result: SessionResult) -> None:
+        if self.feed is None:
+            return
+        sid = result.session_id
+        self.feed.discard(sid)  # our copy is stale now: wait for the server's next word on it
+        if result.outcome in (FAILED, LOST):
+            count = self._failures[sid] = self._failures.get(sid, 0) + 1
+            self.feed.penalize(sid, FAILED_SESSION_COOLDOWN * count)
+
+    async def sleep(self, seconds: float, why: str) -> None:
+        log.warning("%s; retrying in %.1fs", why, seconds)
+        await self.pool.pause(seconds)
+
+    # --- restart recovery ------------------------------------------------------------------------------
+
+    async def recover(self, outpost_id: str) -> None:
+        """Take back the sessions this acceptor still holds (a worker restarted after a crash).
+
+        Safe to run again after a failure half-way: sessions already taken back are being served and
+        are skipped, never released.
+        """
+        client, me = self.client, self.acceptor_id
+        held = (await client.list_all_devins(outpost=outpost_id, phase="claimed", acceptor_id=me))[0]
+        for entry in oldest_first(e for e in held if e.status.acceptor_id in (None, me)):
+            sid = entry.session_id
+            if sid in self.pool.held:
+                continue
+            slot = self.pool.free_slot()
+            if entry.is_finished or slot is None or self.pool.draining:
+                why = f"already {entry.status.session_status}" if entry.is_finished else "no free slot"
+                log.info(
+                    "releasing session %s held from before the restart (%s)",
+                    sid,
+                    why,
+                    extra={"session_id": sid},
+                )
+                await release_claim(client, sid, me, {"session_id": sid})
+                continue
+            try:
+                claim = await client.claim(sid, me)  # a renewal: fresh connect token
+            except (FleetConflict, FleetNotFound) as exc:
+                log.info("could not take back session %s: %s", sid, exc, extra={"session_id": sid})
+                continue
+            self.metrics.inc("sessions_claimed")
+            log.info("took back session %s after a restart", sid, extra={"session_id": sid})
+            self._start(claim, slot)
+
+    def _start(self, claim: QueueEntry, slot: int) -> None:
+        self.pool.start(self.server_for(claim, slot))
+        log.info(
+            "claimed session %s (slot %d)",
+            claim.session_id,
+            slot,
+            extra={"session_id": claim.session_id, "slot": slot},
+        )
+
+    # --- claiming ----------------------------------------------------------------------------------------
+
+    async def claim_loop(self) -> None:
+        assert self.feed is not None
+        pool = self.pool
+        backoff = Backoff(cap=self.config.backoff_max)
+        claimed_once = False
+        while not pool.is_draining():
+            pool.reap()
+            if pool.fatal is not None:
+                return
+            if self.feed_task is not None and self.feed_task.done():
+                error = None if self.feed_task.cancelled() else self.feed_task.exception()
+                if isinstance(error, FleetAuthError):
+                    pool.fail(error)
+                    return
+                log.error("the queue feed stopped (%r); restarting it", error)
+                await self.sleep(backoff.next_delay(), "queue feed stopped")
+                self._start_feed()
+                continue
+            wakeup = self.feed.next_wakeup()
+            if self.config.once and claimed_once:
+                if not pool.running:
+                    return
+            elif pool.free_slot() is not None:
+                outcome = await self.claim_next()
+                if outcome is ClaimOutcome.CLAIMED:
+                    claimed_once = True
+                    backoff.reset()
+                    continue
+                if outcome is ClaimOutcome.ERROR:
+                    await self.sleep(backoff.next_delay(), "claiming failed")
+                    continue
+                if outcome is ClaimOutcome.FATAL:
+                    return
+                if outcome is ClaimOutcome.DEFER and self.defer is not None:
+                    wakeup = self.defer if wakeup is None else min(wakeup, self.defer)
+            if pool.is_draining():  # a signal may have come while we were claiming
+                break
+            await pool.wait(wakeup)
+
+    async def give_back(self, session_id: str, why: str) -> None:
+        """Release a claim we will not serve. Never raises: a failed release leaves a claim that expires."""
+        log.info("releasing session %s at once (%s)", session_id, why, extra={"session_id": session_id})
+        assert self.feed is not None
+        self.feed.discard(session_id)
+        await release_claim(self.client, session_id, self.acceptor_id, {"session_id": session_id})
+
+    async def claim_next(self) -> ClaimOutcome:
+        """Claim the row this worker should take now. On DEFER, :attr:`defer` says when to look again."""
+        assert self.feed is not None
+        pool, feed = self.pool, self.feed
+        self.defer = None
+        conflicts = 0
+        while not pool.is_draining():
+            slot = pool.free_slot()
+            if slot is None:
+                return ClaimOutcome.IDLE
+            choice = feed.next_claim(exclude=pool.held)
+            if choice is None:
+                return ClaimOutcome.IDLE
+            if choice.wait > 0:
+                self.defer = choice.wait
+                return ClaimOutcome.DEFER
+            entry = choice.entry
+            sid = entry.session_id
+            if not entry_platform_ok(entry):
+                log.warning(
+                    "not claiming session %s: it wants platform %s, this machine runs %s",
+                    sid,
+                    entry.spec.platform,
+                    host_os(),
+                    extra={"session_id": sid},
+                )
+                feed.penalize(sid, 3600)
+                continue
+            try:
+                claim = await self.client.claim(sid, self.acceptor_id)
+            except FleetConflict:
+                self.metrics.inc("claim_conflicts")
+                log.debug("session %s was claimed by another worker", sid, extra={"session_id": sid})
+                feed.penalize(sid, max(2 * self.config.poll_interval, 5.0))
+                conflicts += 1
+                await asyncio.sleep(conflict_pause(conflicts))
+                continue
+            except FleetNotFound as exc:
+                log.info("giving up on session %s: %s", sid, exc, extra={"session_id": sid})
+                feed.discard(sid)
+                continue
+            except FleetAuthError as exc:
+                pool.fail(exc)
+                return ClaimOutcome.FATAL
+            except FleetError as exc:
+                self.metrics.inc("api_errors")
+                log.warning("%s", exc, extra={"session_id": sid})
+                return ClaimOutcome.ERROR
+            self.metrics.inc("sessions_claimed")
+            if pool.is_draining() or claim.is_finished:
+                # A signal arrived while the claim was in flight, or the session ended after the
+                # feed's last word on it (watch lag): give it straight back.
+                why = "draining" if pool.is_draining() else f"session already {claim.status.session_status}"
+                await self.give_back(sid, why)
+                if pool.is_draining():
+                    return ClaimOutcome.IDLE
+                continue
+            self._start(claim, slot)
+            return ClaimOutcome.CLAIMED
+        return ClaimOutcome.IDLE

@@ -1,0 +1,199 @@
+"""Launching and stopping ``devin-remote serve`` with the spawn-contract environment (docs/fleet-api.md §6.2).
+
+The session environment is built from scratch, never copied: the three ``DEVIN_OUTPOST_*`` variables,
+the per-session ``DEVIN_REMOTE_STATE_DIR``, the optional ``DEVIN_CHROME_PATH``, ``DEVIN_OUTPOST_DESKTOP``
+and ``DEVIN_PTY_BRIDGE_PORT``, the desktop variables when set, and ``PATH HOME USER LOGNAME TMPDIR LANG
+TZ`` when present (plus the Windows system variables on Windows). Nothing else, so the account token and
+whatever else sits in the worker's environment never reaches the agent's shell. The connect token is
+passed in the environment only, never in argv.
+
+The remote runs in its own process group (POSIX) so that stopping it (SIGTERM, then SIGKILL after a
+grace period) also stops the shells and tools it started. Its pid and start time are written to
+``<state>/remote.pid`` so that a worker restarted after ``kill -9`` can stop a remote its predecessor left
+behind before it starts a new one for the same session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Optional
+
+from devin_outposts.worker import platform
+
+log = logging.getLogger(__name__)
+
+PIDFILE = "remote.pid"
+
+
+def free_port() -> int:
+    """A TCP port that was free on loopback a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def build_session_env(
+    *,
+    gateway_url: str,
+    connect_token: str,
+    session_id: str,
+    state_dir: Path,
+    pty_bridge_port: int,
+    chrome_path: Optional[str] = None,
+    desktop: Optional[str] = None,
+    source: Optional[Mapping[str, str]] = None,
+) -> dict[str, str]:
+    """The complete environment of one ``devin-remote serve`` process: what the platform lets a session
+    inherit from ``source`` (the worker's environment), then the spawn-contract variables."""
+    env = platform.current().inherited_env(os.environ if source is None else source)
+    env.update(
+        {
+            "DEVIN_OUTPOST_GATEWAY_URL": gateway_url,
+            "DEVIN_OUTPOST_CONNECT_TOKEN": connect_token,
+            "DEVIN_OUTPOST_SESSION_ID": session_id,
+            "DEVIN_REMOTE_STATE_DIR": str(state_dir),
+            "DEVIN_PTY_BRIDGE_PORT": str(pty_bridge_port),
+        }
+    )
+    if chrome_path:
+        env["DEVIN_CHROME_PATH"] = chrome_path
+    if desktop:
+        env["DEVIN_OUTPOST_DESKTOP"] = desktop
+    return env
+
+
+def _proc_start_time(pid: int) -> Optional[str]:
+    return platform.current().process_start_time(pid)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` exists (a process we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_remote(state_dir: Path) -> bool:
+    """Kill the process group of a remote left by a previous worker for this session, if it still runs.
+
+    Only acts when the recorded pid still has the recorded start time (Linux), so a reused pid is never
+    signalled. Returns True when something was killed.
+    """
+    path = state_dir / PIDFILE
+    try:
+        record = json.loads(path.read_text())
+        pid, pgid, started = int(record["pid"]), int(record["pgid"]), record.get("started")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    killed = False
+    if started is not None and _proc_start_time(pid) == started and process_alive(pid):
+        log.warning("stopping devin-remote pid %d left behind by a previous worker", pid, extra={"pid": pid})
+        killed = platform.current().kill_orphan_group(pgid)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return killed
+
+
+class RemoteProcess:
+    """One running ``devin-remote serve``."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, state_dir: Path, session_id: str) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.state_dir = state_dir
+        self.session_id = session_id
+        self._pumps: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    @classmethod
+    async def start(
+        cls, binary: Path, *, cwd: Path, env: Mapping[str, str], state_dir: Path, session_id: str
+    ) -> RemoteProcess:
+        kwargs = platform.current().process_group_options()
+        proc = await asyncio.create_subprocess_exec(
+            str(binary),
+            "serve",
+            cwd=str(cwd),
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            **kwargs,
+        )
+        remote = cls(proc, state_dir, session_id)
+        remote._write_pidfile()
+        remote._pumps = [
+            asyncio.ensure_future(remote._pump(proc.stdout, logging.INFO)),
+            asyncio.ensure_future(remote._pump(proc.stderr, logging.WARNING)),
+        ]
+        return remote
+
+    def _write_pidfile(self) -> None:
+        record = {"pid": self.pid, "pgid": self.pid, "started": _proc_start_time(self.pid)}
+        tmp = self.state_dir / f".{PIDFILE}.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.state_dir / PIDFILE)
+
+    async def _pump(self, stream: Optional[asyncio.StreamReader], level: int) -> None:
+        if stream is None:
+            return
+        logger = logging.getLogger("devin_outposts.remote")
+        while True:
+            try:
+                line = await stream.readline()
+            except (ValueError, asyncio.LimitOverrunError):  # an over-long line: skip it
+                continue
+            if not line:
+                return
+            logger.log(
+                level,
+                "%s",
+                line.decode("utf-8", "replace").rstrip()[:4000],
+                extra={"session_id": self.session_id, "pid": self.pid},
+            )
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.proc.returncode
+
+    async def wait(self) -> int:
+        code = await self.proc.wait()
+        self._signal_group(kill=True)  # leftovers of a finished session
+        # A child that escaped the group may hold the pipes open: do not wait for it forever.
+        pending = (await asyncio.wait(self._pumps, timeout=2.0))[1] if self._pumps else set()
+        for task in pending:
+            task.cancel()
+        with contextlib.suppress(OSError):
+            (self.state_dir / PIDFILE).unlink()
+        return code
+
+    def _signal_group(self, *, kill: bool) -> None:
+        platform.current().signal_group(self.proc, self.pid, kill=kill)
+
+    async def stop(self, grace: float) -> int:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds; returns the exit code."""
+        if self.proc.returncode is None:
+            self._stopping = True
+            self._signal_group(kill=False)
+            try:
+                await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace)
+            except asyncio.TimeoutError:
+                log.warning(
+                    "devin-remote did not exit %.0fs after SIGTERM; killing it",
+                    grace,
+                    extra={"session_id": self.session_id, "pid": self.pid},
+                )
+                self._signal_group(kill=True)
+        return await self.wait()

@@ -1,0 +1,179 @@
+"""The worker's fleet client against the shared contract cases (python/contract/cases.yaml).
+
+The modules' client runs the same cases in tests/unit/plugins/module_utils/test_contract.py. Each case
+scripts the server's answers (httpx.MockTransport) and states the result or error, the requests sent and
+the waits between retries; this runner turns the client's models and exceptions into the case's terms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import pytest
+import yaml
+
+from devin_outposts.api import client as client_module
+from devin_outposts.api.client import FleetClient
+from devin_outposts.api.errors import FleetError, FleetNotFound
+
+CASES_FILE = next(
+    parent / "python" / "contract" / "cases.yaml"
+    for parent in Path(__file__).resolve().parents
+    if (parent / "python" / "contract" / "cases.yaml").is_file()
+)
+CASES: list[dict[str, Any]] = yaml.safe_load(CASES_FILE.read_text(encoding="utf-8"))
+API = "https://api.test.invalid"
+
+
+def for_worker(case: dict[str, Any]) -> bool:
+    return "worker" in case.get("clients", ["module", "worker"])
+
+
+def header_value(value: Any) -> str:
+    text = str(value)
+    if text.startswith("@+"):  # an HTTP date this many seconds from now
+        return email.utils.formatdate(time.time() + float(text[2:]), usegmt=True)
+    return text
+
+
+class ScriptedServer:
+    def __init__(self, replies: list[dict[str, Any]]) -> None:
+        self.replies = list(replies)
+        self.requests: list[httpx.Request] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        assert self.replies, f"an unexpected request: {request.method} {request.url}"
+        reply = self.replies.pop(0)
+        if reply.get("connection") == "refused":
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        headers = {k: header_value(v) for k, v in (reply.get("headers") or {}).items()}
+        if "raw" in reply:
+            content = str(reply["raw"]).encode()
+        else:
+            content = json.dumps(reply["body"]).encode()
+            headers.setdefault("Content-Type", "application/json")
+        return httpx.Response(reply["status"], headers=headers, content=content)
+
+
+async def call(client: FleetClient, name: str, args: dict[str, Any]) -> Any:
+    """The operation ``name`` on the worker's client, its answer in the cases' terms."""
+    if name == "list_outposts":
+        outposts = await client.list_all_outposts(page_size=args.get("page_size", 200))
+        return [o.outpost_id for o in outposts]
+    if name == "create_outpost":
+        created = await client.create_outpost(
+            args["name"], platform=args.get("platform"), description=args.get("description")
+        )
+        return created.outpost_id
+    if name == "delete_outpost":
+        return await client.delete_outpost(args["outpost_id"], missing_ok=True)
+    if name == "get_outpost":
+        try:
+            return (await client.get_outpost(args["outpost_id"])).outpost_id
+        except FleetNotFound:
+            return None  # "not found" is data in both dialects
+    if name == "list_sessions":
+        entries, cursor = await client.list_all_devins(
+            outpost=args.get("outpost"),
+            phase=args.get("phase"),
+            acceptor_id=args.get("acceptor_id"),
+            first=args.get("page_size", 100),
+            cursor=args.get("cursor"),
+        )
+        return {
+            "sessions": [e.session_id for e in entries],
+            "phases": [e.status.phase.value if e.status.phase else None for e in entries],
+            "cursor": cursor,
+        }
+    if name in ("get_default_platform", "set_default_platform"):
+        if name == "get_default_platform":
+            value = await client.get_default_platform(args["org_id"])
+        else:
+            value = await client.set_default_platform(
+                args["org_id"], platform=args.get("platform"), outpost_pool_id=args.get("outpost_pool_id")
+            )
+        return {k: getattr(value, k) for k in ("platform", "outpost_pool_id", "outpost_pool_name")}
+    if name == "claim":
+        entry = await client.claim(args["session_id"], args["acceptor_id"])
+        status = entry.status
+        phase = status.phase.value if status.phase else None
+        return {"phase": phase, "acceptor_id": status.acceptor_id, "gateway_url": status.gateway_url}
+    if name == "release":
+        released = await client.release(args["session_id"], args["acceptor_id"])
+        return None if released is None else released.session_id
+    if name == "get_session":
+        return (await client.get_devin(args["session_id"])).session_id
+    raise AssertionError(f"the worker runner does not know the operation {name!r}")
+
+
+Outcome = tuple[Any, Optional[dict[str, Any]], "ScriptedServer", list[float]]
+
+
+def run_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    server = ScriptedServer(case.get("replies") or [])
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def record(seconds: float) -> None:
+        sleeps.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(client_module.asyncio, "sleep", record)
+
+    async def main() -> tuple[Any, Optional[dict[str, Any]]]:
+        client = FleetClient(API, "cog_contract_token", transport=httpx.MockTransport(server.handle))
+        try:
+            return await call(client, case["call"], case.get("args") or {}), None
+        except FleetError as exc:
+            return None, {"status": exc.status, "message": str(exc)}
+        except ValueError as exc:  # refused before any request
+            return None, {"status": None, "message": str(exc)}
+        finally:
+            await client.aclose()
+
+    result, error = asyncio.run(main())
+    monkeypatch.undo()
+    return result, error, server, sleeps
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if for_worker(c)], ids=lambda c: c["id"])
+def test_contract_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    result, error, server, sleeps = run_case(case, monkeypatch)
+    expect = case["expect"]
+    if "error" in expect:
+        assert error is not None, f"expected an error, got the result {result!r}"
+        assert error["status"] == expect["error"]["status"], error
+        assert expect["error"]["message"] in error["message"], error["message"]
+        assert "\n" not in error["message"], "an error is one line"
+    else:
+        assert error is None, f"expected {expect.get('result')!r}, got the error {error}"
+        assert result == expect["result"]
+    assert not server.replies, f"{len(server.replies)} scripted answer(s) were never asked for"
+    if "requests" in expect:
+        assert len(server.requests) == len(expect["requests"]), [str(r.url) for r in server.requests]
+        for sent, wanted in zip(server.requests, expect["requests"]):
+            assert sent.method == wanted["method"]
+            assert sent.url.raw_path.decode().split("?", 1)[0] == wanted["path"]
+            for key, value in (wanted.get("query") or {}).items():
+                assert sent.url.params.get(key) == str(value), (key, str(sent.url))
+            if "body" in wanted:
+                assert json.loads(sent.content) == wanted["body"]
+    if "sleeps" in expect:
+        assert len(sleeps) == len(expect["sleeps"]), sleeps
+        for slept, wanted in zip(sleeps, expect["sleeps"]):
+            low, high = (wanted, wanted) if not isinstance(wanted, list) else wanted
+            assert low - 0.01 <= slept <= high + 0.01, (slept, wanted)
+
+
+def test_every_case_has_an_id_and_an_expectation() -> None:
+    ids = [case["id"] for case in CASES]
+    assert len(ids) == len(set(ids))
+    for case in CASES:
+        assert ("result" in case["expect"]) != ("error" in case["expect"]), case["id"]

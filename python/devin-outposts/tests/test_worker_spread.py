@@ -1,0 +1,133 @@
+"""Spreading the claims: rendezvous ownership of rows among the workers of an outpost (queue.py).
+
+Several feeds that see the same queue must agree on who claims which row first, without talking to each
+other: each row has exactly one owner among the contenders, a lone worker claims strictly oldest first,
+busy peers are not contenders, and a deferred row is claimed after a bounded wait.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import pytest
+
+from devin_outposts.api.models import QueueEntry
+from devin_outposts.worker.feed import SPREAD_MAX_RANK, SPREAD_STEP, QueueFeed, rendezvous_score
+
+
+def entry(sid: str, created: int, *, holder: Optional[str] = None, deadline: float = 0.0) -> QueueEntry:
+    status: dict[str, Any] = {"phase": "pending", "session_status": "pending"}
+    if holder:
+        status = {"phase": "claimed", "acceptor_id": holder, "claim_deadline": deadline}
+        status["session_status"] = "running"
+    return QueueEntry.model_validate(
+        {
+            "metadata": {"session_id": sid, "outpost_id": "o", "created_at": created, "updated_at": created},
+            "spec": {"kind": "new", "platform": "linux"},
+            "status": status,
+        }
+    )
+
+
+def feeds(names: list[str], *, spread: bool = True) -> list[QueueFeed]:
+    return [QueueFeed(object(), "o", name, spread=spread) for name in names]  # type: ignore[arg-type]
+
+
+def meet(all_feeds: list[QueueFeed], names: list[str]) -> None:
+    """Every feed sees each of ``names`` claim something and give it back: they are idle peers now."""
+    future = time.time() + 3600
+    for number, name in enumerate(names):
+        for feed in all_feeds:
+            feed.upsert(entry(f"warmup-{number}", -1000 + number, holder=name, deadline=future))
+            feed.remove(f"warmup-{number}")
+
+
+def test_a_lone_worker_claims_strictly_oldest_first() -> None:
+    (feed,) = feeds(["solo"])
+    feed.replace_all([entry("c", 3), entry("a", 1), entry("b", 2)])
+    taken = []
+    while (choice := feed.next_claim(exclude=taken)) is not None:
+        assert choice.wait == 0.0
+        taken.append(choice.entry.session_id)
+    assert taken == ["a", "b", "c"]
+    assert feed.contenders() == ["solo"]
+
+
+def test_each_row_has_exactly_one_owner_among_idle_peers() -> None:
+    names = [f"worker-{n}" for n in range(6)]
+    group = feeds(names)
+    meet(group, names)
+    rows = [entry(f"devin-{n:03d}", n) for n in range(12)]
+    for feed in group:
+        feed.replace_all(rows)
+        assert sorted(feed.contenders()) == sorted(names)
+    for row in rows:
+        scores = {name: rendezvous_score(name, row.session_id) for name in names}
+        owners = [name for name in names if scores[name] == max(scores.values())]
+        assert len(owners) == 1
+    # What each worker would claim right now: never the same row twice, and the oldest row is one of them.
+    immediate = [c.entry.session_id for f in group if (c := f.next_claim()) is not None and c.wait == 0.0]
+    assert len(immediate) == len(set(immediate))
+    assert "devin-000" in immediate
+
+
+def test_a_non_owner_waits_its_rank_then_claims() -> None:
+    names = ["alpha", "beta"]
+    group = feeds(names)
+    meet(group, names)
+    row = entry("devin-x", 1)
+    for feed in group:
+        feed.replace_all([row])
+    choices = {feed.acceptor_id: feed.next_claim() for feed in group}
+    waits = sorted(choice.wait for choice in choices.values() if choice is not None)
+    assert waits[0] == 0.0
+    assert SPREAD_STEP - 0.1 <= waits[1] <= SPREAD_STEP
+    # The wait counts from when the row became claimable, not from each look at it.
+    loser = next(f for f in group if (c := choices[f.acceptor_id]) is not None and c.wait > 0)
+    time.sleep(SPREAD_STEP)
+    later = loser.next_claim()
+    assert later is not None and later.wait == 0.0
+
+
+def test_the_longest_wait_is_bounded() -> None:
+    names = [f"w{n:02d}" for n in range(20)]
+    group = feeds(names)
+    meet(group, names)
+    row = entry("devin-y", 1)
+    waits = []
+    for feed in group:
+        feed.replace_all([row])
+        choice = feed.next_claim()
+        assert choice is not None
+        waits.append(choice.wait)
+    assert waits.count(0.0) == 1
+    assert max(waits) <= SPREAD_MAX_RANK * SPREAD_STEP
+
+
+def test_busy_peers_are_not_contenders() -> None:
+    names = ["me", "busy", "idle"]
+    (feed,) = feeds(["me"])
+    meet([feed], names[1:])
+    assert sorted(feed.contenders()) == ["busy", "idle", "me"]
+    feed.upsert(entry("held", 5, holder="busy", deadline=time.time() + 60))
+    assert sorted(feed.contenders()) == ["idle", "me"]
+
+
+@pytest.mark.parametrize("spread", [True, False])
+def test_without_spreading_every_worker_goes_for_the_oldest(spread: bool) -> None:
+    names = [f"w{n}" for n in range(8)]
+    group = feeds(names, spread=spread)
+    meet(group, names)
+    rows = [entry(f"devin-{n}", n) for n in range(8)]
+    first = set()
+    for feed in group:
+        feed.replace_all(rows)
+        choice = feed.next_claim()
+        assert choice is not None
+        if choice.wait == 0.0:
+            first.add(choice.entry.session_id)
+    if spread:
+        assert len(first) > 1
+    else:
+        assert first == {"devin-0"}
