@@ -72,7 +72,8 @@ def test_enqueue_defaults_and_overrides(sim: SimHandle, outpost: Outpost) -> Non
 def test_entries_of_a_default_platform_outpost_carry_a_concrete_platform(
     sim: SimHandle, api, machine_token: str
 ) -> None:
-    # Only the outpost's platform is nullable (docs/fleet-api.md §3); clients filter entries on a concrete one.
+    # Only the outpost's platform is nullable (docs/fleet-api.md §3); clients filter entries on a concrete
+    # one.
     default = sim.admin.create_outpost("anyos")  # spec.platform null: the default platform
     assert default.spec.platform is None
     sid = sim.admin.enqueue(default.outpost_id).session_id

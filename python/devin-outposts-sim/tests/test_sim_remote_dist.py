@@ -1,4 +1,5 @@
-"""The simulated ``devin-remote`` distribution (docs/fleet-api.md §8): ``latest_<suffix>``, artifacts, ``.sha256``."""
+"""The simulated ``devin-remote`` distribution (docs/fleet-api.md §8): ``latest_<suffix>``, artifacts,
+``.sha256``."""
 
 from __future__ import annotations
 

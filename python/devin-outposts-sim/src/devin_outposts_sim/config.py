@@ -28,8 +28,8 @@ class SimConfig:
     #: ``status.gateway_url`` of claim responses; None = ``ws(s)://<host:port the client used>/gateway``.
     gateway_url: Optional[str] = None
     #: When the brain ends a session, its remote is told at once and ``session_status`` is written this
-    #: many seconds later (0: at once). The real status update can lag the remote's exit (docs/fleet-api.md §5),
-    #: so clients re-read it; this lets tests exercise that path.
+    #: many seconds later (0: at once). The real status update can lag the remote's exit
+    #: (docs/fleet-api.md §5), so clients re-read it; this lets tests exercise that path.
     status_lag: float = 0.0
     #: Bearer token of the ``/_sim`` admin API (required; the CLI generates one when none is given).
     admin_token: str = ""

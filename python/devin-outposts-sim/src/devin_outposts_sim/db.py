@@ -24,8 +24,8 @@ from typing import Callable, Optional
 SCHEMA_VERSION = 2
 _REV_STEP = 1e-6
 #: The platform of a queue entry whose outpost uses the default platform (``spec.platform: null``). Only
-#: the outpost's platform is nullable (docs/fleet-api.md §3): entries always name a concrete one, which clients
-#: filter on. Devin's default machine is Ubuntu and ``linux_x64`` is the first ``devin-remote`` build,
+#: the outpost's platform is nullable (docs/fleet-api.md §3): entries always name a concrete one, which
+#: clients filter on. Devin's default machine is Ubuntu and ``linux_x64`` is the first ``devin-remote`` build,
 #: so the default platform is ``linux``. (The organization default-platform API names a hosted platform
 #: label or an outpost, not an OS, so it cannot decide this.)
 DEFAULT_PLATFORM = "linux"
@@ -91,7 +91,8 @@ ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"), ("ending_status", "TEXT"), ("end
 EXPIRABLE = "phase = 'claimed' AND deleted = 0 AND session_status != 'running'"
 
 #: The indexes of the hot queries (run on every open, after the added columns exist; see
-#: python/devin-outposts-sim/tests/test_sim_query_plans.py, which checks that none of those queries scans a table):
+#: python/devin-outposts-sim/tests/test_sim_query_plans.py, which checks that none of those queries scans
+#: a table):
 #:
 #: * ``sessions_by_change``: the watch feed reads every change after a revision;
 #: * ``sessions_by_outpost_rev`` / ``sessions_by_rev``: watch replays and lists of one outpost / of an

@@ -1,4 +1,5 @@
-"""The simulated ``devin-remote`` distribution (docs/fleet-api.md §8): what ``static.devin.ai/devin-rs/remote/`` holds.
+"""The simulated ``devin-remote`` distribution (docs/fleet-api.md §8): what
+``static.devin.ai/devin-rs/remote/`` holds.
 
 The simulator serves, under ``{sim_url}/devin-rs/remote/`` and without auth (it is a public CDN):
 

@@ -33,7 +33,8 @@ class Invalid(SimError):
     status = 422
 
 
-#: The exact ``detail`` strings of the real service (docs/fleet-api.md §4), shared by the routes and the tests.
+#: The exact ``detail`` strings of the real service (docs/fleet-api.md §4), shared by the routes and the
+#: tests.
 INVALID_TOKEN = "Invalid token"  # noqa: S105 - an error message, not a secret
 SESSION_NOT_FOUND = "Session not found in queue"
 ALREADY_CLAIMED = "Session is already claimed"

@@ -260,8 +260,8 @@ class GatewayStore(QueueStore):
         Connected remotes are told to exit at their next request (long polls wake at once).
 
         With ``lag`` > 0 the remotes are told now but ``session_status`` is written ``lag`` seconds
-        later (the real status update can lag the remote's exit, docs/fleet-api.md §5): the entry returned, and
-        every read until then, still shows the old status.
+        later (the real status update can lag the remote's exit, docs/fleet-api.md §5): the entry returned,
+        and every read until then, still shows the old status.
         """
         if session_status not in ENDED_STATUSES:
             raise Invalid("session_status must be suspended or terminated")

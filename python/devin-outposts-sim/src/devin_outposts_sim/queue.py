@@ -41,7 +41,8 @@ from devin_outposts_sim.errors import (
 
 _STATUS_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
-# The hot queries, kept here so python/devin-outposts-sim/tests/test_sim_query_plans.py can check SQLite's plan of each.
+# The hot queries, kept here so python/devin-outposts-sim/tests/test_sim_query_plans.py can check SQLite's
+# plan of each.
 #: A page of the queue list (``{where}``: :func:`list_filter`, plus the cursor term) and its total.
 LIST_SQL = "SELECT * FROM sessions WHERE {where} ORDER BY rev, session_id LIMIT ?"
 COUNT_SQL = "SELECT COUNT(*) AS n FROM sessions WHERE {where}"
@@ -134,8 +135,8 @@ def row_wire(
     """A queue row as the wire shows it (docs/fleet-api.md §3), built directly from the row.
 
     Why not through the client's model: validating and dumping a pydantic model per row was most of
-    the cost of a list page and of every watch event. python/devin-outposts-sim/tests/test_sim_wire.py checks that this is
-    exactly what ``QueueEntry.model_validate(...).to_wire()`` gives, so nothing drifts from the model.
+    the cost of a list page and of every watch event. python/devin-outposts-sim/tests/test_sim_wire.py checks
+    that this is exactly what ``QueueEntry.model_validate(...).to_wire()`` gives, so nothing drifts from the model.
     """
     policy = row["network_policy"]
     deadline = row["claim_deadline"]

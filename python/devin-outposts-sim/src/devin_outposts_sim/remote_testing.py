@@ -40,7 +40,8 @@ def claim_session(url: str, token: str, session_id: str, acceptor_id: str = "tes
     return QueueEntry.model_validate(response.json())
 
 
-#: What a worker passes through to ``devin-remote`` besides the ``DEVIN_*`` variables (docs/fleet-api.md §6.2).
+#: What a worker passes through to ``devin-remote`` besides the ``DEVIN_*`` variables
+#: (docs/fleet-api.md §6.2).
 PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "TZ")
 
 

@@ -1,4 +1,5 @@
-"""Choosing the outpost to serve and checking that its platform matches this machine (docs/fleet-api.md §7.1 and §7.5).
+"""Choosing the outpost to serve and checking that its platform matches this machine (docs/fleet-api.md
+§7.1 and §7.5).
 
 * ``--outpost`` is a name or an id, looked up in the outposts list (which a machine token may read);
 * without it, the account's only outpost is used; with several, an interactive terminal is asked to

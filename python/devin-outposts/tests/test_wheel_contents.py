@@ -1,0 +1,58 @@
+"""What worker hosts receive: the built wheel of devin-outposts holds the client and the worker, nothing else.
+
+The wheel is built the way ``make build`` and the worker role build it (pip, no dependencies). A simulator
+module, a test helper or a test in it would reach every worker host; this test lists the wheel and fails on
+any of them, and checks that what the worker needs is there.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+#: Not for worker hosts: the simulator (its own distribution), test helpers, tests.
+FORBIDDEN = ("devin_outposts_sim", "/sim/", "testing", "pytest", "conftest", "tests/", "test_", "fakes")
+NEEDED = (
+    "devin_outposts/__init__.py",
+    "devin_outposts/py.typed",
+    "devin_outposts/api/client.py",
+    "devin_outposts/worker/runner.py",
+    "devin_outposts/worker/platform.py",
+    "devin_outposts/cli/worker.py",
+)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    build = tmp_path_factory.mktemp("build")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--no-input", "--wheel-dir", str(out), str(PROJECT)],
+        check=True, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(build)},
+    )  # fmt: skip
+    (found,) = out.glob("devin_outposts-*-py3-none-any.whl")
+    return found
+
+
+def test_the_wheel_holds_no_simulator_and_no_test_helper(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    offenders = [name for name in names if any(word in name for word in FORBIDDEN)]
+    assert offenders == [], offenders
+    packages = {name.split("/", 1)[0] for name in names if not name.startswith("devin_outposts-")}
+    assert packages == {"devin_outposts"}
+
+
+def test_the_wheel_holds_what_the_worker_needs(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert set(NEEDED) <= names, set(NEEDED) - names
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    text = zipfile.ZipFile(wheel).read(metadata).decode()
+    lines = text.splitlines()
+    requires = sorted(line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:"))
+    assert [r.split(">")[0].split("<")[0] for r in requires] == ["httpx", "pydantic"], requires
