@@ -136,7 +136,8 @@ def row_wire(
 
     Why not through the client's model: validating and dumping a pydantic model per row was most of
     the cost of a list page and of every watch event. python/devin-outposts-sim/tests/test_sim_wire.py checks
-    that this is exactly what ``QueueEntry.model_validate(...).to_wire()`` gives, so nothing drifts from the model.
+    that this is exactly what ``QueueEntry.model_validate(...).to_wire()`` gives, so nothing drifts from the
+    model.
     """
     policy = row["network_policy"]
     deadline = row["claim_deadline"]
