@@ -10,15 +10,19 @@ client that does the job (plain httpx and raw sockets, no worker code). One run:
 2. **enqueue**: ``--sessions`` sessions enqueued through the admin API (the brain's side) by
    ``--enqueuers`` concurrent clients: enqueues per second.
 3. **claim storm**: ``--claimers`` concurrent claimers each list the outpost's pending rows (``first=20``)
-   and try them oldest first, skipping rows whose ``session_status`` is ``terminated`` (contract 3.4); a
-   409 sends a claimer to the next row. A won claim is served at once: the brain marks the session
+   and try them oldest first, skipping rows whose ``session_status`` is ``terminated`` (contract 3.4) or
+   that a claimer has served; a 409 sends a claimer to the next row, and a claim answer that says
+   ``terminated`` (the row was served after the list was read) is released at once. A won claim is served at once: the brain marks the session
    terminated (admin API) and the claimer releases it. Until every session is served: won claims per
    second, requests per second, 409s per session.
 4. **list**: ``--listers`` concurrent clients read full pages (``first=100``) of the outpost's queue for
    ``--list-secs`` seconds: list requests per second.
 
 The simulator's CPU time (utime + stime of its process, from ``/proc``) is read around each phase, once
-the watch streams have caught up. "CPU per 1000 sessions" covers the enqueue and claim-storm phases.
+the watch streams have caught up. "CPU per 1000 sessions" covers the enqueue and claim-storm phases. On a
+2-core machine this client (httpx, in one process) can saturate its own core before the simulator does;
+the "per sim CPU second" figures (work done per second of the simulator's own CPU time) are then the
+simulator's ceiling on one core, whatever the client's speed.
 
 Every run starts a fresh simulator (``devin-outposts sim serve``, default settings except a watch
 duration longer than a run) on a fresh SQLite file. ``--runs`` repeats; the figures are **medians** over
@@ -162,7 +166,7 @@ async def enqueue_all(sim: BenchSim, sessions: int, enqueuers: int) -> list[str]
 
 async def claim_storm(sim: BenchSim, sessions: set[str], claimers: int) -> dict[str, int]:
     served: set[str] = set()
-    counts = {"list": 0, "claim": 0, "conflict": 0, "status": 0, "release": 0}
+    counts = {"list": 0, "claim": 0, "conflict": 0, "status": 0, "release": 0, "stale": 0}
     api = {"Authorization": f"Bearer {sim.token}"}
     admin = {"Authorization": f"Bearer {sim.proc.admin_token}"}
     params: dict[str, Any] = {"outpost": sim.outpost_id, "phase": "pending", "first": 20}
@@ -177,6 +181,7 @@ async def claim_storm(sim: BenchSim, sessions: set[str], claimers: int) -> dict[
                     row["metadata"]["session_id"]
                     for row in listed.json()["items"]
                     if row["status"]["session_status"] != "terminated"
+                    and row["metadata"]["session_id"] not in served
                 ]
                 if not rows:  # every unserved session is held by another claimer right now
                     await asyncio.sleep(0.01)
@@ -189,6 +194,12 @@ async def claim_storm(sim: BenchSim, sessions: set[str], claimers: int) -> dict[
                         continue
                     if claimed.status_code != 200:
                         raise BenchError(f"claim answered {claimed.status_code}: {claimed.text}")
+                    if claimed.json()["status"]["session_status"] == "terminated":
+                        # A stale row (served meanwhile): hand it back at once, as a worker does.
+                        await http.post(f"{QUEUE}/{sid}/release", json=body, headers=api)
+                        counts["stale"] += 1
+                        counts["release"] += 1
+                        continue
                     served.add(sid)
                     ended = await http.post(
                         f"{ADMIN}/sessions/{sid}/status", json={"session_status": "terminated"}, headers=admin
@@ -251,9 +262,16 @@ async def one_run(sim: BenchSim, args: argparse.Namespace) -> dict[str, Any]:
         "claims_per_s": n / storm.wall,
         "storm_requests_per_s": storm_requests / storm.wall,
         "conflicts_per_session": counts["conflict"] / n,
+        "stale_claims": counts["stale"],
         "requests_per_session": storm_requests / n,
         "lists_per_s": lists / listing.wall,
         "sim_cpu_per_1000_sessions_s": (enqueue.sim_cpu + storm.sim_cpu) * 1000 / n,
+        # What one core of simulator would do if the client were not the limit: the work done per
+        # second of the simulator's own CPU time.
+        "enqueues_per_sim_cpu_s": n / max(enqueue.sim_cpu, 1e-9),
+        "claims_per_sim_cpu_s": n / max(storm.sim_cpu, 1e-9),
+        "storm_requests_per_sim_cpu_s": storm_requests / max(storm.sim_cpu, 1e-9),
+        "lists_per_sim_cpu_s": lists / max(listing.sim_cpu, 1e-9),
         "sim_cpu_per_1000_lists_s": listing.sim_cpu * 1000 / max(lists, 1),
         "sim_cpu_share_storm": storm.sim_cpu / storm.wall,
         "client_cpu_share_storm": storm.client_cpu / storm.wall,
@@ -294,6 +312,10 @@ FIGURES = [
     ("conflicts_per_session", "409s per served session", "{:.1f}"),
     ("lists_per_s", "list requests/s (100 rows, {listers} listers)", "{:.0f}"),
     ("sim_cpu_per_1000_sessions_s", "sim CPU s per 1000 sessions", "{:.1f}"),
+    ("enqueues_per_sim_cpu_s", "enqueues per sim CPU second", "{:.0f}"),
+    ("claims_per_sim_cpu_s", "won claims per sim CPU second", "{:.1f}"),
+    ("storm_requests_per_sim_cpu_s", "storm requests per sim CPU second", "{:.0f}"),
+    ("lists_per_sim_cpu_s", "lists per sim CPU second", "{:.0f}"),
     ("sim_cpu_per_1000_lists_s", "sim CPU s per 1000 lists", "{:.2f}"),
     ("sim_cpu_share_storm", "sim CPU share in the storm", "{:.0%}"),
     ("client_cpu_share_storm", "client CPU share in the storm", "{:.0%}"),
@@ -320,6 +342,9 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, s
             say(f"  {label}: x{new[key] / old[key]:.1f}")
         cpu = "sim_cpu_per_1000_sessions_s"
         say(f"  sim CPU per 1000 sessions: x{new[cpu] / old[cpu]:.2f}")
+        for key, label in (("enqueues_per_sim_cpu_s", "enqueues"), ("claims_per_sim_cpu_s", "won claims"),
+                           ("lists_per_sim_cpu_s", "lists")):  # fmt: skip
+            say(f"  {label} per sim CPU second: x{new[key] / old[key]:.1f}")
 
 
 def parse_args() -> argparse.Namespace:
