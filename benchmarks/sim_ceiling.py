@@ -10,15 +10,20 @@ client that does the job (plain httpx and raw sockets, no worker code). One run:
 2. **enqueue**: ``--sessions`` sessions enqueued through the admin API (the brain's side) by
    ``--enqueuers`` concurrent clients: enqueues per second.
 3. **claim storm**: ``--claimers`` concurrent claimers each list the outpost's pending rows (``first=20``)
-   and try them oldest first, skipping rows whose ``session_status`` is ``terminated`` (docs/fleet-api.md §5); a
-   409 sends a claimer to the next row. A won claim is served at once: the brain marks the session
+   and try them oldest first, skipping rows whose ``session_status`` is ``terminated`` (docs/fleet-api.md
+   §5) or that a claimer has served; a 409 sends a claimer to the next row, and a claim answer that says
+   ``terminated`` (the row was served after the list was read) is released at once. A won claim is served
+   at once: the brain marks the session
    terminated (admin API) and the claimer releases it. Until every session is served: won claims per
    second, requests per second, 409s per session.
 4. **list**: ``--listers`` concurrent clients read full pages (``first=100``) of the outpost's queue for
    ``--list-secs`` seconds: list requests per second.
 
 The simulator's CPU time (utime + stime of its process, from ``/proc``) is read around each phase, once
-the watch streams have caught up. "CPU per 1000 sessions" covers the enqueue and claim-storm phases.
+the watch streams have caught up. "CPU per 1000 sessions" covers the enqueue and claim-storm phases. On a
+2-core machine this client (httpx, in one process) can saturate its own core before the simulator does;
+the "per sim CPU second" figures (work done per second of the simulator's own CPU time) are then the
+simulator's ceiling on one core, whatever the client's speed.
 
 Every run starts a fresh simulator (``devin-outposts-sim serve``, default settings except a watch
 duration longer than a run) on a fresh SQLite file. ``--runs`` repeats; the figures are **medians** over
@@ -36,6 +41,7 @@ import argparse
 import asyncio
 import io
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -53,7 +59,15 @@ from devin_outposts_sim.admin_client import SimAdminError
 from _harness import BenchError, BenchSim, bench_sim, cpu_seconds_of
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGE_SRC = "roles/worker/files/devin-outposts/src"
+#: Where the Python source is, today (python/) and before the two distributions (the package in the role).
+SOURCE_DIRS = ("python/devin-outposts/src", "python/devin-outposts-sim/src")
+OLD_SOURCE_DIR = "roles/worker/files/devin-outposts/src"
+#: For a revision from before devin-outposts-sim existed: ``python -m devin_outposts_sim`` runs its
+#: ``devin-outposts sim`` command instead.
+OLD_LAYOUT_SHIM = """import sys
+from devin_outposts.cli import main
+sys.exit(main(["sim", *sys.argv[1:]]))
+"""
 QUEUE = "/opbeta/outposts/devins"
 ADMIN = "/_sim"
 Out = Callable[[str], None]
@@ -163,7 +177,7 @@ async def enqueue_all(sim: BenchSim, sessions: int, enqueuers: int) -> list[str]
 
 async def claim_storm(sim: BenchSim, sessions: set[str], claimers: int) -> dict[str, int]:
     served: set[str] = set()
-    counts = {"list": 0, "claim": 0, "conflict": 0, "status": 0, "release": 0}
+    counts = {"list": 0, "claim": 0, "conflict": 0, "status": 0, "release": 0, "stale": 0}
     api = {"Authorization": f"Bearer {sim.token}"}
     admin = {"Authorization": f"Bearer {sim.proc.admin_token}"}
     params: dict[str, Any] = {"outpost": sim.outpost_id, "phase": "pending", "first": 20}
@@ -178,6 +192,7 @@ async def claim_storm(sim: BenchSim, sessions: set[str], claimers: int) -> dict[
                     row["metadata"]["session_id"]
                     for row in listed.json()["items"]
                     if row["status"]["session_status"] != "terminated"
+                    and row["metadata"]["session_id"] not in served
                 ]
                 if not rows:  # every unserved session is held by another claimer right now
                     await asyncio.sleep(0.01)
@@ -190,6 +205,12 @@ async def claim_storm(sim: BenchSim, sessions: set[str], claimers: int) -> dict[
                         continue
                     if claimed.status_code != 200:
                         raise BenchError(f"claim answered {claimed.status_code}: {claimed.text}")
+                    if claimed.json()["status"]["session_status"] == "terminated":
+                        # A stale row (served meanwhile): hand it back at once, as a worker does.
+                        await http.post(f"{QUEUE}/{sid}/release", json=body, headers=api)
+                        counts["stale"] += 1
+                        counts["release"] += 1
+                        continue
                     served.add(sid)
                     ended = await http.post(
                         f"{ADMIN}/sessions/{sid}/status", json={"session_status": "terminated"}, headers=admin
@@ -252,9 +273,16 @@ async def one_run(sim: BenchSim, args: argparse.Namespace) -> dict[str, Any]:
         "claims_per_s": n / storm.wall,
         "storm_requests_per_s": storm_requests / storm.wall,
         "conflicts_per_session": counts["conflict"] / n,
+        "stale_claims": counts["stale"],
         "requests_per_session": storm_requests / n,
         "lists_per_s": lists / listing.wall,
         "sim_cpu_per_1000_sessions_s": (enqueue.sim_cpu + storm.sim_cpu) * 1000 / n,
+        # What one core of simulator would do if the client were not the limit: the work done per
+        # second of the simulator's own CPU time.
+        "enqueues_per_sim_cpu_s": n / max(enqueue.sim_cpu, 1e-9),
+        "claims_per_sim_cpu_s": n / max(storm.sim_cpu, 1e-9),
+        "storm_requests_per_sim_cpu_s": storm_requests / max(storm.sim_cpu, 1e-9),
+        "lists_per_sim_cpu_s": lists / max(listing.sim_cpu, 1e-9),
         "sim_cpu_per_1000_lists_s": listing.sim_cpu * 1000 / max(lists, 1),
         "sim_cpu_share_storm": storm.sim_cpu / storm.wall,
         "client_cpu_share_storm": storm.client_cpu / storm.wall,
@@ -266,25 +294,38 @@ async def one_run(sim: BenchSim, args: argparse.Namespace) -> dict[str, Any]:
 # --- variants, runs and the report ----------------------------------------------------------------
 
 
-def extract_source(rev: str, into: Path) -> Path:
-    """The package source of git revision ``rev``, extracted under ``into``; returns its ``src`` dir."""
+def _git_archive(git: str, rev: str, paths: tuple[str, ...]) -> Optional[bytes]:
+    archive = subprocess.run(
+        [git, "-C", str(REPO), "archive", "--format=tar", rev, *paths], capture_output=True, check=False
+    )
+    return archive.stdout if archive.returncode == 0 else None
+
+
+def extract_source(rev: str, into: Path) -> str:
+    """The Python source of git revision ``rev``, extracted under ``into``; returns the ``PYTHONPATH`` that
+    runs its simulator as ``python -m devin_outposts_sim`` (whichever layout the revision has)."""
     git = shutil.which("git")
     if git is None:
         raise BenchError("--baseline needs git on PATH")
-    archive = subprocess.run(
-        [git, "-C", str(REPO), "archive", "--format=tar", rev, PACKAGE_SRC],
-        capture_output=True,
-        check=False,
-    )
-    if archive.returncode != 0:
-        raise BenchError(f"git archive {rev}: {archive.stderr.decode(errors='replace').strip()}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+    data = _git_archive(git, rev, SOURCE_DIRS)
+    paths = list(SOURCE_DIRS)
+    if data is None:  # before python/: one package, with the simulator inside and its own verb
+        data = _git_archive(git, rev, (OLD_SOURCE_DIR,))
+        paths = [OLD_SOURCE_DIR]
+        if data is None:
+            raise BenchError(f"git archive {rev}: neither {SOURCE_DIRS[0]} nor {OLD_SOURCE_DIR} is there")
+        shim = into / "shim" / "devin_outposts_sim"
+        shim.mkdir(parents=True)
+        (shim / "__init__.py").write_text("")
+        (shim / "__main__.py").write_text(OLD_LAYOUT_SHIM)
+        paths.insert(0, "shim")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for member in tar.getmembers():  # our own repository's tree, but refuse anything odd anyway
             odd = member.name.startswith("/") or ".." in Path(member.name).parts
             if odd or member.issym() or member.islnk():
                 raise BenchError(f"unexpected archive member {member.name}")
         tar.extractall(into)  # noqa: S202 - members checked above
-    return into / PACKAGE_SRC
+    return os.pathsep.join(str(into / path) for path in paths)
 
 
 FIGURES = [
@@ -295,6 +336,10 @@ FIGURES = [
     ("conflicts_per_session", "409s per served session", "{:.1f}"),
     ("lists_per_s", "list requests/s (100 rows, {listers} listers)", "{:.0f}"),
     ("sim_cpu_per_1000_sessions_s", "sim CPU s per 1000 sessions", "{:.1f}"),
+    ("enqueues_per_sim_cpu_s", "enqueues per sim CPU second", "{:.0f}"),
+    ("claims_per_sim_cpu_s", "won claims per sim CPU second", "{:.1f}"),
+    ("storm_requests_per_sim_cpu_s", "storm requests per sim CPU second", "{:.0f}"),
+    ("lists_per_sim_cpu_s", "lists per sim CPU second", "{:.0f}"),
     ("sim_cpu_per_1000_lists_s", "sim CPU s per 1000 lists", "{:.2f}"),
     ("sim_cpu_share_storm", "sim CPU share in the storm", "{:.0%}"),
     ("client_cpu_share_storm", "client CPU share in the storm", "{:.0%}"),
@@ -321,6 +366,9 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, s
             say(f"  {label}: x{new[key] / old[key]:.1f}")
         cpu = "sim_cpu_per_1000_sessions_s"
         say(f"  sim CPU per 1000 sessions: x{new[cpu] / old[cpu]:.2f}")
+        for key, label in (("enqueues_per_sim_cpu_s", "enqueues"), ("claims_per_sim_cpu_s", "won claims"),
+                           ("lists_per_sim_cpu_s", "lists")):  # fmt: skip
+            say(f"  {label} per sim CPU second: x{new[key] / old[key]:.1f}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -358,7 +406,7 @@ def main() -> int:
             variants: list[tuple[str, Optional[dict[str, str]]]] = []
             if args.baseline:
                 src = extract_source(args.baseline, root / "baseline")
-                variants.append((f"baseline {args.baseline}", {"PYTHONPATH": str(src)}))
+                variants.append((f"baseline {args.baseline}", {"PYTHONPATH": src}))
             variants.append(("this tree", None))
             for run in range(args.runs):
                 for name, env in variants:

@@ -61,6 +61,8 @@ class SimRuntime:
         for notifier in (self.notifier, self.gateway):
             if notifier is not None:
                 notifier.close()
+        if self.feed is not None:
+            self.feed.close()
         for timer in list(self.timers):
             timer.cancel()
 

@@ -188,6 +188,11 @@ class ChangeFeed:
             log.exception("the watch feed could not read the queue")
             self.synced = False
 
+    def close(self) -> None:
+        """Stop reading (server shutdown; the notifier ends the streams)."""
+        if self._pump is not None and not self._pump.done():
+            self._pump.cancel()
+
     def _read_once(self, after: float) -> tuple[list[FeedEvent], float]:
         """The changes after ``after`` and the head, serialised (in a worker thread)."""
         changes, head = self.store.changes_after(after, BATCH)
