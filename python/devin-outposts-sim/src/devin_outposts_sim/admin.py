@@ -17,9 +17,9 @@ from starlette.routing import BaseRoute, Route
 
 from devin_outposts_sim import validate
 from devin_outposts_sim.accounts import DEFAULT_ACCOUNT, KNOWN_SCOPES
-from devin_outposts_sim.app import SimRuntime, body_of, runtime_of
 from devin_outposts_sim.auth import require_admin
 from devin_outposts_sim.errors import Invalid, NotFound
+from devin_outposts_sim.runtime import SimRuntime, body_of, runtime_of
 
 PREFIX = "/_sim"
 #: Short scope names accepted by the admin API and the CLI.

@@ -14,8 +14,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -26,10 +25,15 @@ from starlette.routing import BaseRoute, Route
 
 from devin_outposts_sim import validate
 from devin_outposts_sim.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE
+from devin_outposts_sim.admin import admin_routes
 from devin_outposts_sim.auth import authenticate
+from devin_outposts_sim.brain import brain_routes
+from devin_outposts_sim.cli_dist_routes import cli_dist_routes
 from devin_outposts_sim.config import SimConfig
 from devin_outposts_sim.cursor import decode_outpost_cursor, decode_queue_cursor
 from devin_outposts_sim.errors import ALREADY_CLAIMED, Conflict, Invalid, SimError
+from devin_outposts_sim.gateway import gateway_routes
+from devin_outposts_sim.runtime import SimRuntime, body_of, detail, gateway_url, runtime_of
 from devin_outposts_sim.store import Store
 from devin_outposts_sim.watch import ChangeFeed, Notifier, watch_stream
 
@@ -39,68 +43,6 @@ log = logging.getLogger(__name__)
 OUTPOST_COLLECTIONS = ("/opbeta/outposts/outposts", "/opbeta/outposts/pools", "/opbeta/outposts")
 QUEUE = "/opbeta/outposts/devins"
 PHASES = ("pending", "claimed")
-
-
-@dataclass
-class SimRuntime:
-    """What the routes share: the store, the settings and (while serving) the watch notifier and the
-    gateway's (woken by queue changes and by tool-call changes, for the gateway's and brain's long polls)."""
-
-    store: Store
-    config: SimConfig
-    owns_store: bool = False
-    notifier: Optional[Notifier] = None
-    #: The queue changes, read and serialised once for every watch stream.
-    feed: Optional[ChangeFeed] = None
-    gateway: Optional[Notifier] = None
-    #: Sweeps scheduled by :meth:`sweep_after`, cancelled at shutdown.
-    timers: set[asyncio.Future[None]] = field(default_factory=set)
-
-    def close_notifiers(self) -> None:
-        """End every watch stream and long poll (server shutdown). Call from the loop's thread."""
-        for notifier in (self.notifier, self.gateway):
-            if notifier is not None:
-                notifier.close()
-        if self.feed is not None:
-            self.feed.close()
-        for timer in list(self.timers):
-            timer.cancel()
-
-    def sweep_after(self, delay: float) -> None:
-        """Sweep (write due lagging statuses, expire due claims) ``delay`` seconds from now, so watchers
-        hear of a change that falls due between two runs of the sweeper. Call from the loop's thread."""
-
-        async def later() -> None:
-            # A hair late: the due time is on the wall clock, asyncio sleeps on the monotonic one.
-            await asyncio.sleep(delay + 0.01)
-            try:
-                await run_in_threadpool(self.store.expire_claims)
-            except Exception:
-                log.exception("delayed sweep failed")
-
-        timer = asyncio.ensure_future(later())
-        self.timers.add(timer)
-        timer.add_done_callback(self.timers.discard)
-
-
-def runtime_of(request: Request) -> SimRuntime:
-    runtime: SimRuntime = request.app.state.sim
-    return runtime
-
-
-def detail(status: int, message: Any, headers: Optional[dict[str, str]] = None) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=status, headers=headers)
-
-
-async def body_of(request: Request) -> dict[str, Any]:
-    return validate.parse_json_object(await request.body())
-
-
-def gateway_url(request: Request, config: SimConfig) -> str:
-    if config.gateway_url:
-        return config.gateway_url
-    scheme = "wss" if request.url.scheme == "https" else "ws"
-    return f"{scheme}://{request.url.netloc}/gateway"
 
 
 # --- outposts --------------------------------------------------------------------------------------
@@ -349,11 +291,6 @@ def api_routes() -> list[BaseRoute]:
 
 def create_app(config: SimConfig, store: Optional[Store] = None) -> Starlette:
     """The simulator app. Without ``store``, it opens ``config.db`` and closes it at shutdown."""
-    from devin_outposts_sim.admin import admin_routes
-    from devin_outposts_sim.brain import brain_routes
-    from devin_outposts_sim.cli_dist_routes import cli_dist_routes
-    from devin_outposts_sim.gateway import gateway_routes
-
     config.validate()
     runtime = SimRuntime(store=store or Store(config.db), config=config, owns_store=store is None)
     app = Starlette(

@@ -35,10 +35,10 @@ from starlette.routing import BaseRoute, Route
 
 from devin_outposts_sim import tools
 from devin_outposts_sim.admin import PREFIX, admin
-from devin_outposts_sim.app import body_of
 from devin_outposts_sim.dist import check_suffixes
 from devin_outposts_sim.errors import Invalid
 from devin_outposts_sim.gateway import long_poll, wait_seconds
+from devin_outposts_sim.runtime import body_of
 
 MAX_ADMIN_WAIT = 60.0
 OPEN_STATES = ("queued", "delivered")

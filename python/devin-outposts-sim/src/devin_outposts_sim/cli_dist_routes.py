@@ -23,9 +23,9 @@ from starlette.routing import BaseRoute, Route
 
 from devin_outposts_sim.admin import PREFIX as ADMIN_PREFIX
 from devin_outposts_sim.admin import admin
-from devin_outposts_sim.app import body_of, runtime_of
 from devin_outposts_sim.cli_dist import PREFIX, check_platforms, check_version, parse_name, sha256_hex
 from devin_outposts_sim.errors import Invalid, NotFound
+from devin_outposts_sim.runtime import body_of, runtime_of
 
 
 async def cli_file(request: Request) -> Response:

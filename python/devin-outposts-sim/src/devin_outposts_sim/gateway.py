@@ -33,11 +33,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from devin_outposts_sim import validate
-from devin_outposts_sim.app import SimRuntime, body_of, runtime_of
 from devin_outposts_sim.auth import bearer_token
 from devin_outposts_sim.dist import parse_name
 from devin_outposts_sim.errors import Invalid, NotFound, SimError, Unauthorized
 from devin_outposts_sim.gateway_store import INVALID_CONNECT_TOKEN
+from devin_outposts_sim.runtime import SimRuntime, body_of, runtime_of
 
 GATEWAY_PREFIX = "/gateway"
 STATIC_PREFIX = "/devin-rs/remote"

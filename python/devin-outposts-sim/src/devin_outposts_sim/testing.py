@@ -56,7 +56,6 @@ from typing import Any, Callable, Optional, Union
 
 from devin_outposts_sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts_sim.admin_client import SimAdmin
-from devin_outposts_sim.app import SimRuntime
 from devin_outposts_sim.config import SimConfig
 from devin_outposts_sim.remote_testing import (
     StandinProcess,
@@ -64,6 +63,7 @@ from devin_outposts_sim.remote_testing import (
     standin_env,
     standin_process,
 )
+from devin_outposts_sim.runtime import SimRuntime
 from devin_outposts_sim.server import ADMIN_TOKEN_ENV, build_server
 from devin_outposts_sim.store import Store, token_fingerprint
 
