@@ -25,4 +25,4 @@ rm -rf "$PKG_DIR/build" "$SIM_DIR/build"
 cp "$dist"/devin_outposts-*-py3-none-any.whl "$wheels/"
 ansible-galaxy collection build --force --output-path "$dist" "$ROOT" >/dev/null
 say "built:"
-(cd "$dist" && ls -1 | sed 's/^/  dist\//')
+find "$dist" -maxdepth 1 -type f -printf '  dist/%f\n' | sort

@@ -22,7 +22,7 @@ Modules:
 
 * :mod:`~devin_outposts_sim.cli` - the ``devin-outposts-sim`` command;
   :mod:`~devin_outposts_sim.pytest_plugin` - pytest fixtures (``sim``, ``make_sim``, tokens, ...)
-  for this repository's tests and for users' own (``pytest_plugins = ["devin_outposts_sim.pytest_plugin"]``).
+  for this repository's tests and for users' own (loaded by pytest wherever this distribution is installed).
 
 This distribution (``devin-outposts-sim``) is for development, CI and controllers, never for worker
 hosts. It may import :mod:`devin_outposts.api` (the wire models); nothing in ``devin_outposts`` imports

@@ -224,16 +224,19 @@ class StoreBase:
         with self._lock:
             self._changed = False
             self._conn.execute("BEGIN IMMEDIATE")
+            committed = False
             try:
                 # Another process may share the file: take the last revision from the database, now
                 # that this transaction holds the write lock.
                 self._reload_last_rev()
                 yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                self._reload_last_rev()
-                raise
-            self._conn.execute("COMMIT")
+                self._conn.execute("COMMIT")
+                committed = True
+            finally:
+                # An error in the block, or the generator closed while suspended: nothing is kept.
+                if not committed:
+                    self._conn.execute("ROLLBACK")
+                    self._reload_last_rev()
             changed, self._changed = self._changed, False
         if changed:
             for callback in list(self._listeners):

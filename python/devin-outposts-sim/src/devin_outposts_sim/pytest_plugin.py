@@ -1,7 +1,7 @@
 """pytest fixtures for tests against the fleet simulator: this repository's, and users' own.
 
-Use them from a ``conftest.py``: ``from devin_outposts_sim.pytest_plugin import *`` (or, in a root
-conftest, ``pytest_plugins = ["devin_outposts_sim.pytest_plugin"]``).
+pytest loads them by itself wherever ``devin-outposts-sim`` is installed (its ``pytest11`` entry point); a
+project's own fixture of the same name wins, and ``-p no:devin_outposts_sim`` turns them all off.
 
 * ``sim``: an in-process simulator (``:memory:``, ``FAST`` timings), empty at the start of each test
   (one server per session, reset through the admin API, so tests stay fast).

@@ -42,6 +42,7 @@ from devin_outposts.worker.spawn import RemoteProcess, build_session_env, free_p
 
 log = logging.getLogger(__name__)
 
+
 class Outcome(str, enum.Enum):
     """How serving a session ended, as the worker counts it."""
 
