@@ -131,6 +131,7 @@ class CountingTransport(httpx.AsyncBaseTransport):
     def __init__(self, verify: ssl.SSLContext) -> None:
         self.inner = httpx.AsyncHTTPTransport(verify=verify, trust_env=True)
         self.counts: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()  #: transport errors by exception type (not requests)
         self.held: set[str] = set()
         self.watching = False
 
@@ -138,8 +139,9 @@ class CountingTransport(httpx.AsyncBaseTransport):
         kind, sid = request_kind(request)
         try:
             response = await self.inner.handle_async_request(request)
-        except httpx.TransportError:
+        except httpx.TransportError as exc:
             self.counts[f"{kind}_failed"] += 1
+            self.failures[f"{kind}: {type(exc).__name__}"] += 1
             raise
         status = response.status_code
         if kind == "claim" and sid is not None:
@@ -455,6 +457,7 @@ async def run_fleet(
                 warning_samples=sorted(log_counter.samples.items(), key=lambda kv: -kv[1])[:5],
                 stopped_by_worker=driver.stopped_by_worker,
                 driver_errors=driver.errors[:5],
+                failures=dict(sum((t.failures for t in transports), Counter())),
                 enqueue_per_s=len(plan.ids) / (driver.enqueue_window[1] - driver.enqueue_window[0]),
                 max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             )
@@ -624,6 +627,8 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
                  f"peak RSS {part['max_rss_mib']:.0f} MiB"]  # fmt: skip
         if part["warnings"]:
             notes.append(f"log {part['warnings']}")
+        if part.get("failures"):
+            notes.append(f"transport errors {part['failures']}")
         if part["timed_out"]:
             notes.append(f"CUT SHORT after --run-limit: {part['lost']} sessions unserved")
         say(f"{part['workers']:>4} x {part['sessions']:<4} {part['mode']:7} " + "; ".join(notes))

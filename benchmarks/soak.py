@@ -38,7 +38,9 @@ Reported:
   session's first claim and the moment the brain ended it, each attributed to the fault whose window
   (from its start to its end plus one TTL) it fell in, or to none;
 * **double serves**: two remotes of one session, started by different workers, seen alive at the same
-  moment (the remotes are polled every ``--tick`` seconds); also claims that overlap another acceptor's
+  moment (the remotes are polled every ``--tick`` seconds), and the *possible* ones: a remote started
+  before another worker's remote of the session was seen dead (an overlap shorter than a poll, or a
+  handover within one poll: the polls cannot tell); also claims that overlap another acceptor's
   claim in the claim history (the simulator letting two in), sessions claimed by more than one worker
   (after an expiry, or a stale copy claimed and released at once: not a double serve by itself) and
   claims of sessions already ended;
@@ -46,7 +48,8 @@ Reported:
 * **queue wait** (enqueue request sent -> first claim record) p50/p90/p99/max, for sessions enqueued in
   quiet periods (the baseline) and in fault windows (start to end plus 10 s);
 * **worker memory**: VmRSS from ``/proc`` every ``--rss-interval`` seconds, median of the first and of
-  the last ``min(600 s, duration / 4)`` of each worker process that lived through the whole soak;
+  the last ``min(600 s, duration / 4)`` of each worker process that lived through the whole soak, and of
+  each quarter of the soak (growth that levels off is warm-up);
 * the faults injected (how many of each, streams cut, 500s answered), the workers' own counters
   (``/metrics``) and the warnings, errors and tracebacks in their logs.
 
@@ -494,10 +497,35 @@ def rss_growth(
         if not first or not last:
             continue
         before, after = statistics.median(first) / 1024, statistics.median(last) / 1024
+        # the median of each quarter of the soak: growth that levels off is warm-up, not a leak
+        quarter = (end - start) / 4
+        quarters = []
+        for q in range(4):
+            part = [kib for at, kib in samples if start + q * quarter <= at <= start + (q + 1) * quarter]
+            quarters.append(statistics.median(part or [0]) / 1024)
         rows.append({"worker": name, "incarnation": incarnation, "first_mib": before, "last_mib": after,
                      "growth_mib": after - before, "growth_pct": 100 * (after - before) / before,
-                     "max_mib": max(kib for dummy, kib in samples) / 1024})  # fmt: skip
+                     "max_mib": max(kib for dummy, kib in samples) / 1024,
+                     "quarters_mib": quarters})  # fmt: skip
     return rows
+
+
+def possible_overlaps(record: Soak) -> list[str]:
+    """Sessions where a remote of one worker started before another worker's remote of the same session
+    was seen dead: a double serve, unless the first one died within one poll before the second started
+    (the polls every ``--tick`` seconds cannot tell)."""
+    found = []
+    for sid, pids in record.by_session.items():
+        remotes = sorted((record.remotes[pid] for pid in pids), key=lambda r: r.started)
+        for index, later in enumerate(remotes):
+            if any(
+                earlier.owner not in ("?", later.owner)
+                and (earlier.died is None or earlier.died > later.started)
+                for earlier in remotes[:index]
+            ):
+                found.append(sid)
+                break
+    return found
 
 
 def analyse(args: argparse.Namespace, record: Soak, records: list[dict[str, Any]], start: float,
@@ -543,6 +571,7 @@ def analyse(args: argparse.Namespace, record: Soak, records: list[dict[str, Any]
         "duration_s": end - start,
         "workers": args.workers,
         "claim_ttl_s": ttl,
+        "tick_s": args.tick,
         "sessions": {
             "enqueued": len(enqueued),
             "ended": len(set(record.ended_at) & enqueued),
@@ -553,6 +582,7 @@ def analyse(args: argparse.Namespace, record: Soak, records: list[dict[str, Any]
         "expired_claims_otherwise": expired_other,
         "double_serves": len(record.double_serves),
         "double_serve_sessions": {sid: owners for sid, (dummy, owners) in record.double_serves.items()},
+        "double_serves_possible": possible_overlaps(record),
         "claims_overlapping_another_acceptor": found.overlapping,
         "sessions_claimed_by_several_workers": sum(1 for names in acceptors.values() if len(names) > 1),
         "claims_of_ended_sessions": found.reclaimed_after_end,
@@ -627,7 +657,9 @@ def report(result: dict[str, Any], say: Out) -> None:
     by_fault = ", ".join(f"{k} {v}" for k, v in expired.items() if k != "total") or "-"
     say(f"expired claims on live sessions: {expired['total']} (by fault window: {by_fault}); "
         f"other expiries {result['expired_claims_otherwise']}")  # fmt: skip
-    say(f"double serves (remotes of two workers alive at once): {result['double_serves']}; "
+    say(f"double serves (remotes of two workers seen alive at once): {result['double_serves']}; "
+        f"possible (a remote started before another worker's was seen dead, polls "
+        f"{result['tick_s']:g} s apart): {len(result['double_serves_possible'])}; "
         f"claims overlapping another's: {result['claims_overlapping_another_acceptor']}")  # fmt: skip
     say(f"sessions claimed by more than one worker: {result['sessions_claimed_by_several_workers']}; "
         f"remote started again {result['remote_started_again'] or '{}'}; claims of ended sessions "
@@ -645,7 +677,8 @@ def report(result: dict[str, Any], say: Out) -> None:
     for row in result["rss"]:
         say(f"  {row['worker']}#{row['incarnation']}: {row['first_mib']:.1f} -> {row['last_mib']:.1f} MiB "
             f"({row['growth_mib']:+.1f} MiB, {row['growth_pct']:+.1f} %), "
-            f"max {row['max_mib']:.1f} MiB")  # fmt: skip
+            f"max {row['max_mib']:.1f} MiB; by quarter "
+            + " / ".join(f"{mib:.1f}" for mib in row["quarters_mib"]))  # fmt: skip
     if not result["rss"]:
         say("  no worker process lived through the whole soak")
     say(f"worker counters (summed over processes): {result['worker_counters']}")
