@@ -131,3 +131,53 @@ def test_without_spreading_every_worker_goes_for_the_oldest(spread: bool) -> Non
         assert len(first) > 1
     else:
         assert first == {"devin-0"}
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_workers_falling_free_in_a_backlog_take_different_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every row has been claimable for a minute, longer than any rank's wait. Counted from the rows
+    # alone, every worker falling free would go for the oldest at once (one claim wins, the rest 409).
+    clock = FakeMonotonic()
+    monkeypatch.setattr(time, "monotonic", clock)
+    names = [f"worker-{n}" for n in range(6)]
+    group = feeds(names)
+    meet(group, names)
+    for feed in group:
+        feed.replace_all([entry(f"devin-{n:03d}", n) for n in range(40)])
+    clock.now += 60.0
+    choices = [feed.next_claim(looking_since=clock.now) for feed in group]
+    immediate = [c.entry.session_id for c in choices if c is not None and c.wait == 0.0]
+    assert len(immediate) == len(set(immediate))  # nobody sends a request that must lose
+    assert len(immediate) >= len(names) - 1  # and (nearly) everyone claims at once
+    assert "devin-000" in immediate  # the head's owner takes the head
+
+
+def test_a_head_whose_owner_is_gone_is_claimed_by_the_next_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeMonotonic()
+    monkeypatch.setattr(time, "monotonic", clock)
+    names = [f"w{n:02d}" for n in range(8)]
+    rows = [entry(f"devin-{n:03d}", n) for n in range(16)]
+    head = rows[0].session_id
+    ranked = sorted(names, key=lambda name: rendezvous_score(name, head), reverse=True)
+    gone, runner_up = ranked[0], ranked[1]
+    present = feeds([name for name in names if name != gone])
+    meet(present, names)  # the gone owner is still remembered as an idle peer
+    for feed in present:
+        feed.replace_all(rows)
+    clock.now += 60.0
+    looking = clock.now
+    first = {feed.acceptor_id: feed.next_claim(looking_since=looking) for feed in present}
+    assert all(c is not None and c.entry.session_id != head for c in first.values() if c and c.wait == 0.0)
+    clock.now += SPREAD_STEP
+    then = {feed.acceptor_id: feed.next_claim(looking_since=looking) for feed in present}
+    takers = [name for name, c in then.items() if c is not None and c.wait == 0.0 and c.entry.session_id == head]
+    assert takers == [runner_up]
+    clock.now += SPREAD_MAX_RANK * SPREAD_STEP
+    assert all((c := feed.next_claim(looking_since=looking)) and c.entry.session_id == head for feed in present)

@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -765,6 +766,68 @@ def test_lost_claim_stops_the_remote_and_does_not_release(tmp_path: Path) -> Non
     assert result.outcome == LOST
     assert fleet.count("release") == 0
     assert remote.runs("devin-1")[0]["pid"] in remote.stopped_pids()
+
+
+def test_a_claim_that_expires_in_an_outage_stops_the_remote_of_a_pending_session(tmp_path: Path) -> None:
+    # Found by benchmarks/soak.py: a 30 s outage with a 10 s TTL let another worker claim the session a
+    # moment before this worker's renewal came back with a 409, so two remotes ran for one session.
+    # Past the deadline the queue may hand a session that is not running to anyone: stop first.
+    remote = FakeRemote(tmp_path / "remote")
+    fleet = FakeFleet(ttl=2)
+    seen: dict[str, float] = {}
+
+    async def outage_once_running() -> None:
+        while not remote.runs("devin-1"):  # noqa: ASYNC110 - a file, not an event
+            await asyncio.sleep(0.05)
+        fleet.outage = True
+        seen["outage"] = time.time()
+        # Without the fix the remote would run on: end the outage and the session after 8 s (the test
+        # then fails on the outcome instead of hanging).
+        while time.time() - seen["outage"] < 8.0 and not remote.stopped_pids():
+            await asyncio.sleep(0.05)
+        fleet.outage = False
+        fleet.statuses["devin-1"] = "terminated"
+
+    async def scenario() -> Any:
+        task = asyncio.ensure_future(outage_once_running())
+        result = await asyncio.to_thread(serve_once, tmp_path, fleet, remote)
+        await task
+        return result
+
+    result = run(scenario())[0]
+    assert result.outcome == LOST
+    assert "expired" in result.detail
+    assert fleet.count("release") == 0  # nothing to release: the claim is void
+    assert remote.runs("devin-1")[0]["pid"] in remote.stopped_pids()
+    assert time.time() - seen["outage"] >= 1.0  # it waited for the deadline, not the first failure
+
+
+def test_a_running_session_is_served_through_an_outage_longer_than_its_claim(tmp_path: Path) -> None:
+    # The fleet keeps an expired claim on a running session with its worker: stopping would end live work.
+    remote = FakeRemote(tmp_path / "remote")
+    fleet = FakeFleet(ttl=1)
+    fleet.statuses["devin-1"] = "running"
+    alive_after_outage: list[bool] = []
+
+    async def outage_then_end() -> None:
+        while not remote.runs("devin-1"):  # noqa: ASYNC110 - a file, not an event
+            await asyncio.sleep(0.05)
+        fleet.outage = True
+        await asyncio.sleep(3.0)  # three claim lifetimes
+        alive_after_outage.append(remote.runs("devin-1")[0]["pid"] not in remote.stopped_pids())
+        fleet.outage = False
+        fleet.statuses["devin-1"] = "terminated"
+
+    async def scenario() -> Any:
+        task = asyncio.ensure_future(outage_then_end())
+        result = await asyncio.to_thread(serve_once, tmp_path, fleet, remote)
+        await task
+        return result
+
+    result = run(scenario())[0]
+    assert alive_after_outage == [True]
+    assert result.outcome == SERVED
+    assert fleet.count("release") == 1
 
 
 def test_remote_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:

@@ -303,7 +303,8 @@ class FakeFleet:
     """An in-memory stand-in for :class:`FleetClient`'s session calls (claim/renew/get/release).
 
     ``statuses[sid]`` is the session_status served by ``get_devin``; ``gone`` holds tombstoned ids;
-    ``renew_error`` (an exception) is raised by the next renewal; every call is logged in ``calls``.
+    ``renew_error`` (an exception) is raised by the next renewal; while ``outage`` is set every renewal
+    and read fails with a 503; every call is logged in ``calls``.
     """
 
     def __init__(self, ttl: float = 30.0, outpost_id: str = "outpost_env-1") -> None:
@@ -313,6 +314,7 @@ class FakeFleet:
         self.holders: dict[str, str] = {}
         self.gone: set[str] = set()
         self.renew_error: Optional[Exception] = None
+        self.outage = False
         self.calls: list[tuple[str, str]] = []
         self.tokens = 0
 
@@ -342,6 +344,7 @@ class FakeFleet:
             error, self.renew_error = self.renew_error, None
             # pylint only sees the None assignments here; the tests set an exception, checked just above.
             raise error  # pylint: disable=raising-bad-type
+        self._fail_in_outage(f"claim session {session_id}")
         if session_id in self.gone:
             raise FleetNotFound(f"claim session {session_id}", "Session not found in queue", 404)
         if self.holders.get(session_id) not in (None, acceptor_id):
@@ -358,6 +361,7 @@ class FakeFleet:
         from devin_outposts.api.errors import FleetNotFound
 
         self.calls.append(("get", session_id))
+        self._fail_in_outage(f"get session {session_id}")
         if session_id in self.gone:
             raise FleetNotFound(f"get session {session_id}", "not found", 404)
         return self.entry(session_id)
@@ -367,6 +371,12 @@ class FakeFleet:
         if self.holders.get(session_id) == acceptor_id:
             del self.holders[session_id]
         return None
+
+    def _fail_in_outage(self, what: str) -> None:
+        from devin_outposts.api.errors import FleetServerError
+
+        if self.outage:
+            raise FleetServerError(what, "Service Unavailable", 503)
 
     def count(self, call: str) -> int:
         return sum(1 for name, dummy in self.calls if name == call)

@@ -25,13 +25,20 @@ oldest row, one wins and all the others get a 409, and each 409 counts against t
 limits. :meth:`QueueFeed.next_claim` therefore keeps oldest-first as the rule but lets each row have an
 *owner*: among the *contenders* (this worker and the other acceptors seen claiming on the outpost in the
 last :data:`PEER_MEMORY` seconds that hold no claim now, i.e. are probably idle), the one with the highest
-rendezvous hash of ``(acceptor_id, session_id)``. The owner claims at once; the contender ranked *r*-th
-waits ``min(r, SPREAD_MAX_RANK) * SPREAD_STEP`` seconds from the moment the row became claimable, and
-by then the watch has usually shown the row claimed, so it never sends the losing request. Among the
-oldest rows (a window of twice the contenders), each worker takes the oldest row it may claim now.
-Fairness bound: when any contender is idle, the oldest claimable row is claimed no later than
-``SPREAD_MAX_RANK * SPREAD_STEP`` seconds (2 s) after it would have been strictly oldest-first, and with
-a single worker (no peers seen) the order is exactly oldest-first.
+rendezvous hash of ``(acceptor_id, session_id)``. Among the oldest rows (a window of twice the
+contenders) the owner claims at once; the contender ranked *r*-th waits ``min(r, SPREAD_MAX_RANK) *
+SPREAD_STEP`` seconds, and by then the watch has usually shown the row claimed, so it never sends the
+losing request. Each worker takes the row it may claim soonest, the older on a tie.
+
+The wait counts from the later of two moments: when the row became claimable, and when the caller
+started looking for work (``looking_since``: a slot fell free). Counting from the row alone is not
+enough: in a backlog every row has been claimable for longer than any rank's wait, so every worker that
+falls free would go for the oldest row at once. Counted from its own look, a worker takes a row it owns
+and leaves the others to their owners. The oldest row (the *head*) counts from when it became the head
+instead, so a head whose owner has gone away (or is busy without our knowing) is not passed over for
+long. Fairness bound: when any contender is idle, the head is claimed no later than ``SPREAD_MAX_RANK *
+SPREAD_STEP`` seconds (2 s) after it became the head, and with a single worker (no peers seen) the order
+is exactly oldest-first.
 """
 
 from __future__ import annotations
@@ -165,6 +172,8 @@ class QueueFeed:
         self._peers: dict[str, float] = {}
         #: session_id -> when (monotonic) it became claimable in our view: a deferral counts from there.
         self._claimable_since: dict[str, float] = {}
+        #: The oldest claimable row in our view and when (monotonic) it became the oldest.
+        self._head: tuple[str, float] = ("", 0.0)
 
     # --- the picture ------------------------------------------------------------------------------
 
@@ -321,21 +330,25 @@ class QueueFeed:
         idle = [peer for peer in reversed(self._peers) if peer not in busy][:MAX_CONTENDERS]
         return [self.acceptor_id, *idle]
 
-    def next_claim(self, exclude: Collection[str] = ()) -> Optional[ClaimChoice]:
+    def next_claim(
+        self, exclude: Collection[str] = (), *, looking_since: Optional[float] = None
+    ) -> Optional[ClaimChoice]:
         """The row this worker should claim next and when (None when nothing is claimable).
 
-        Without spreading it is :meth:`next_candidate`, at once. With it, each row in the window of the
-        oldest ``2 * contenders`` rows waits this worker's rendezvous rank times :data:`SPREAD_STEP`,
-        counted from when the row became claimable; the row with the earliest time wins, the older on a
-        tie (see the module docstring for the fairness bound).
+        ``looking_since`` is when (``time.monotonic()``) the caller started looking for work; None means
+        now. Without spreading it is :meth:`next_candidate`, at once. With it, each row in the window of
+        the oldest ``2 * contenders`` rows waits this worker's rendezvous rank times
+        :data:`SPREAD_STEP`, counted as the module docstring says; the row with the earliest time wins,
+        the older on a tie.
         """
         contenders = self.contenders() if self.spread else [self.acceptor_id]
         if len(contenders) == 1:
             first = self.next_candidate(exclude)
             return ClaimChoice(first, 0.0) if first is not None else None
         mono = time.monotonic()
+        looking = mono if looking_since is None else min(looking_since, mono)
         best: Optional[ClaimChoice] = None
-        for entry in self._oldest(2 * len(contenders), exclude):
+        for position, entry in enumerate(self._oldest(2 * len(contenders), exclude)):
             sid = entry.session_id
             mine = rendezvous_score(self.acceptor_id, sid)
             rank = sum(1 for peer in contenders[1:] if rendezvous_score(peer, sid) > mine)
@@ -343,7 +356,13 @@ class QueueFeed:
             if since is None:  # another worker's expired claim: claimable since it expired
                 expiry = self._foreign.get(sid)
                 since = mono - max(0.0, self.clock() - expiry) if expiry is not None else mono
-            wait = max(0.0, since + min(rank, SPREAD_MAX_RANK) * SPREAD_STEP - mono)
+            if position == 0:
+                if self._head[0] != sid:
+                    self._head = (sid, mono)
+                start = max(since, self._head[1])
+            else:
+                start = max(since, looking)
+            wait = max(0.0, start + min(rank, SPREAD_MAX_RANK) * SPREAD_STEP - mono)
             if best is None or wait < best.wait:
                 best = ClaimChoice(entry, wait)
                 if wait == 0.0:

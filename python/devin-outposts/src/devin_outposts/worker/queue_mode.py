@@ -26,6 +26,7 @@ import contextlib
 import enum
 import logging
 import random
+import time
 from typing import Callable, Optional
 
 from devin_outposts.api.client import FleetClient
@@ -89,6 +90,9 @@ class QueueMode:
         self.ready = False
         #: After a DEFER outcome: seconds until the deferred row may be claimed.
         self.defer: Optional[float] = None
+        #: When (monotonic) a free slot started looking for a row; None right after a claim. Spreading
+        #: counts deferrals from here, so workers that fall free in a backlog take different rows.
+        self.looking_since: Optional[float] = None
         self._failures: dict[str, int] = {}
 
     @property
@@ -286,7 +290,9 @@ class QueueMode:
             slot = pool.free_slot()
             if slot is None:
                 return ClaimOutcome.IDLE
-            choice = feed.next_claim(exclude=pool.held)
+            if self.looking_since is None:
+                self.looking_since = time.monotonic()
+            choice = feed.next_claim(exclude=pool.held, looking_since=self.looking_since)
             if choice is None:
                 return ClaimOutcome.IDLE
             if choice.wait > 0:
@@ -334,5 +340,6 @@ class QueueMode:
                     return ClaimOutcome.IDLE
                 continue
             self._start(claim, slot)
+            self.looking_since = None  # the next free slot starts looking afresh
             return ClaimOutcome.CLAIMED
         return ClaimOutcome.IDLE

@@ -63,6 +63,7 @@ class Stop(str, enum.Enum):
     TERMINATED = "terminated"  # session_status is terminated: stop the remote, release
     GONE = "gone"  # the queue entry vanished (404): stop the remote, release
     LOST = "lost"  # the claim is another acceptor's: stop the remote, do not release
+    LAPSED = "lapsed"  # the deadline passed unrenewed on a session not running: stop, do not release
     STOPPED = "stopped"  # the worker asked (drain timeout, second signal): stop, release
     FATAL = "fatal"  # the token was refused: stop everything
 
@@ -338,6 +339,10 @@ class SessionServer:
         sid = self.session_id
         if why is Stop.LOST:
             return SessionResult(sid, LOST, "the claim was lost to another worker; remote stopped")
+        if why is Stop.LAPSED:
+            return SessionResult(
+                sid, LOST, "the claim expired while the fleet API could not be reached; remote stopped"
+            )
         if why is Stop.GONE:
             return SessionResult(sid, SERVED, "entry gone", finished=True)
         if why is Stop.TERMINATED:
@@ -457,6 +462,16 @@ class SessionServer:
                 await self._pause(self.config.confirm_interval)
         return None
 
+    def _claim_lapsed(self) -> bool:
+        """Whether our claim may be another worker's by now: past its deadline, on a session that is not
+        ``running``. The fleet keeps an expired claim on a running session with its worker (see
+        docs/fleet-api.md), so only then is serving on worth the risk of a second remote."""
+        deadline = self.claim.status.claim_deadline if self.claim else None
+        if deadline is None or time.time() < deadline:
+            return False
+        latest = self._latest or self.claim
+        return latest is None or latest.status.session_status != SessionStatus.RUNNING
+
     async def _renew_loop(self) -> None:
         assert self.fleet is not None
         failures = 0
@@ -466,6 +481,8 @@ class SessionServer:
             wait = renew_delay(remaining, self.config.renew_margin)
             if failures:
                 wait = min(wait, 2.0 * failures, 10.0)
+                if deadline is not None:  # look again when the claim runs out, at the latest
+                    wait = min(wait, max(0.0, deadline - time.time()))
             self._renew_now.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._renew_now.wait(), timeout=wait)
@@ -487,6 +504,16 @@ class SessionServer:
             except FleetError as exc:
                 failures += 1
                 self.metrics.inc("renewal_failures")
+                if self._claim_lapsed():
+                    log.warning(
+                        "%s; the claim has expired and the session is not running, so the queue may "
+                        "give it to another worker: stopping the remote",
+                        exc,
+                        extra=self._extra,
+                    )
+                    self._ended = Stop.LAPSED
+                    self._wake.set()
+                    return
                 log.warning("%s; renewing again soon", exc, extra=self._extra)
                 continue
             failures = 0
