@@ -783,7 +783,7 @@ def test_a_claim_that_expires_in_an_outage_stops_the_remote_of_a_pending_session
         seen["outage"] = time.time()
         # Without the fix the remote would run on: end the outage and the session after 8 s (the test
         # then fails on the outcome instead of hanging).
-        while time.time() - seen["outage"] < 8.0 and not remote.stopped_pids():
+        while time.time() - seen["outage"] < 8.0 and not remote.stopped_pids():  # noqa: ASYNC110 - files
             await asyncio.sleep(0.05)
         fleet.outage = False
         fleet.statuses["devin-1"] = "terminated"
