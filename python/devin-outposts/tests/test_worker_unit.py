@@ -609,6 +609,21 @@ def test_feed_upserts_watch_events_by_session_id() -> None:
     assert ("b", False) in seen
 
 
+def test_the_feed_keeps_no_ended_rows_but_sees_a_resume() -> None:
+    # The soak's workers grew ~2 MiB an hour: every session the outpost ever served stayed in the picture.
+    feed = make_feed()
+    updates: list[str] = []
+    feed.on_update = lambda sid, e: updates.append(sid)
+    feed.replace_all([entry(f"done-{n}", n, session_status="terminated") for n in range(200)])
+    ours = {"phase": "claimed", "acceptor_id": "me", "claim_deadline": 2**31}
+    feed.upsert(entry("mine", 300, session_status="terminated", **ours))
+    feed.upsert(entry("paused", 301, session_status="suspended"))
+    assert sorted(feed.entries) == ["mine"]  # our own claim stays until we release it
+    assert len(updates) == 202  # the owner still hears about every row
+    feed.upsert(entry("paused", 301, session_status="pending"))  # resumed
+    assert [e.session_id for e in feed.candidates()] == ["paused"]
+
+
 # --- serving a session against an in-memory fleet -------------------------------------------------
 
 
