@@ -476,7 +476,10 @@ def all_watching(
 ) -> bool:
     check_alive(tasks)
     return all(
-        worker.feed is not None and worker.feed.synced and transport.watching
+        worker.queue is not None
+        and worker.queue.feed is not None
+        and worker.queue.feed.synced
+        and transport.watching
         for worker, transport in zip(fleet, transports)
     )
 

@@ -184,3 +184,25 @@ def test_a_head_whose_owner_is_gone_is_claimed_by_the_next_rank(monkeypatch: pyt
     clock.now += SPREAD_MAX_RANK * SPREAD_STEP
     late = [feed.next_claim(looking_since=looking) for feed in present]
     assert all(c is not None and c.wait == 0.0 and c.entry.session_id == head for c in late)
+
+
+def test_after_a_409_with_no_idle_peer_known_the_next_row_is_scattered() -> None:
+    # A fleet that starts together: nobody has seen anybody claim, so every worker takes itself for alone.
+    rows = [entry(f"devin-{n:03d}", n) for n in range(100)]
+    (feed,) = feeds(["fresh"])
+    (strict,) = feeds(["strict"], spread=False)
+    for each in (feed, strict):
+        each.replace_all(rows)
+    first = feed.next_claim()
+    assert first is not None and first.entry.session_id == "devin-000"  # no 409 yet: oldest first
+    picks = {n: set() for n in (1, 2, 3, 6)}
+    for conflicts, seen in picks.items():
+        for _ in range(200):
+            choice = feed.next_claim(exclude=["devin-000"], conflicts=conflicts)
+            assert choice is not None and choice.wait == 0.0
+            seen.add(int(choice.entry.session_id.split("-")[1]))
+    assert max(picks[1]) <= 8 and len(picks[1]) > 4  # among the oldest 8 (devin-000 excluded)
+    assert max(picks[2]) <= 16 and max(picks[3]) <= 32
+    assert max(picks[6]) <= 64 and len(picks[6]) > 32  # never wider than SCATTER_MAX
+    choice = strict.next_claim(exclude=["devin-000"], conflicts=3)
+    assert choice is not None and choice.entry.session_id == "devin-001"  # the baseline stays strict

@@ -39,6 +39,11 @@ instead, so a head whose owner has gone away (or is busy without our knowing) is
 long. Fairness bound: when any contender is idle, the head is claimed no later than ``SPREAD_MAX_RANK *
 SPREAD_STEP`` seconds (2 s) after it became the head, and with a single worker (no peers seen) the order
 is exactly oldest-first.
+
+Idle peers are known only from their past claims, so a fleet that starts together knows none: every
+worker takes itself for alone and goes for the oldest row. A worker whose claim got a 409 while it knew
+no idle peer therefore picks its next row at random among the oldest ``2 ** (conflicts + 2)`` (at most
+:data:`SCATTER_MAX`): the losers of one race spread out instead of racing again for the next row.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import asyncio
 import hashlib
 import heapq
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
@@ -81,6 +87,8 @@ SPREAD_MAX_RANK = 8
 PEER_MEMORY = 600.0
 #: The most peers considered (the most recently seen): bounds the work per claim decision.
 MAX_CONTENDERS = 32
+#: After 409s with no idle peer known, a random row among the oldest 8, 16, 32, then at most this many.
+SCATTER_MAX = 64
 
 
 def rendezvous_score(acceptor_id: str, session_id: str) -> int:
@@ -335,18 +343,25 @@ class QueueFeed:
         return [self.acceptor_id, *idle]
 
     def next_claim(
-        self, exclude: Collection[str] = (), *, looking_since: Optional[float] = None
+        self, exclude: Collection[str] = (), *, looking_since: Optional[float] = None, conflicts: int = 0
     ) -> Optional[ClaimChoice]:
         """The row this worker should claim next and when (None when nothing is claimable).
 
         ``looking_since`` is when (``time.monotonic()``) the caller started looking for work; None means
-        now. Without spreading it is :meth:`next_candidate`, at once. With it, each row in the window of
-        the oldest ``2 * contenders`` rows waits this worker's rendezvous rank times
-        :data:`SPREAD_STEP`, counted as the module docstring says; the row with the earliest time wins,
-        the older on a tie.
+        now. ``conflicts`` is how many 409s in a row the caller has just had. Without spreading it is
+        :meth:`next_candidate`, at once. With it, each row in the window of the oldest ``2 * contenders``
+        rows waits this worker's rendezvous rank times :data:`SPREAD_STEP`, counted as the module
+        docstring says; the row with the earliest time wins, the older on a tie.
         """
         contenders = self.contenders() if self.spread else [self.acceptor_id]
         if len(contenders) == 1:
+            if self.spread and conflicts:
+                # 409s while no idle peer is known: a fleet that started together, whose idle workers
+                # have never been seen claiming. Going for the next oldest row would race all of them
+                # again; a random row among the oldest few, a wider choice after each 409, spreads them.
+                window = self._oldest(min(2 ** (conflicts + 2), SCATTER_MAX), exclude)
+                # S311: spreading load, not a secret.
+                return ClaimChoice(random.choice(window), 0.0) if window else None  # noqa: S311
             first = self.next_candidate(exclude)
             return ClaimChoice(first, 0.0) if first is not None else None
         mono = time.monotonic()

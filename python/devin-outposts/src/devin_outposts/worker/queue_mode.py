@@ -292,7 +292,7 @@ class QueueMode:
                 return ClaimOutcome.IDLE
             if self.looking_since is None:
                 self.looking_since = time.monotonic()
-            choice = feed.next_claim(exclude=pool.held, looking_since=self.looking_since)
+            choice = feed.next_claim(exclude=pool.held, looking_since=self.looking_since, conflicts=conflicts)
             if choice is None:
                 return ClaimOutcome.IDLE
             if choice.wait > 0:
