@@ -1183,3 +1183,14 @@ def test_pydantic_loader_stand_in_hands_unknown_names_to_the_real_loader() -> No
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["pydantic", "True"]
+
+
+def test_states_read_as_their_values_in_logs() -> None:
+    # Operators grep journals for "session X served: ..." (the upgrade scenario does): a state logs as
+    # its value, whatever the Python version's default for str-mixin enums.
+    from devin_outposts.worker.queue_mode import ClaimOutcome
+    from devin_outposts.worker.session import Stop
+
+    assert "%s %s" % (SERVED, Stop.LAPSED) == "served lapsed"  # noqa: UP031 - the logging style
+    assert f"{LOST} {ClaimOutcome.DEFER}" == "lost defer"
+    assert [str(outcome) for outcome in (SERVED, FAILED, LOST)] == ["served", "failed", "lost"]

@@ -61,6 +61,8 @@ def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> 
 class ClaimOutcome(str, enum.Enum):
     """What one turn of :meth:`QueueMode.claim_next` came to."""
 
+    __str__ = str.__str__  # logs and messages show the value (Python 3.11 would show Outcome.SERVED)
+
     CLAIMED = "claimed"  # a session was claimed and started
     IDLE = "idle"  # nothing to claim now
     DEFER = "defer"  # a row is there, but another worker should have the first go at it

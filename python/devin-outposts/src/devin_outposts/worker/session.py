@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 class Outcome(str, enum.Enum):
     """How serving a session ended, as the worker counts it."""
 
+    __str__ = str.__str__  # logs and messages show the value (Python 3.11 would show Outcome.SERVED)
+
     SERVED = "served"  # the session ended (terminated, suspended or gone) and the claim was released
     FAILED = "failed"  # the remote failed past the restart limit, the binary was refused, ...
     LOST = "lost"  # another worker holds the claim now: the remote was stopped, nothing released
@@ -58,6 +60,8 @@ SERVED, FAILED, LOST, INTERRUPTED = Outcome.SERVED, Outcome.FAILED, Outcome.LOST
 class Stop(str, enum.Enum):
     """Why the supervision of a running remote ended (what the status checks, renewals and the worker
     decided), and so what happens to the session next."""
+
+    __str__ = str.__str__  # logs and messages show the value (Python 3.11 would show Outcome.SERVED)
 
     EXITED = "exited"  # the remote exited on its own: confirm the status, maybe restart
     TERMINATED = "terminated"  # session_status is terminated: stop the remote, release
