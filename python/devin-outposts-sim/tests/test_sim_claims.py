@@ -337,7 +337,7 @@ def test_history_can_prove_each_session_was_served_exactly_once(
 
 
 def test_a_losing_claim_is_recognised_without_a_write_exactly_when_the_full_path_would_refuse_it() -> None:
-    from devin_outposts_sim.store import Store
+    from devin_outposts_sim.state.store import Store
 
     class Clock:
         now = 1_781_050_000.0

@@ -13,7 +13,7 @@ import httpx
 
 from devin_outposts.api.models import Outpost
 from devin_outposts_sim.errors import Conflict
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle
 
 QUEUE = "/opbeta/outposts/devins"

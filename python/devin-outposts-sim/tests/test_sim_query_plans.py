@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from devin_outposts_sim import db, queue
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state import db, queue
+from devin_outposts_sim.state.store import Store
 
 ACCT = "acct-default"
 

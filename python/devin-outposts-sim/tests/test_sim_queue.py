@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from devin_outposts.api.models import Outpost, QueueList
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle
 
 QUEUE = "/opbeta/outposts/devins"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle, claim_session, standin_process
 
 QUEUE = "/opbeta/outposts/devins"

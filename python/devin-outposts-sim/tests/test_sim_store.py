@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.store import Store
 
 
 class SteppingClock:

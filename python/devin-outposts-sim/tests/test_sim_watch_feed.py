@@ -10,10 +10,10 @@ from typing import Any, Callable
 
 import pytest
 
-from devin_outposts_sim import watch as watch_module
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.http import watch as watch_module
+from devin_outposts_sim.http.watch import ChangeFeed, Notifier, watch_stream
+from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle
-from devin_outposts_sim.watch import ChangeFeed, Notifier, watch_stream
 
 ACCT = "acct-default"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts_sim.queue import row_wire
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.queue import row_wire
+from devin_outposts_sim.state.store import Store
 
 ACCT = "acct-default"
 

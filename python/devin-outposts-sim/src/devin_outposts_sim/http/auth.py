@@ -13,9 +13,9 @@ from typing import Optional
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from devin_outposts_sim.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE, Principal
 from devin_outposts_sim.errors import INVALID_TOKEN, Forbidden, Unauthorized
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE, Principal
+from devin_outposts_sim.state.store import Store
 
 #: The role permission that grants each scope (docs/fleet-api.md §1.2), for readable 403s.
 ROLE_OF_SCOPE = {

@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim import validate
-from devin_outposts_sim.accounts import DEFAULT_ACCOUNT, KNOWN_SCOPES
-from devin_outposts_sim.auth import require_admin
 from devin_outposts_sim.errors import Invalid, NotFound
-from devin_outposts_sim.runtime import SimRuntime, body_of, runtime_of
+from devin_outposts_sim.http import validate
+from devin_outposts_sim.http.auth import require_admin
+from devin_outposts_sim.http.runtime import SimRuntime, body_of, runtime_of
+from devin_outposts_sim.state.accounts import DEFAULT_ACCOUNT, KNOWN_SCOPES
 
 PREFIX = "/_sim"
 #: Short scope names accepted by the admin API and the CLI.

@@ -22,9 +22,9 @@ import sqlite3
 from typing import Any, Callable, Optional
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts_sim.db import token_fingerprint, token_hash
 from devin_outposts_sim.errors import Conflict, Invalid, NotFound, Unauthorized
-from devin_outposts_sim.queue import QueueStore, entry_from_row
+from devin_outposts_sim.state.db import token_fingerprint, token_hash
+from devin_outposts_sim.state.queue import QueueStore, entry_from_row
 
 INVALID_CONNECT_TOKEN = "Invalid connect token"  # noqa: S105 - an error message, not a secret
 SUPERSEDED = "This connection was superseded by a newer connection of the session"

@@ -8,7 +8,7 @@ The simulator serves, under ``{sim_url}/devin-rs/remote/`` and without auth (it 
 * ``devin-remote_<sha>_<suffix>.sha256``: its SHA-256, hex digest only, one line.
 
 Out of the box every suffix (``linux_x64``, ``linux_arm64``, ``macos_arm64``, ``windows_x64.exe``) serves
-the **built-in stand-in** ``devin-remote`` (:mod:`devin_outposts_sim.remote_standin`, the same bytes for
+the **built-in stand-in** ``devin-remote`` (:mod:`devin_outposts_sim.remote.standin`, the same bytes for
 every suffix) under its version id, and ``latest_<suffix>`` names it. The built-in artifact is not
 stored: it is always the stand-in this package ships. Tests publish more through the admin API: any
 content under any SHA, a *tampered* artifact whose ``.sha256`` does not match its bytes, and which SHA
@@ -24,24 +24,18 @@ import functools
 import hashlib
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
-from devin_outposts_sim.db import StoreBase
 from devin_outposts_sim.errors import Invalid
+from devin_outposts_sim.remote import standin_path
+from devin_outposts_sim.state.db import StoreBase
 
 SUFFIXES = ("linux_x64", "linux_arm64", "macos_arm64", "windows_x64.exe")
 #: Extra ``latest_*`` names: the Windows one is unconfirmed (docs/fleet-api.md §8 and §10.1 Q12).
 LATEST_ALIASES = {"windows_x64": "windows_x64.exe"}
 SHA_RE = re.compile(r"^[0-9a-f]{6,40}$")
 _ARTIFACT_RE = re.compile(r"^devin-remote_([0-9a-f]{6,40})_(.+?)(\.sha256)?$")
-STANDIN_FILE = "remote_standin.py"
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
-
-
-def standin_path() -> Path:
-    """The stand-in ``devin-remote`` script shipped in this package."""
-    return Path(__file__).with_name(STANDIN_FILE)
 
 
 #: Prepended when the stand-in is served as an executable. The source file carries no shebang because it

@@ -2,7 +2,7 @@
 
 **Distribution** (no auth, like the real CDN): ``GET {sim}/devin-rs/remote/<file>`` serves
 ``latest_<suffix>``, ``devin-remote_<sha>_<suffix>`` and ``devin-remote_<sha>_<suffix>.sha256`` (see
-:mod:`devin_outposts_sim.dist`); anything else is ``404 {"detail": ...}``.
+:mod:`devin_outposts_sim.state.dist`); anything else is ``404 {"detail": ...}``.
 
 **Gateway**. The real one is a websocket (``wss://``); the simulator's is plain HTTP long-poll under the
 claim's ``gateway_url`` (``ws://<host:port>/gateway`` by default; the stand-in speaks ``ws://`` as
@@ -32,12 +32,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim import validate
-from devin_outposts_sim.auth import bearer_token
-from devin_outposts_sim.dist import parse_name
 from devin_outposts_sim.errors import Invalid, NotFound, SimError, Unauthorized
-from devin_outposts_sim.gateway_store import INVALID_CONNECT_TOKEN
-from devin_outposts_sim.runtime import SimRuntime, body_of, runtime_of
+from devin_outposts_sim.http import validate
+from devin_outposts_sim.http.auth import bearer_token
+from devin_outposts_sim.http.runtime import SimRuntime, body_of, runtime_of
+from devin_outposts_sim.state.dist import parse_name
+from devin_outposts_sim.state.gateway import INVALID_CONNECT_TOKEN
 
 GATEWAY_PREFIX = "/gateway"
 STATIC_PREFIX = "/devin-rs/remote"

@@ -13,19 +13,19 @@ methods are the simulator's whole behaviour, so tests and a future gateway can u
 
 from __future__ import annotations
 
-from devin_outposts_sim.accounts import (
+from devin_outposts_sim.state.accounts import (
     DEFAULT_ACCOUNT,
     MACHINE_SCOPE,
     ORCHESTRATOR_SCOPE,
     AccountStore,
     Principal,
 )
-from devin_outposts_sim.cli_dist import CliDistStore
-from devin_outposts_sim.db import token_fingerprint
-from devin_outposts_sim.dist import DistStore
-from devin_outposts_sim.gateway_store import GatewayStore
-from devin_outposts_sim.queue import Change, QueuePage
-from devin_outposts_sim.records import RecordStore
+from devin_outposts_sim.state.cli_dist import CliDistStore
+from devin_outposts_sim.state.db import token_fingerprint
+from devin_outposts_sim.state.dist import DistStore
+from devin_outposts_sim.state.gateway import GatewayStore
+from devin_outposts_sim.state.queue import Change, QueuePage
+from devin_outposts_sim.state.records import RecordStore
 
 
 class Store(AccountStore, GatewayStore, RecordStore, DistStore, CliDistStore):

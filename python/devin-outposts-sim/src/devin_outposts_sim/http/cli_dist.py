@@ -1,4 +1,4 @@
-"""The routes of the simulated Devin CLI distribution (:mod:`devin_outposts_sim.cli_dist`).
+"""The routes of the simulated Devin CLI distribution (:mod:`devin_outposts_sim.state.cli_dist`).
 
 Public (no auth, like a CDN): ``GET /cli/<version>/devin-<platform>`` and its ``.sha256``; anything
 else under ``/cli/`` is ``404 {"detail": ...}``.
@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim.admin import PREFIX as ADMIN_PREFIX
-from devin_outposts_sim.admin import admin
-from devin_outposts_sim.cli_dist import PREFIX, check_platforms, check_version, parse_name, sha256_hex
 from devin_outposts_sim.errors import Invalid, NotFound
-from devin_outposts_sim.runtime import body_of, runtime_of
+from devin_outposts_sim.http.admin import PREFIX as ADMIN_PREFIX
+from devin_outposts_sim.http.admin import admin
+from devin_outposts_sim.http.runtime import body_of, runtime_of
+from devin_outposts_sim.state.cli_dist import PREFIX, check_platforms, check_version, parse_name, sha256_hex
 
 
 async def cli_file(request: Request) -> Response:

@@ -10,7 +10,7 @@ its claim began (its *claim chain*) stay valid while that chain lasts; release, 
 takeover by another acceptor revokes them. The end of a session does not: a claimed session that stops
 running keeps its claim for at least one more claim TTL (:meth:`StoreBase._write_status_locked`), so the
 remote hears of the end and the holder can release.
-:meth:`~devin_outposts_sim.gateway_store.GatewayStore.check_connect_token` answers the question a gateway
+:meth:`~devin_outposts_sim.state.gateway.GatewayStore.check_connect_token` answers the question a gateway
 asks.
 """
 
@@ -27,8 +27,6 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from devin_outposts.api.models import NetworkPolicy, QueueEntry
-from devin_outposts_sim.cursor import QueueCursor
-from devin_outposts_sim.db import DEFAULT_PLATFORM, StoreBase, token_fingerprint, token_hash
 from devin_outposts_sim.errors import (
     ALREADY_CLAIMED,
     NOT_CLAIMED_BY_ACCEPTOR,
@@ -38,6 +36,8 @@ from devin_outposts_sim.errors import (
     Invalid,
     NotFound,
 )
+from devin_outposts_sim.state.cursor import QueueCursor
+from devin_outposts_sim.state.db import DEFAULT_PLATFORM, StoreBase, token_fingerprint, token_hash
 
 _STATUS_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 

@@ -1,9 +1,9 @@
 """The simulated fleet API as a Starlette app: outposts CRUD, the queue, watch, claim, release, the
 organization default platform, the ``devin-remote`` distribution and the gateway
-(:mod:`~devin_outposts_sim.gateway`), and (under ``/_sim``) the admin API and the brain
-(:mod:`~devin_outposts_sim.admin`, :mod:`~devin_outposts_sim.brain`). See docs/simulator.md.
+(:mod:`~devin_outposts_sim.http.gateway`), and (under ``/_sim``) the admin API and the brain
+(:mod:`~devin_outposts_sim.http.admin`, :mod:`~devin_outposts_sim.http.brain`). See docs/simulator.md.
 
-:func:`create_app` builds the app around a :class:`~devin_outposts_sim.store.Store`; the lifespan starts
+:func:`create_app` builds the app around a :class:`~devin_outposts_sim.state.store.Store`; the lifespan starts
 the claim sweeper and the watch notifier. Every error, including unknown routes and wrong methods, is a
 JSON ``{"detail": "..."}`` body.
 """
@@ -23,19 +23,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim import validate
-from devin_outposts_sim.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE
-from devin_outposts_sim.admin import admin_routes
-from devin_outposts_sim.auth import authenticate
-from devin_outposts_sim.brain import brain_routes
-from devin_outposts_sim.cli_dist_routes import cli_dist_routes
-from devin_outposts_sim.config import SimConfig
-from devin_outposts_sim.cursor import decode_outpost_cursor, decode_queue_cursor
 from devin_outposts_sim.errors import ALREADY_CLAIMED, Conflict, Invalid, SimError
-from devin_outposts_sim.gateway import gateway_routes
-from devin_outposts_sim.runtime import SimRuntime, body_of, detail, gateway_url, runtime_of
-from devin_outposts_sim.store import Store
-from devin_outposts_sim.watch import ChangeFeed, Notifier, watch_stream
+from devin_outposts_sim.http import validate
+from devin_outposts_sim.http.admin import admin_routes
+from devin_outposts_sim.http.auth import authenticate
+from devin_outposts_sim.http.brain import brain_routes
+from devin_outposts_sim.http.cli_dist import cli_dist_routes
+from devin_outposts_sim.http.config import SimConfig
+from devin_outposts_sim.http.gateway import gateway_routes
+from devin_outposts_sim.http.runtime import SimRuntime, body_of, detail, gateway_url, runtime_of
+from devin_outposts_sim.http.watch import ChangeFeed, Notifier, watch_stream
+from devin_outposts_sim.state.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE
+from devin_outposts_sim.state.cursor import decode_outpost_cursor, decode_queue_cursor
+from devin_outposts_sim.state.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from devin_outposts.api.models import DefaultPlatform, Outpost, OutpostList
-from devin_outposts_sim.cursor import encode_outpost_cursor
-from devin_outposts_sim.db import StoreBase, token_hash
 from devin_outposts_sim.errors import (
     ORG_NOT_FOUND,
     OUTPOST_NOT_FOUND,
@@ -20,6 +18,8 @@ from devin_outposts_sim.errors import (
     Invalid,
     NotFound,
 )
+from devin_outposts_sim.state.cursor import encode_outpost_cursor
+from devin_outposts_sim.state.db import StoreBase, token_hash
 
 MACHINE_SCOPE = "account.outposts.machine"
 ORCHESTRATOR_SCOPE = "account.outposts.orchestrator"

@@ -1,9 +1,9 @@
 """The simulated brain and the distribution's levers, under ``/_sim`` (admin token required).
 
-Brain (see :mod:`~devin_outposts_sim.gateway_store` for the call life cycle):
+Brain (see :mod:`~devin_outposts_sim.state.gateway` for the call life cycle):
 
 * ``POST /_sim/sessions/{id}/calls`` ``{"calls":[{"tool":"run","command":"..."}, ...]}``: 201
-  ``{"items":[call...]}``, each with its ``id``; the tools are in :mod:`~devin_outposts_sim.tools`.
+  ``{"items":[call...]}``, each with its ``id``; the tools are in :mod:`~devin_outposts_sim.remote.tools`.
 * ``GET /_sim/sessions/{id}/calls[?wait=S]``: ``{"items":[...], "complete": bool}``. With ``wait``, the
   answer comes once no call is queued or delivered any more (or after ``S`` seconds, at most 60).
 * ``GET /_sim/sessions/{id}/connections[?wait=S&count=N]``: ``{"items":[...]}``, what each remote
@@ -13,7 +13,7 @@ Brain (see :mod:`~devin_outposts_sim.gateway_store` for the call life cycle):
   calls are cancelled and connected remotes are told to exit 0. With ``status_lag`` set, the status is
   written that many seconds after the remotes are told (the entry returned still shows the old one).
 
-Distribution (see :mod:`~devin_outposts_sim.dist`):
+Distribution (see :mod:`~devin_outposts_sim.state.dist`):
 
 * ``GET /_sim/dist``: the built-in SHA, the ``latest`` pointers and every artifact (without bytes).
 * ``POST /_sim/dist/artifacts`` ``{"content_b64", "sha"?, "suffixes"?, "published_sha256"?, "latest"?}``:
@@ -33,12 +33,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim import tools
-from devin_outposts_sim.admin import PREFIX, admin
-from devin_outposts_sim.dist import check_suffixes
 from devin_outposts_sim.errors import Invalid
-from devin_outposts_sim.gateway import long_poll, wait_seconds
-from devin_outposts_sim.runtime import body_of
+from devin_outposts_sim.http.admin import PREFIX, admin
+from devin_outposts_sim.http.gateway import long_poll, wait_seconds
+from devin_outposts_sim.http.runtime import body_of
+from devin_outposts_sim.remote import tools
+from devin_outposts_sim.state.dist import check_suffixes
 
 MAX_ADMIN_WAIT = 60.0
 OPEN_STATES = ("queued", "delivered")

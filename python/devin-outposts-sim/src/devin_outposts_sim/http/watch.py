@@ -36,9 +36,9 @@ from typing import Optional
 
 from starlette.concurrency import run_in_threadpool
 
-from devin_outposts_sim.cursor import QueueCursor
-from devin_outposts_sim.queue import Change
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.cursor import QueueCursor
+from devin_outposts_sim.state.queue import Change
+from devin_outposts_sim.state.store import Store
 
 log = logging.getLogger(__name__)
 

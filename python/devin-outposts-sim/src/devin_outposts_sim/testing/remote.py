@@ -24,7 +24,7 @@ from typing import Optional, Union
 import httpx
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts_sim.dist import standin_path
+from devin_outposts_sim.remote import standin_path
 
 
 def claim_session(url: str, token: str, session_id: str, acceptor_id: str = "test-acceptor") -> QueueEntry:

@@ -14,15 +14,13 @@ prints ``devin <version>`` for ``devin --version``); any other content can be pu
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from devin_outposts_sim.admin_mixin import AdminMixin
-from devin_outposts_sim.db import StoreBase
 from devin_outposts_sim.errors import Invalid
+from devin_outposts_sim.state.db import StoreBase
 
 PREFIX = "/cli"
 PLATFORMS = ("linux-x64", "linux-arm64", "macos-arm64")
@@ -128,7 +126,7 @@ class CliArtifact:
 
 
 class CliDistStore(StoreBase):
-    """Published CLI artifacts (mixed into :class:`~devin_outposts_sim.store.Store`)."""
+    """Published CLI artifacts (mixed into :class:`~devin_outposts_sim.state.store.Store`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -189,38 +187,3 @@ class CliDistStore(StoreBase):
             if found is not None:
                 artifacts.append(found.describe())
         return {"prefix": PREFIX + "/", "platforms": list(PLATFORMS), "artifacts": artifacts}
-
-
-class CliDistAdmin(AdminMixin):
-    """The CLI distribution methods of :class:`~devin_outposts_sim.admin_client.SimAdmin`::
-
-    admin.publish_cli("1.2.3")                   # the stand-in devin 1.2.3, every platform
-    admin.publish_cli("9.9.9", tampered=True)    # its .sha256 does not match its bytes
-    admin.cli_base_url                           # the role's devin_outposts_cli_base_url
-    """
-
-    @property
-    def cli_base_url(self) -> str:
-        """The base URL that serves this simulator's CLI artifacts."""
-        return f"{self.url}{PREFIX}/"
-
-    def cli_dist(self) -> dict[str, Any]:
-        """``prefix``, ``platforms`` and ``artifacts`` (version, platform, path, sha256, tampered, ...)."""
-        result: dict[str, Any] = self._call("GET", "/cli", "read the CLI distribution")
-        return result
-
-    def publish_cli(
-        self,
-        version: str,
-        *,
-        content: Optional[bytes] = None,
-        platforms: Optional[list[str]] = None,
-        tampered: bool = False,
-    ) -> list[dict[str, Any]]:
-        """Publish ``content`` (default: the stand-in of ``version``); returns the artifacts.
-        ``tampered`` serves a ``.sha256`` that does not match the bytes."""
-        body: dict[str, Any] = {"version": version, "platforms": platforms, "tampered": tampered}
-        if content is not None:
-            body["content_b64"] = base64.b64encode(content).decode()
-        result = self._call("POST", "/cli/artifacts", f"publish the devin CLI {version}", body=body)
-        return list(result["artifacts"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from devin_outposts_sim.db import StoreBase
-from devin_outposts_sim.queue import row_cursor, row_wire
+from devin_outposts_sim.state.db import StoreBase
+from devin_outposts_sim.state.queue import row_cursor, row_wire
 
 
 class RecordStore(StoreBase):
