@@ -38,7 +38,8 @@ async def authenticate(request: Request, store: Store, scope: str, action: str) 
     if token is None:
         raise Unauthorized(INVALID_TOKEN)
     # A token seen before is answered from memory, without a trip to the thread pool.
-    principal = store.cached_principal(token) or await run_in_threadpool(store.authenticate, token)
+    accounts = store.accounts
+    principal = accounts.cached_principal(token) or await run_in_threadpool(accounts.authenticate, token)
     if principal is None:
         raise Unauthorized(INVALID_TOKEN)
     if not principal.has(scope):

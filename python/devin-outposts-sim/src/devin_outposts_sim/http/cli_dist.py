@@ -35,7 +35,7 @@ async def cli_file(request: Request) -> Response:
     if parsed is None:
         raise NotFound(f"No such file: {version}/{name}")
     platform, is_sha256 = parsed
-    artifact = await run_in_threadpool(sim.store.cli_artifact, version, platform)
+    artifact = await run_in_threadpool(sim.store.cli_dist.cli_artifact, version, platform)
     if artifact is None:
         raise NotFound(f"No such file: {version}/{name}")
     if is_sha256:
@@ -45,7 +45,7 @@ async def cli_file(request: Request) -> Response:
 
 async def cli_state(request: Request) -> Response:
     sim = admin(request)
-    return JSONResponse(await run_in_threadpool(sim.store.cli_state))
+    return JSONResponse(await run_in_threadpool(sim.store.cli_dist.cli_state))
 
 
 async def publish_cli(request: Request) -> Response:
@@ -74,7 +74,7 @@ async def publish_cli(request: Request) -> Response:
     def publish() -> list[dict[str, object]]:
         # A tampered artifact's .sha256 is the digest of other bytes: it can never match.
         published = sha256_hex(b"tampered:" + version.encode()) if tampered else digest
-        artifacts = sim.store.publish_cli(
+        artifacts = sim.store.cli_dist.publish_cli(
             version, content=content, platforms=platforms, published_sha256=published
         )
         return [artifact.describe() for artifact in artifacts]

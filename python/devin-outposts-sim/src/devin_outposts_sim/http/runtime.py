@@ -57,7 +57,7 @@ class SimRuntime:
             # A hair late: the due time is on the wall clock, asyncio sleeps on the monotonic one.
             await asyncio.sleep(delay + 0.01)
             try:
-                await run_in_threadpool(self.store.expire_claims)
+                await run_in_threadpool(self.store.queue.expire_claims)
             except Exception:
                 log.exception("delayed sweep failed")
 

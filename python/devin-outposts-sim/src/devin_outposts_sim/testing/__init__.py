@@ -10,7 +10,7 @@ In-process (fast; one background thread; state in ``:memory:`` unless ``db`` is 
         outpost = sim.admin.create_outpost("rhel", "linux")
         entry = sim.admin.enqueue(outpost.outpost_id)
         sim.admin.claims(session_id=entry.session_id)  # the claim history
-        sim.store.check_connect_token(entry.session_id, "...")  # direct access to the state
+        sim.store.gateway.check_connect_token(entry.session_id, "...")  # direct access to the state
         sim.runtime.notifier.open_streams         # how many watch streams are open right now
 
 As a subprocess (``python -m devin_outposts sim serve``), for restart and kill tests on one database::

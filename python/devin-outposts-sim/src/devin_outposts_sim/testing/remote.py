@@ -49,7 +49,7 @@ class StandinProcess:
     """The stand-in ``devin-remote serve`` as a subprocess, with the spawn-contract environment.
 
     ``binary`` is an executable (a downloaded artifact, run through its shebang); by default the
-    package's ``remote_standin.py`` is run with ``sys.executable``. stdout and stderr go to files.
+    package's ``remote/standin.py`` is run with ``sys.executable``. stdout and stderr go to files.
     """
 
     def __init__(self, workdir: Union[str, Path], env: dict[str, str], binary: Optional[Path] = None) -> None:
