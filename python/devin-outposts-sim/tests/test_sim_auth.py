@@ -80,7 +80,7 @@ def test_machine_token_gets_403_naming_the_orchestrator_scope(
         assert response.status_code == 403, response.request.url
         assert ORCHESTRATOR in response.json()["detail"]
     # Nothing happened: the outpost is still there and no second one exists.
-    names = [o.name for o in sim.store.list_outposts("acct-default", 100).items]
+    names = [o.name for o in sim.store.accounts.list_outposts("acct-default", 100).items]
     assert names == ["rhel"]
 
 
@@ -230,7 +230,7 @@ def test_admin_api_requires_the_admin_token(
         assert response.status_code == 401
         assert response.json() == {"detail": "Invalid admin token"}
     # Nothing was created or reset by the refused calls.
-    assert sim.store.authenticate(orchestrator_token) is not None
+    assert sim.store.accounts.authenticate(orchestrator_token) is not None
 
 
 def test_admin_health_needs_no_token(sim: SimHandle) -> None:

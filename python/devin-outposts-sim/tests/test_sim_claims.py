@@ -198,7 +198,7 @@ def test_expired_claim_returns_to_the_queue(make_sim, api, wait_until) -> None:
     )
     assert entry["status"]["acceptor_id"] is None
     assert entry["status"]["claim_deadline"] is None
-    assert not handle.store.check_connect_token(sid, token)
+    assert not handle.store.gateway.check_connect_token(sid, token)
     assert _release(client, sid, "w1").status_code == 409  # the claim is gone
     assert _claim(client, sid, "w2").status_code == 200
     actions = [(r["action"], r["acceptor_id"]) for r in handle.admin.claims(session_id=sid)]
@@ -223,14 +223,14 @@ def test_expired_claim_of_a_running_session_stays_with_its_worker(make_sim, api)
     first_token = _claim(client, sid, "w1").json()["status"]["connect_token"]
     handle.admin.set_status(sid, "running")
     _wait_past(handle, sid)
-    handle.store.expire_claims()  # a sweep has certainly run after the deadline
+    handle.store.queue.expire_claims()  # a sweep has certainly run after the deadline
     entry = client.get(f"{QUEUE}/{sid}").json()
     assert entry["status"]["phase"] == "claimed"
     assert entry["status"]["acceptor_id"] == "w1"
     other = _claim(client, sid, "w2")
     assert other.status_code == 409
     assert other.json() == {"detail": "Session is already claimed"}
-    assert handle.store.check_connect_token(sid, first_token)  # the worker keeps serving
+    assert handle.store.gateway.check_connect_token(sid, first_token)  # the worker keeps serving
     renewed = _claim(client, sid, "w1")
     assert renewed.status_code == 200
     assert renewed.json()["status"]["claim_deadline"] >= entry["status"]["claim_deadline"]
@@ -257,8 +257,8 @@ def test_a_late_reclaim_by_the_former_holder_is_a_new_claim(make_sim, api) -> No
     again = _claim(client, sid, "w1")
     assert again.status_code == 200
     assert [r["action"] for r in handle.admin.claims(session_id=sid)] == ["claim", "expire", "claim"]
-    assert not handle.store.check_connect_token(sid, old)
-    assert handle.store.check_connect_token(sid, again.json()["status"]["connect_token"])
+    assert not handle.store.gateway.check_connect_token(sid, old)
+    assert handle.store.gateway.check_connect_token(sid, again.json()["status"]["connect_token"])
 
 
 # --- history and connect tokens ------------------------------------------------------------------------
@@ -305,7 +305,7 @@ def test_connect_tokens_are_valid_for_the_holders_claim_chain_only(
     other = sim.admin.enqueue(outpost.outpost_id).session_id
     t1 = _claim(client, sid, "w1").json()["status"]["connect_token"]
     t2 = _claim(client, sid, "w1").json()["status"]["connect_token"]
-    check = sim.store.check_connect_token
+    check = sim.store.gateway.check_connect_token
     assert check(sid, t1)
     assert check(sid, t2)
     assert sim.admin.check_connect_token(sid, t2) is True
@@ -337,7 +337,7 @@ def test_history_can_prove_each_session_was_served_exactly_once(
 
 
 def test_a_losing_claim_is_recognised_without_a_write_exactly_when_the_full_path_would_refuse_it() -> None:
-    from devin_outposts_sim.store import Store
+    from devin_outposts_sim.state.store import Store
 
     class Clock:
         now = 1_781_050_000.0
@@ -347,11 +347,11 @@ def test_a_losing_claim_is_recognised_without_a_write_exactly_when_the_full_path
 
     clock = Clock()
     store = Store(":memory:", clock=clock)
-    oid = store.create_outpost("acct-default", "fast").outpost_id
-    sid = store.enqueue(oid).session_id
-    quick = store.certainly_claimed_by_another
+    oid = store.accounts.create_outpost("acct-default", "fast").outpost_id
+    sid = store.queue.enqueue(oid).session_id
+    quick = store.queue.certainly_claimed_by_another
     assert not quick("acct-default", sid, "w2")  # not claimed: the full path claims it
-    store.claim("acct-default", sid, "w1", ttl=300, gateway_url="ws://g")
+    store.queue.claim("acct-default", sid, "w1", ttl=300, gateway_url="ws://g")
     assert quick("acct-default", sid, "w2")
     assert not quick("acct-default", sid, "w1")  # a renewal
     assert not quick("acct-other", sid, "w2")  # another account's: the full path answers 404
@@ -359,9 +359,9 @@ def test_a_losing_claim_is_recognised_without_a_write_exactly_when_the_full_path
     clock.now += 300
     assert not quick("acct-default", sid, "w2")  # due to expire: the full path hands it over
     clock.now -= 1
-    store.set_session_status(sid, "running")
+    store.queue.set_session_status(sid, "running")
     clock.now += 1000
     assert quick("acct-default", sid, "w2")  # running past its deadline: stays with its worker
-    store.tombstone(sid)
+    store.queue.tombstone(sid)
     assert not quick("acct-default", sid, "w2")
     store.close()

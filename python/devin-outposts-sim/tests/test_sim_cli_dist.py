@@ -18,7 +18,7 @@ import pytest
 
 from devin_outposts_sim.admin_client import SimAdminError
 from devin_outposts_sim.cli import main
-from devin_outposts_sim.cli_dist import PLATFORMS, standin_cli
+from devin_outposts_sim.state.cli_dist import PLATFORMS, standin_cli
 from devin_outposts_sim.testing import SimHandle, sim_process
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the stand-in devin is a POSIX shell script")

@@ -13,7 +13,7 @@ import httpx
 
 from devin_outposts.api.models import Outpost
 from devin_outposts_sim.errors import Conflict
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle
 
 QUEUE = "/opbeta/outposts/devins"
@@ -71,8 +71,8 @@ def test_threads_racing_on_one_file_database_from_two_store_connections(tmp_path
     db = str(tmp_path / "race.db")
     stores = [Store(db), Store(db)]
     try:
-        outpost = stores[0].create_outpost("acct-default", "race")
-        sid = stores[0].enqueue(outpost.outpost_id).session_id
+        outpost = stores[0].accounts.create_outpost("acct-default", "race")
+        sid = stores[0].queue.enqueue(outpost.outpost_id).session_id
         barrier = threading.Barrier(CLAIMERS)
         wins: list[str] = []
         conflicts: list[str] = []
@@ -82,7 +82,7 @@ def test_threads_racing_on_one_file_database_from_two_store_connections(tmp_path
             store = stores[n % 2]
             barrier.wait(timeout=30)
             try:
-                store.claim("acct-default", sid, f"t{n}", ttl=60, gateway_url="ws://x")
+                store.queue.claim("acct-default", sid, f"t{n}", ttl=60, gateway_url="ws://x")
             except Conflict:
                 with lock:
                     conflicts.append(f"t{n}")
@@ -97,8 +97,8 @@ def test_threads_racing_on_one_file_database_from_two_store_connections(tmp_path
             thread.join(timeout=60)
         assert len(wins) == 1
         assert len(conflicts) == CLAIMERS - 1
-        assert stores[1].get_entry("acct-default", sid).status.acceptor_id == wins[0]
-        revs = [r["rev"] for r in stores[0].admin_sessions(include_deleted=True)]
+        assert stores[1].queue.get_entry("acct-default", sid).status.acceptor_id == wins[0]
+        revs = [r["rev"] for r in stores[0].records.admin_sessions(include_deleted=True)]
         assert revs == sorted(set(revs))
     finally:
         for store in stores:

@@ -166,7 +166,7 @@ def test_list_pages_with_first_and_after(sim: SimHandle, api, machine_token: str
 
 def test_list_default_page_is_100(sim: SimHandle, api, machine_token: str) -> None:
     for i in range(101):
-        sim.store.create_outpost("acct-default", f"bulk-{i}")
+        sim.store.accounts.create_outpost("acct-default", f"bulk-{i}")
     page = api(machine_token).get(PATHS[0]).json()
     assert len(page["items"]) == 100
     assert page["has_next_page"] is True
@@ -278,7 +278,7 @@ def test_delete_tombstones_the_outposts_entries(
         client.post(f"/opbeta/outposts/devins/{claimed}/release", json={"acceptor_id": "w1"}).status_code
         == 404
     )
-    assert not sim.store.check_connect_token(claimed, token)
+    assert not sim.store.gateway.check_connect_token(claimed, token)
 
     deleted: set[str] = set()
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from devin_outposts_sim import db, queue
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state import db, queue
+from devin_outposts_sim.state.store import Store
 
 ACCT = "acct-default"
 
@@ -22,20 +22,20 @@ ACCT = "acct-default"
 @pytest.fixture(scope="module")
 def populated(tmp_path_factory: pytest.TempPathFactory) -> Store:
     store = Store(str(tmp_path_factory.mktemp("plans") / "sim.db"))
-    outposts = [store.create_outpost(ACCT, f"o{i}").outpost_id for i in range(3)]
+    outposts = [store.accounts.create_outpost(ACCT, f"o{i}").outpost_id for i in range(3)]
     for index in range(300):
-        sid = store.enqueue(outposts[index % 3]).session_id
+        sid = store.queue.enqueue(outposts[index % 3]).session_id
         if index % 4 == 0:
-            store.claim(ACCT, sid, f"w{index % 5}", ttl=300, gateway_url="ws://g")
+            store.queue.claim(ACCT, sid, f"w{index % 5}", ttl=300, gateway_url="ws://g")
         if index % 7 == 0:
-            store.set_session_status(sid, "running")
+            store.queue.set_session_status(sid, "running")
         if index % 11 == 0:
-            store.tombstone(sid)
+            store.queue.tombstone(sid)
     return store
 
 
 def plan(store: Store, sql: str, params: list[object]) -> list[str]:
-    with store._read() as conn:
+    with store.db.read() as conn:
         return [str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
 
 
@@ -130,7 +130,7 @@ def test_an_old_database_gets_the_indexes_on_open(tmp_path: Path) -> None:
     conn.close()
     reopened = Store(path)
     try:
-        with reopened._read() as conn2:
+        with reopened.db.read() as conn2:
             names = {row[0] for row in conn2.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     finally:
         reopened.close()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from devin_outposts.api.models import Outpost, QueueList
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle
 
 QUEUE = "/opbeta/outposts/devins"
@@ -92,14 +92,14 @@ def test_a_database_with_null_entry_platforms_is_repaired_on_open(tmp_path: Path
     # A database written before the default was resolved at enqueue: its null platforms become concrete.
     path = str(tmp_path / "old.db")
     store = Store(path)
-    oid = store.create_outpost("acct-default", "old").outpost_id
-    sid = store.enqueue(oid).session_id
-    with store._tx() as conn:
+    oid = store.accounts.create_outpost("acct-default", "old").outpost_id
+    sid = store.queue.enqueue(oid).session_id
+    with store.db.tx() as conn:
         conn.execute("UPDATE sessions SET platform = NULL WHERE session_id = ?", (sid,))
     store.close()
     reopened = Store(path)
     try:
-        assert reopened.get_entry("acct-default", sid).spec.platform == "linux"
+        assert reopened.queue.get_entry("acct-default", sid).spec.platform == "linux"
     finally:
         reopened.close()
 
@@ -153,7 +153,7 @@ def test_default_page_size_is_100_and_200_is_the_maximum(
     sim: SimHandle, api, machine_token: str, outpost: Outpost
 ) -> None:
     for _dummy in range(201):
-        sim.store.enqueue(outpost.outpost_id)
+        sim.store.queue.enqueue(outpost.outpost_id)
     client = api(machine_token)
     assert len(client.get(QUEUE).json()["items"]) == 100
     assert len(client.get(QUEUE, params={"first": 200}).json()["items"]) == 200
@@ -242,7 +242,7 @@ def test_full_traversal_sees_every_row_and_upsert_dedups(
     sim: SimHandle, api, machine_token: str, outpost: Outpost, first: int
 ) -> None:
     # 60 rows enqueued back to back: most share a wall-clock second, yet all paginate.
-    created = [sim.store.enqueue(outpost.outpost_id).session_id for dummy in range(60)]
+    created = [sim.store.queue.enqueue(outpost.outpost_id).session_id for dummy in range(60)]
     updated = {
         e["metadata"]["updated_at"]
         for e in api(machine_token).get(QUEUE, params={"first": 200}).json()["items"]
@@ -263,7 +263,7 @@ def test_full_traversal_sees_every_row_and_upsert_dedups(
 def test_rows_modified_during_traversal_are_seen_with_their_latest_state(
     sim: SimHandle, api, machine_token: str, outpost: Outpost
 ) -> None:
-    created = [sim.store.enqueue(outpost.outpost_id).session_id for dummy in range(10)]
+    created = [sim.store.queue.enqueue(outpost.outpost_id).session_id for dummy in range(10)]
     client = api(machine_token)
     page = client.get(QUEUE, params={"first": 4}).json()
     seen = {item["metadata"]["session_id"]: item for item in page["items"]}

@@ -12,7 +12,7 @@ import pytest
 
 from devin_outposts.api.models import Outpost
 from devin_outposts_sim.cli import main
-from devin_outposts_sim.dist import builtin_sha
+from devin_outposts_sim.state.dist import builtin_sha
 from devin_outposts_sim.testing import SimHandle, claim_session, standin_process
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from devin_outposts_sim.admin_client import SimAdminError
-from devin_outposts_sim.dist import SUFFIXES, builtin_sha, standin_bytes, version_id
+from devin_outposts_sim.state.dist import SUFFIXES, builtin_sha, standin_bytes, version_id
 from devin_outposts_sim.testing import SimHandle
 
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from devin_outposts.api.models import Outpost, QueueEntry
-from devin_outposts_sim import tools
 from devin_outposts_sim.admin_client import SimAdminError
+from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle, claim_session
 
 

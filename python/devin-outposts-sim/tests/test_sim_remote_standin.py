@@ -22,9 +22,8 @@ import httpx
 import pytest
 
 from devin_outposts.api.models import Outpost, QueueEntry
-from devin_outposts_sim import tools
-from devin_outposts_sim.dist import builtin_sha, standin_path
-from devin_outposts_sim.remote_testing import PASSTHROUGH
+from devin_outposts_sim.remote import standin_path, tools
+from devin_outposts_sim.state.dist import builtin_sha
 from devin_outposts_sim.testing import (
     SimHandle,
     claim_session,
@@ -32,6 +31,7 @@ from devin_outposts_sim.testing import (
     standin_env,
     standin_process,
 )
+from devin_outposts_sim.testing.remote import PASSTHROUGH
 
 SPAWN_VARS = {
     "DEVIN_OUTPOST_GATEWAY_URL",

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle, claim_session, standin_process
 
 QUEUE = "/opbeta/outposts/devins"
@@ -36,17 +36,17 @@ class SteppingClock:
 
 def _running_claim(store: Store, clock: SteppingClock, ttl: float = 300.0) -> tuple[str, str, int]:
     """A claimed session whose remote connected (so it is ``running``); its id, token and connection."""
-    oid = store.create_outpost(ACCT, "end").outpost_id
-    sid = store.enqueue(oid).session_id
-    token = store.claim(ACCT, sid, "w1", ttl=ttl, gateway_url="ws://g").connect_token_value()
+    oid = store.accounts.create_outpost(ACCT, "end").outpost_id
+    sid = store.queue.enqueue(oid).session_id
+    token = store.queue.claim(ACCT, sid, "w1", ttl=ttl, gateway_url="ws://g").connect_token_value()
     assert token
-    connected = store.remote_connect(sid, token, {"pid": 1})
-    assert store.get_entry(ACCT, sid).status.session_status == "running"
+    connected = store.gateway.remote_connect(sid, token, {"pid": 1})
+    assert store.queue.get_entry(ACCT, sid).status.session_status == "running"
     return sid, token, int(connected["connection_id"])
 
 
 def _actions(store: Store, sid: str) -> list[str]:
-    return [r["action"] for r in store.claim_history(session_id=sid)]
+    return [r["action"] for r in store.records.claim_history(session_id=sid)]
 
 
 @pytest.mark.parametrize("status", ["terminated", "suspended"])
@@ -57,19 +57,19 @@ def test_ending_a_session_past_its_deadline_keeps_the_claim_and_tokens_for_the_e
     store = Store(":memory:", clock=clock)
     sid, token, connection = _running_claim(store, clock)
     clock.now += 400  # well past the deadline; allowed while the session runs
-    assert store.expire_claims() == 0
-    store.end_session(sid, status)
-    assert store.expire_claims() == 0
+    assert store.queue.expire_claims() == 0
+    store.gateway.end_session(sid, status)
+    assert store.queue.expire_claims() == 0
     # The remote's pending long poll is answered with the end notice, not a 401.
-    assert store.check_connect_token(sid, token)
-    assert store.remote_next(sid, token, connection) == {"type": "end", "session_status": status}
+    assert store.gateway.check_connect_token(sid, token)
+    assert store.gateway.remote_next(sid, token, connection) == {"type": "end", "session_status": status}
     # The holder confirms the status and releases: 200, not 409.
-    entry = store.get_entry(ACCT, sid)
+    entry = store.queue.get_entry(ACCT, sid)
     assert (entry.status.phase, entry.status.acceptor_id) == ("claimed", "w1")
-    released = store.release(ACCT, sid, "w1")
+    released = store.queue.release(ACCT, sid, "w1")
     assert released.status.phase == "pending"
     assert _actions(store, sid) == ["claim", "release"]
-    assert not store.check_connect_token(sid, token)  # released: now the tokens go
+    assert not store.gateway.check_connect_token(sid, token)  # released: now the tokens go
     store.close()
 
 
@@ -79,15 +79,15 @@ def test_the_grace_after_the_end_is_one_claim_ttl_then_the_claim_expires() -> No
     sid, token, dummy = _running_claim(store, clock, ttl=300.0)
     clock.now += 400
     ended_at = clock.now
-    store.end_session(sid, "terminated")
-    assert store.get_entry(ACCT, sid).status.claim_deadline == int(ended_at + 300)
+    store.gateway.end_session(sid, "terminated")
+    assert store.queue.get_entry(ACCT, sid).status.claim_deadline == int(ended_at + 300)
     clock.now = ended_at + 299.5
-    assert store.expire_claims() == 0
-    assert store.check_connect_token(sid, token)
+    assert store.queue.expire_claims() == 0
+    assert store.gateway.check_connect_token(sid, token)
     clock.now = ended_at + 300
-    assert store.expire_claims() == 1  # a holder that never released: the claim lapses after the grace
-    assert not store.check_connect_token(sid, token)
-    entry = store.get_entry(ACCT, sid)
+    assert store.queue.expire_claims() == 1  # a holder that never released: the claim lapses after the grace
+    assert not store.gateway.check_connect_token(sid, token)
+    entry = store.queue.get_entry(ACCT, sid)
     assert (entry.status.phase, entry.status.acceptor_id) == ("pending", None)
     assert _actions(store, sid) == ["claim", "expire"]
     store.close()
@@ -98,22 +98,22 @@ def test_a_claim_still_within_its_deadline_also_gets_a_full_ttl_after_the_end() 
     store = Store(":memory:", clock=clock)
     sid, token, dummy = _running_claim(store, clock, ttl=300.0)
     clock.now += 299  # one second left when the session ends
-    store.set_session_status(sid, "suspended")  # the admin lever follows the same rule
+    store.queue.set_session_status(sid, "suspended")  # the admin lever follows the same rule
     clock.now += 10
-    assert store.expire_claims() == 0
-    assert store.check_connect_token(sid, token)
+    assert store.queue.expire_claims() == 0
+    assert store.gateway.check_connect_token(sid, token)
     store.close()
 
 
 def test_a_session_never_running_still_expires_at_its_deadline() -> None:
     clock = SteppingClock(1_781_050_000.0)
     store = Store(":memory:", clock=clock)
-    oid = store.create_outpost(ACCT, "never").outpost_id
-    sid = store.enqueue(oid).session_id
-    token = store.claim(ACCT, sid, "w1", ttl=300, gateway_url="ws://g").connect_token_value() or ""
+    oid = store.accounts.create_outpost(ACCT, "never").outpost_id
+    sid = store.queue.enqueue(oid).session_id
+    token = store.queue.claim(ACCT, sid, "w1", ttl=300, gateway_url="ws://g").connect_token_value() or ""
     clock.now += 300
-    assert store.expire_claims() == 1
-    assert not store.check_connect_token(sid, token)
+    assert store.queue.expire_claims() == 1
+    assert not store.gateway.check_connect_token(sid, token)
     store.close()
 
 
@@ -131,7 +131,7 @@ def test_the_stand_in_exits_0_and_the_release_succeeds_when_a_long_session_ends(
         handle.admin.wait_connection(sid, timeout=20)
         deadline = handle.admin.session(sid)["claim_deadline"]
         wait_until(lambda: time.time() > deadline + 0.2, timeout=20)
-        handle.store.expire_claims()  # the sweeper has certainly looked at it: still claimed (running)
+        handle.store.queue.expire_claims()  # the sweeper has certainly looked at it: still claimed (running)
         assert handle.admin.session(sid)["entry"]["status"]["acceptor_id"] == "w1"
         handle.admin.end_session(sid, "terminated")
         assert remote.wait(20) == 0, remote.stderr
@@ -153,21 +153,24 @@ def test_with_a_status_lag_the_remote_is_told_first_and_the_status_written_later
     store = Store(":memory:", clock=clock)
     sid, token, connection = _running_claim(store, clock)
     ended_at = clock.now
-    returned = store.end_session(sid, "terminated", lag=2.0)
+    returned = store.gateway.end_session(sid, "terminated", lag=2.0)
     assert returned.status.session_status == "running"  # not written yet
     # The remote is told at once, and so is a remote that connects again meanwhile.
-    assert store.remote_next(sid, token, connection) == {"type": "end", "session_status": "terminated"}
-    assert store.remote_connect(sid, token, {"pid": 2})["end"] is True
-    [view] = store.admin_sessions(session_id=sid)
+    assert store.gateway.remote_next(sid, token, connection) == {
+        "type": "end",
+        "session_status": "terminated",
+    }
+    assert store.gateway.remote_connect(sid, token, {"pid": 2})["end"] is True
+    [view] = store.records.admin_sessions(session_id=sid)
     assert view["ending"] == {"session_status": "terminated", "at": ended_at + 2.0}
     clock.now = ended_at + 1.9
-    assert store.get_entry(ACCT, sid).status.session_status == "running"
+    assert store.queue.get_entry(ACCT, sid).status.session_status == "running"
     clock.now = ended_at + 2.0
-    entry = store.get_entry(ACCT, sid)  # any read writes a due status first
+    entry = store.queue.get_entry(ACCT, sid)  # any read writes a due status first
     assert entry.status.session_status == "terminated"
     assert entry.metadata.updated_at == int(ended_at + 2.0)
-    assert store.admin_sessions(session_id=sid)[0]["ending"] is None
-    assert store.release(ACCT, sid, "w1").status.phase == "pending"
+    assert store.records.admin_sessions(session_id=sid)[0]["ending"] is None
+    assert store.queue.release(ACCT, sid, "w1").status.phase == "pending"
     assert _actions(store, sid) == ["claim", "release"]
     store.close()
 
@@ -177,13 +180,13 @@ def test_a_lagging_status_is_written_by_the_sweep_and_gets_the_grace() -> None:
     store = Store(":memory:", clock=clock)
     sid, token, dummy = _running_claim(store, clock, ttl=300.0)
     clock.now += 400  # past the deadline while running
-    store.end_session(sid, "suspended", lag=2.0)
+    store.gateway.end_session(sid, "suspended", lag=2.0)
     clock.now += 2.0
-    assert store.expire_claims() == 0  # the status is written, and the claim gets its grace
-    [view] = store.admin_sessions(session_id=sid)
+    assert store.queue.expire_claims() == 0  # the status is written, and the claim gets its grace
+    [view] = store.records.admin_sessions(session_id=sid)
     assert view["entry"]["status"]["session_status"] == "suspended"
     assert view["claim_deadline"] == clock.now + 300.0
-    assert store.check_connect_token(sid, token)
+    assert store.gateway.check_connect_token(sid, token)
     store.close()
 
 
@@ -191,10 +194,10 @@ def test_a_status_set_during_the_lag_replaces_the_lagging_one() -> None:
     clock = SteppingClock(1_781_050_000.0)
     store = Store(":memory:", clock=clock)
     sid, dummy, dummy_connection = _running_claim(store, clock)
-    store.end_session(sid, "terminated", lag=2.0)
-    store.set_session_status(sid, "suspended")
+    store.gateway.end_session(sid, "terminated", lag=2.0)
+    store.queue.set_session_status(sid, "suspended")
     clock.now += 5
-    assert store.get_entry(ACCT, sid).status.session_status == "suspended"
+    assert store.queue.get_entry(ACCT, sid).status.session_status == "suspended"
     store.close()
 
 
@@ -202,11 +205,11 @@ def test_a_tombstone_during_the_lag_drops_the_lagging_status() -> None:
     clock = SteppingClock(1_781_050_000.0)
     store = Store(":memory:", clock=clock)
     sid, dummy, dummy_connection = _running_claim(store, clock)
-    store.end_session(sid, "terminated", lag=2.0)
-    store.tombstone(sid)
+    store.gateway.end_session(sid, "terminated", lag=2.0)
+    store.queue.tombstone(sid)
     clock.now += 5
-    store.expire_claims()
-    [view] = store.admin_sessions(session_id=sid, include_deleted=True)
+    store.queue.expire_claims()
+    [view] = store.records.admin_sessions(session_id=sid, include_deleted=True)
     assert view["deleted"] is True
     assert view["ending"] is None
     assert view["entry"]["status"]["session_status"] == "running"  # its last state before removal

@@ -10,10 +10,10 @@ from typing import Any, Callable
 
 import pytest
 
-from devin_outposts_sim import watch as watch_module
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.http import watch as watch_module
+from devin_outposts_sim.http.watch import ChangeFeed, Notifier, watch_stream
+from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle
-from devin_outposts_sim.watch import ChangeFeed, Notifier, watch_stream
 
 ACCT = "acct-default"
 
@@ -56,7 +56,7 @@ async def _fed(store: Store, feed: ChangeFeed) -> None:
     """Wait until the feed has read everything committed so far."""
     feed.kick()  # as the next commit would: a feed that slept until a stream opened catches up
     for dummy in range(500):
-        if feed.synced and feed.head >= store.last_rev:
+        if feed.synced and feed.head >= store.db.last_rev:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the feed never caught up")
@@ -65,19 +65,19 @@ async def _fed(store: Store, feed: ChangeFeed) -> None:
 def test_a_stream_behind_the_feed_window_reads_its_backlog_from_sqlite() -> None:
     async def scenario() -> None:
         store = Store(":memory:")
-        oid = store.create_outpost(ACCT, "window").outpost_id
+        oid = store.accounts.create_outpost(ACCT, "window").outpost_id
         notifier = Notifier(asyncio.get_running_loop())
         feed = ChangeFeed(store, notifier, window=3)
-        store.add_listener(feed.notify)
+        store.db.add_listener(feed.notify)
         stream = watch_stream(
-            store, notifier, feed, account_id=ACCT, outpost=oid, cursor=store.head_cursor(),
+            store, notifier, feed, account_id=ACCT, outpost=oid, cursor=store.queue.head_cursor(),
             max_duration=60, keepalive_interval=60,
         )  # fmt: skip
-        first = store.enqueue(oid).session_id
+        first = store.queue.enqueue(oid).session_id
         assert _sid(await _next_event(stream)) == first
         await _fed(store, feed)
         # The stream is not read while ten more changes come; the feed keeps only the last three.
-        later = [store.enqueue(oid).session_id for dummy in range(10)]
+        later = [store.queue.enqueue(oid).session_id for dummy in range(10)]
         await _fed(store, feed)
         assert len(feed.events) == 3
         got = [_sid(await _next_event(stream)) for dummy in later]
@@ -92,19 +92,19 @@ def test_a_stream_behind_the_feed_window_reads_its_backlog_from_sqlite() -> None
 def test_the_feed_sleeps_without_streams_and_a_new_stream_misses_nothing() -> None:
     async def scenario() -> None:
         store = Store(":memory:")
-        oid = store.create_outpost(ACCT, "sleep").outpost_id
+        oid = store.accounts.create_outpost(ACCT, "sleep").outpost_id
         notifier = Notifier(asyncio.get_running_loop())
         feed = ChangeFeed(store, notifier)
-        store.add_listener(feed.notify)
+        store.db.add_listener(feed.notify)
         first = watch_stream(
-            store, notifier, feed, account_id=ACCT, outpost=None, cursor=store.head_cursor(),
+            store, notifier, feed, account_id=ACCT, outpost=None, cursor=store.queue.head_cursor(),
             max_duration=60, keepalive_interval=60,
         )  # fmt: skip
-        a = store.enqueue(oid).session_id
+        a = store.queue.enqueue(oid).session_id
         assert _sid(await _next_event(first)) == a
         await first.aclose()  # no stream is open now
-        cursor = store.head_cursor()
-        b = store.enqueue(oid).session_id
+        cursor = store.queue.head_cursor()
+        b = store.queue.enqueue(oid).session_id
         await asyncio.sleep(0.05)
         assert not feed.synced  # it read nothing for nobody
         second = watch_stream(
@@ -112,10 +112,10 @@ def test_the_feed_sleeps_without_streams_and_a_new_stream_misses_nothing() -> No
             max_duration=60, keepalive_interval=60,
         )  # fmt: skip
         assert _sid(await _next_event(second)) == b  # the backlog, from SQLite
-        c = store.enqueue(oid).session_id
+        c = store.queue.enqueue(oid).session_id
         assert _sid(await _next_event(second)) == c
         await _fed(store, feed)  # the feed is back
-        d = store.enqueue(oid).session_id
+        d = store.queue.enqueue(oid).session_id
         await _fed(store, feed)
         assert [event.session_id for event in feed.events][-1:] == [d]
         assert _sid(await _next_event(second)) == d

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import Outpost
-from devin_outposts_sim import tools
+from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle, run_sim
 
 from worker_fakes import (

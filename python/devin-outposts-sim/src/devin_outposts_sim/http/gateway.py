@@ -2,7 +2,7 @@
 
 **Distribution** (no auth, like the real CDN): ``GET {sim}/devin-rs/remote/<file>`` serves
 ``latest_<suffix>``, ``devin-remote_<sha>_<suffix>`` and ``devin-remote_<sha>_<suffix>.sha256`` (see
-:mod:`devin_outposts_sim.dist`); anything else is ``404 {"detail": ...}``.
+:mod:`devin_outposts_sim.state.dist`); anything else is ``404 {"detail": ...}``.
 
 **Gateway**. The real one is a websocket (``wss://``); the simulator's is plain HTTP long-poll under the
 claim's ``gateway_url`` (``ws://<host:port>/gateway`` by default; the stand-in speaks ``ws://`` as
@@ -32,12 +32,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim import validate
-from devin_outposts_sim.auth import bearer_token
-from devin_outposts_sim.dist import parse_name
 from devin_outposts_sim.errors import Invalid, NotFound, SimError, Unauthorized
-from devin_outposts_sim.gateway_store import INVALID_CONNECT_TOKEN
-from devin_outposts_sim.runtime import SimRuntime, body_of, runtime_of
+from devin_outposts_sim.http import validate
+from devin_outposts_sim.http.auth import bearer_token
+from devin_outposts_sim.http.runtime import SimRuntime, body_of, runtime_of
+from devin_outposts_sim.state.dist import parse_name
+from devin_outposts_sim.state.gateway import INVALID_CONNECT_TOKEN
 
 GATEWAY_PREFIX = "/gateway"
 STATIC_PREFIX = "/devin-rs/remote"
@@ -99,10 +99,10 @@ async def static_file(request: Request) -> Response:
         raise NotFound(f"No such file: {name}")
     kind, sha, suffix = parsed
     if kind == "latest":
-        latest = await run_in_threadpool(sim.store.latest_sha, suffix)
+        latest = await run_in_threadpool(sim.store.dist.latest_sha, suffix)
         return PlainTextResponse(latest + "\n")
     assert sha is not None
-    artifact = await run_in_threadpool(sim.store.artifact, sha, suffix)
+    artifact = await run_in_threadpool(sim.store.dist.artifact, sha, suffix)
     if artifact is None:
         raise NotFound(f"No such file: {name}")
     if kind == "sha256":
@@ -125,7 +125,7 @@ async def authorized(request: Request) -> tuple[SimRuntime, str, str]:
     sim = runtime_of(request)
     session_id = request.path_params["session_id"]
     token = connect_token(request)
-    if not await run_in_threadpool(sim.store.check_connect_token, session_id, token):
+    if not await run_in_threadpool(sim.store.gateway.check_connect_token, session_id, token):
         raise Unauthorized(INVALID_CONNECT_TOKEN)
     return sim, session_id, token
 
@@ -143,7 +143,7 @@ async def connect(request: Request) -> Response:
     env = info.get("env")
     if env is not None and (not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values())):
         raise Invalid("env must be an object of strings")
-    answer = await run_in_threadpool(sim.store.remote_connect, session_id, token, info)
+    answer = await run_in_threadpool(sim.store.gateway.remote_connect, session_id, token, info)
     return JSONResponse({**answer, "max_wait": MAX_WAIT})
 
 
@@ -155,7 +155,7 @@ async def next_call(request: Request) -> Response:
     connection = connection_id(request)
 
     async def probe() -> Optional[dict[str, Any]]:
-        return await run_in_threadpool(sim.store.remote_next, session_id, token, connection)
+        return await run_in_threadpool(sim.store.gateway.remote_next, session_id, token, connection)
 
     answer = await long_poll(sim, probe, wait, request)
     return JSONResponse(answer or {"type": "idle"})
@@ -170,7 +170,9 @@ async def post_result(request: Request) -> Response:
         raise Invalid("exit_code must be an integer")
     validate.optional_str(result, "output", max_len=4 * 1024 * 1024)
     call_id = request.path_params["call_id"]
-    answer = await run_in_threadpool(sim.store.remote_result, session_id, token, connection, call_id, result)
+    answer = await run_in_threadpool(
+        sim.store.gateway.remote_result, session_id, token, connection, call_id, result
+    )
     return JSONResponse(answer)
 
 

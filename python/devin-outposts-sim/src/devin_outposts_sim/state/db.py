@@ -1,4 +1,9 @@
-"""The SQLite layer under the simulator's store: schema, transactions, revisions and change listeners.
+"""The SQLite layer under the simulator's store: schema, transactions, revisions and change listeners,
+and the claim expiry that every read and write applies first.
+
+:class:`Database` is shared by every part of :class:`~devin_outposts_sim.state.store.Store` (accounts,
+the queue, the gateway's records, ...): each part holds it and runs its statements through
+:meth:`Database.tx`, :meth:`Database.snapshot` or :meth:`Database.read`.
 
 One connection, guarded by a lock, in autocommit mode; every write runs inside ``BEGIN IMMEDIATE`` so
 two writers (threads here, or a second process on the same file) can never interleave a
@@ -82,11 +87,11 @@ CREATE INDEX IF NOT EXISTS tool_calls_by_session ON tool_calls (session_id, stat
 #: Columns of ``sessions`` added after schema version 1. They are added by ``ALTER TABLE`` on every open
 #: (when missing), so a database written by an older simulator keeps its state and its cursors.
 #: ``claim_ttl``: the TTL of the current claim or renewal, the grace a claim gets when its session stops
-#: running (see :meth:`StoreBase._write_status_locked`). ``ending_status``/``ending_at``: the status the
+#: running (see :meth:`Database.write_status_locked`). ``ending_status``/``ending_at``: the status the
 #: brain ended the session with, and when it is to be written, while it lags the end notice (the
-#: simulator's ``status_lag``; see :meth:`StoreBase._apply_endings_locked`).
+#: simulator's ``status_lag``; see :meth:`Database.apply_endings_locked`).
 ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"), ("ending_status", "TEXT"), ("ending_at", "REAL"))
-#: A claim that :meth:`StoreBase._expire_locked` returns to the queue once its deadline passes. The
+#: A claim that :meth:`Database.expire_locked` returns to the queue once its deadline passes. The
 #: expiry queries spell it exactly so, which lets SQLite use the partial index ``sessions_expirable``.
 EXPIRABLE = "phase = 'claimed' AND deleted = 0 AND session_status != 'running'"
 
@@ -130,7 +135,7 @@ EXPIRE_SQL = (
 #: The lagging statuses due to be written (``?``: now).
 ENDINGS_SQL = "SELECT * FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? ORDER BY ending_at"
 
-#: Tables wiped by :meth:`StoreBase.reset` (``meta`` survives so revisions keep increasing). The
+#: Tables wiped by :meth:`Database.reset` (``meta`` survives so revisions keep increasing). The
 #: ``dist_*`` tables hold published ``devin-remote`` artifacts (the built-in stand-in is not stored);
 #: ``remote_connections`` and ``tool_calls`` are the gateway's and the brain's records.
 DATA_TABLES = (
@@ -161,33 +166,36 @@ def token_fingerprint(token: str) -> str:
     return token_hash(token)[:16]
 
 
-class StoreBase:
-    """Connection, transactions, revisions and change notification. Not used on its own."""
+class Database:
+    """Connection, transactions, revisions, change notification and claim expiry: what every part of the
+    store shares. Thread-safe: one connection behind one lock (:attr:`lock`)."""
 
     def __init__(self, path: str = ":memory:", *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
-        self._clock = clock
-        self._lock = threading.RLock()
+        #: The wall clock (tests pass a fake one); every part reads "now" from it.
+        self.clock = clock
+        #: Guards :attr:`conn`; held for each statement or transaction.
+        self.lock = threading.RLock()
         self._listeners: list[Callable[[], None]] = []
         self._changed = False
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
-        self._conn.row_factory = sqlite3.Row
+        self.conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        self.conn.row_factory = sqlite3.Row
         if path != ":memory:" and not path.startswith("file::memory:"):
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute("PRAGMA busy_timeout=30000")
-        with self._lock:
-            self._conn.executescript(SCHEMA)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA busy_timeout=30000")
+        with self.lock:
+            self.conn.executescript(SCHEMA)
             self._upgrade()
-            self._conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('last_rev', '0')")
-            row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
+            self.conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('last_rev', '0')")
+            row = self.conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
             stored = float(row["value"])
-            top = self._conn.execute("SELECT MAX(rev) AS top FROM sessions").fetchone()["top"]
+            top = self.conn.execute("SELECT MAX(rev) AS top FROM sessions").fetchone()["top"]
             self._last_rev = max(stored, float(top or 0.0))
 
     def _upgrade(self) -> None:
         """Bring a database of an older schema version (or a new one) up to :data:`SCHEMA_VERSION`."""
-        conn = self._conn
+        conn = self.conn
         columns = {str(row["name"]) for row in conn.execute("PRAGMA table_info(sessions)")}
         for name, declaration in ADDED_SESSION_COLUMNS:
             if name not in columns:
@@ -202,8 +210,8 @@ class StoreBase:
     # --- lifecycle and listeners ---------------------------------------------------------------------
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        with self.lock:
+            self.conn.close()
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` (from whatever thread committed) after every committed queue change."""
@@ -214,67 +222,67 @@ class StoreBase:
             self._listeners.remove(callback)
 
     def now(self) -> float:
-        return self._clock()
+        return self.clock()
 
     # --- transactions --------------------------------------------------------------------------------
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (``BEGIN IMMEDIATE``); listeners run after a commit that changed rows."""
-        with self._lock:
+        with self.lock:
             self._changed = False
-            self._conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("BEGIN IMMEDIATE")
             committed = False
             try:
                 # Another process may share the file: take the last revision from the database, now
                 # that this transaction holds the write lock.
-                self._reload_last_rev()
-                yield self._conn
-                self._conn.execute("COMMIT")
+                self.reload_last_rev()
+                yield self.conn
+                self.conn.execute("COMMIT")
                 committed = True
             finally:
                 # An error in the block, or the generator closed while suspended: nothing is kept.
                 if not committed:
-                    self._conn.execute("ROLLBACK")
-                    self._reload_last_rev()
+                    self.conn.execute("ROLLBACK")
+                    self.reload_last_rev()
             changed, self._changed = self._changed, False
         if changed:
             for callback in list(self._listeners):
                 callback()
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def read(self) -> Iterator[sqlite3.Connection]:
         """Statements outside any transaction (each one sees the latest commit); no claim expiry."""
-        with self._lock:
-            yield self._conn
+        with self.lock:
+            yield self.conn
 
     @contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
         """A read transaction (one consistent view) in which no claim is void and no lagging status is
-        overdue, as with :meth:`_tx`, but without taking the write lock unless something is due.
+        overdue, as with :meth:`tx`, but without taking the write lock unless something is due.
 
         Why: reads (lists, gets, watch replays, connect-token checks) are most of the traffic. Taking
         SQLite's write lock for each of them (``BEGIN IMMEDIATE`` only to run the expiry) serialised
         them behind every writer, of this process and of any other on the file.
         """
-        with self._lock:
-            now = self._clock()
-            if self._conn.execute(DUE_SQL, (now, now)).fetchone() is not None:
-                with self._tx() as conn:
-                    self._expire_locked(conn, now)
-            self._conn.execute("BEGIN")
+        with self.lock:
+            now = self.clock()
+            if self.conn.execute(DUE_SQL, (now, now)).fetchone() is not None:
+                with self.tx() as conn:
+                    self.expire_locked(conn, now)
+            self.conn.execute("BEGIN")
             try:
                 # Another process may share the file: a head cursor made in here must be current.
-                self._reload_last_rev()
-                yield self._conn
+                self.reload_last_rev()
+                yield self.conn
             finally:
-                self._conn.execute("COMMIT")  # a read transaction: this only ends the snapshot
+                self.conn.execute("COMMIT")  # a read transaction: this only ends the snapshot
 
-    def _reload_last_rev(self) -> None:
-        row = self._conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
+    def reload_last_rev(self) -> None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'last_rev'").fetchone()
         self._last_rev = max(self._last_rev, float(row["value"]))
 
-    def _next_rev(self, conn: sqlite3.Connection, now: float) -> float:
+    def next_rev(self, conn: sqlite3.Connection, now: float) -> float:
         """A revision strictly greater than every earlier one; marks the transaction as a change."""
         rev = max(now, self._last_rev + _REV_STEP)
         if rev <= self._last_rev:  # pragma: no cover - float guard
@@ -288,23 +296,24 @@ class StoreBase:
     def last_rev(self) -> float:
         return self._last_rev
 
-    def reset(self) -> None:
-        """Delete every account, token, outpost, session and record (test isolation)."""
-        with self._tx() as conn:
-            for table in DATA_TABLES:
+    def reset(self, also: tuple[str, ...] = ()) -> None:
+        """Delete every account, token, outpost, session and record, and the tables ``also`` names (the
+        parts that keep tables of their own), in one transaction (test isolation)."""
+        with self.tx() as conn:
+            for table in DATA_TABLES + also:
                 conn.execute(f"DELETE FROM {table}")
             self._changed = True
 
     # --- claim expiry (used by every queue read and write) -------------------------------------------
 
-    def _revoke_tokens(self, conn: sqlite3.Connection, session_id: str, now: float, reason: str) -> None:
+    def revoke_tokens(self, conn: sqlite3.Connection, session_id: str, now: float, reason: str) -> None:
         conn.execute(
             "UPDATE connect_tokens SET revoked_at = ?, revoked_reason = ? "
             "WHERE session_id = ? AND revoked_at IS NULL",
             (now, reason, session_id),
         )
 
-    def _record(
+    def record_claim(
         self,
         conn: sqlite3.Connection,
         row: sqlite3.Row,
@@ -337,22 +346,22 @@ class StoreBase:
         assert seq is not None
         return seq
 
-    def _expire_locked(self, conn: sqlite3.Connection, now: float) -> int:
+    def expire_locked(self, conn: sqlite3.Connection, now: float) -> int:
         """Return expired claims to the queue, except those whose session is ``running``.
 
         Lagging statuses that are due are written first: a session that stopped running is judged by
-        its status from then on (and gets its grace, see :meth:`_write_status_locked`).
+        its status from then on (and gets its grace, see :meth:`write_status_locked`).
         """
-        self._apply_endings_locked(conn, now)
+        self.apply_endings_locked(conn, now)
         rows = conn.execute(EXPIRE_SQL, (now,)).fetchall()
         for row in rows:
-            rev = self._next_rev(conn, now)
+            rev = self.next_rev(conn, now)
             conn.execute(
                 "UPDATE sessions SET phase = 'pending', acceptor_id = NULL, claim_deadline = NULL, "
                 "claim_chain = NULL, claim_ttl = NULL, rev = ? WHERE session_id = ?",
                 (rev, row["session_id"]),
             )
-            self._record(
+            self.record_claim(
                 conn,
                 row,
                 "expire",
@@ -362,10 +371,10 @@ class StoreBase:
                 chain=row["claim_chain"],
                 reason="claim deadline passed",
             )
-            self._revoke_tokens(conn, row["session_id"], now, "expired")
+            self.revoke_tokens(conn, row["session_id"], now, "expired")
         return len(rows)
 
-    def _write_status_locked(
+    def write_status_locked(
         self, conn: sqlite3.Connection, row: sqlite3.Row, status: str, now: float
     ) -> None:
         """Set ``session_status`` (a queue change). When a claimed session stops running, its claim
@@ -387,7 +396,7 @@ class StoreBase:
         ):
             ttl = row["claim_ttl"] if row["claim_ttl"] is not None else FALLBACK_CLAIM_TTL
             deadline = max(float(deadline), now + float(ttl))
-        rev = self._next_rev(conn, now)
+        rev = self.next_rev(conn, now)
         # A status written now replaces a lagging one that was still to come.
         conn.execute(
             "UPDATE sessions SET session_status = ?, claim_deadline = ?, ending_status = NULL, "
@@ -395,27 +404,22 @@ class StoreBase:
             (status, deadline, rev, row["session_id"]),
         )
 
-    def _apply_endings_locked(self, conn: sqlite3.Connection, now: float) -> None:
+    def apply_endings_locked(self, conn: sqlite3.Connection, now: float) -> None:
         """Write the lagging statuses that are due (the brain ended those sessions ``status_lag`` ago)."""
         rows = conn.execute(ENDINGS_SQL, (now,)).fetchall()
         for row in rows:
-            self._write_status_locked(conn, row, str(row["ending_status"]), now)
+            self.write_status_locked(conn, row, str(row["ending_status"]), now)
 
-    def expire_claims(self) -> int:
-        """The sweeper's work: expire claims now; returns how many went back to the queue."""
-        with self._tx() as conn:
-            return self._expire_locked(conn, self._clock())
-
-    def _tombstone_locked(self, conn: sqlite3.Connection, row: sqlite3.Row, now: float, reason: str) -> None:
+    def tombstone_locked(self, conn: sqlite3.Connection, row: sqlite3.Row, now: float, reason: str) -> None:
         """Soft-delete a queue row: it leaves lists, answers 404, and watchers get a DELETED event."""
-        rev = self._next_rev(conn, now)
+        rev = self.next_rev(conn, now)
         conn.execute(
             "UPDATE sessions SET deleted = 1, ending_status = NULL, ending_at = NULL, rev = ? "
             "WHERE session_id = ?",
             (rev, row["session_id"]),
         )
         if row["phase"] == "claimed":
-            self._record(
+            self.record_claim(
                 conn,
                 row,
                 "tombstone",
@@ -425,4 +429,4 @@ class StoreBase:
                 chain=row["claim_chain"],
                 reason=reason,
             )
-        self._revoke_tokens(conn, row["session_id"], now, "tombstoned")
+        self.revoke_tokens(conn, row["session_id"], now, "tombstoned")

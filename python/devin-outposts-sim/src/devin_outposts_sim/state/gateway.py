@@ -10,7 +10,7 @@ one still asking is answered 409 (superseded).
 
 Connecting marks the session ``running`` (what the real brain does once the remote is up), unless it is
 already ``suspended`` or ``terminated`` (or the brain ended it and the written status still lags, see
-:meth:`GatewayStore.end_session`); then the answer says the session is over. Every gateway call
+:meth:`Gateway.end_session`); then the answer says the session is over. Every gateway call
 checks the connect token first: it is valid while its claim chain lasts (see :meth:`check_connect_token`).
 """
 
@@ -22,9 +22,9 @@ import sqlite3
 from typing import Any, Callable, Optional
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts_sim.db import token_fingerprint, token_hash
 from devin_outposts_sim.errors import Conflict, Invalid, NotFound, Unauthorized
-from devin_outposts_sim.queue import QueueStore, entry_from_row
+from devin_outposts_sim.state.db import Database, token_fingerprint, token_hash
+from devin_outposts_sim.state.rows import entry_from_row, live_row, reload_row, session_row
 
 INVALID_CONNECT_TOKEN = "Invalid connect token"  # noqa: S105 - an error message, not a secret
 SUPERSEDED = "This connection was superseded by a newer connection of the session"
@@ -70,11 +70,12 @@ def _remote_status(row: sqlite3.Row) -> str:
     return str(row["ending_status"] or row["session_status"])
 
 
-class GatewayStore(QueueStore):
-    """Connect tokens as the gateway sees them, remote connections, and the brain's tool calls."""
+class Gateway:
+    """Connect tokens as the gateway sees them, remote connections, and the brain's tool calls
+    (``store.gateway``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, db: Database) -> None:
+        self._db = db
         self._call_listeners: list[Callable[[], None]] = []
 
     def add_call_listener(self, callback: Callable[[], None]) -> None:
@@ -103,18 +104,18 @@ class GatewayStore(QueueStore):
 
     def check_connect_token(self, session_id: str, token: str) -> bool:
         """True while ``token`` belongs to the current claim chain of ``session_id``'s holder."""
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             return self._token_holder(conn, session_id, token) is not None
 
     def _gateway_auth(
         self, conn: sqlite3.Connection, session_id: str, token: str
     ) -> tuple[sqlite3.Row, sqlite3.Row]:
         """The session row and the token's holder, after expiring due claims (a bad token is a 401)."""
-        self._expire_locked(conn, self._clock())
+        self._db.expire_locked(conn, self._db.clock())
         holder = self._token_holder(conn, session_id, token)
         if holder is None:
             raise Unauthorized(INVALID_CONNECT_TOKEN)
-        return self._reload(conn, session_id), holder
+        return reload_row(conn, session_id), holder
 
     # --- the gateway (the remote's side) ------------------------------------------------------------
 
@@ -123,13 +124,13 @@ class GatewayStore(QueueStore):
         encoded = json.dumps(info)
         if len(encoded) > MAX_INFO_CHARS:
             raise Invalid(f"the connection info must be at most {MAX_INFO_CHARS} characters of JSON")
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             row, holder = self._gateway_auth(conn, session_id, token)
-            now = self._clock()
+            now = self._db.clock()
             status = _remote_status(row)
             ended = status in ENDED_STATUSES
             if not ended and status != "running":
-                rev = self._next_rev(conn, now)
+                rev = self._db.next_rev(conn, now)
                 conn.execute(
                     "UPDATE sessions SET session_status = 'running', rev = ? WHERE session_id = ?",
                     (rev, session_id),
@@ -159,7 +160,7 @@ class GatewayStore(QueueStore):
 
     def remote_next(self, session_id: str, token: str, connection_id: int) -> Optional[dict[str, Any]]:
         """The next answer for a remote: the end of the session, the next call, or None (no work yet)."""
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             row, _holder = self._gateway_auth(conn, session_id, token)
             status = _remote_status(row)
             if status in ENDED_STATUSES:
@@ -170,7 +171,7 @@ class GatewayStore(QueueStore):
             ).fetchone()["latest"]
             if latest != connection_id:
                 raise Conflict(SUPERSEDED)
-            now = self._clock()
+            now = self._db.clock()
             conn.execute(
                 "UPDATE remote_connections SET last_seen = ? WHERE connection_id = ?", (now, connection_id)
             )
@@ -198,7 +199,7 @@ class GatewayStore(QueueStore):
         encoded = json.dumps(result)
         if len(encoded) > MAX_RESULT_CHARS:
             raise Invalid(f"a result must be at most {MAX_RESULT_CHARS} characters of JSON")
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             self._gateway_auth(conn, session_id, token)
             call = conn.execute(
                 "SELECT * FROM tool_calls WHERE call_id = ? AND session_id = ?", (call_id, session_id)
@@ -209,7 +210,7 @@ class GatewayStore(QueueStore):
                 raise Conflict(f"Tool call {call_id} is not awaiting a result from this connection")
             conn.execute(
                 "UPDATE tool_calls SET state = 'done', completed_at = ?, result = ? WHERE seq = ?",
-                (self._clock(), encoded, call["seq"]),
+                (self._db.clock(), encoded, call["seq"]),
             )
         self._calls_changed()
         return {"id": call_id, "state": "done"}
@@ -218,9 +219,9 @@ class GatewayStore(QueueStore):
 
     def add_calls(self, session_id: str, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """Append validated ``(tool, args)`` calls to a live session; returns them with their ids."""
-        with self._tx() as conn:
-            self._live_row(conn, None, session_id)
-            now = self._clock()
+        with self._db.tx() as conn:
+            live_row(conn, None, session_id)
+            now = self._db.clock()
             seqs = []
             for tool, args in calls:
                 cur = conn.execute(
@@ -236,19 +237,19 @@ class GatewayStore(QueueStore):
         return [_call_view(row) for row in rows]
 
     def _known_session(self, conn: sqlite3.Connection, session_id: str) -> None:
-        if self._session_row(conn, session_id) is None:
+        if session_row(conn, session_id) is None:
             raise NotFound("Session not found")
 
     def session_calls(self, session_id: str) -> list[dict[str, Any]]:
         """Every call of a session (tombstoned sessions too), oldest first, with results and timings."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             self._known_session(conn, session_id)
             rows = conn.execute("SELECT * FROM tool_calls WHERE session_id = ? ORDER BY seq", (session_id,))
             return [_call_view(row) for row in rows.fetchall()]
 
     def session_connections(self, session_id: str) -> list[dict[str, Any]]:
         """Every remote connection of a session, oldest first: what the remote reported on connect."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             self._known_session(conn, session_id)
             rows = conn.execute(
                 "SELECT * FROM remote_connections WHERE session_id = ? ORDER BY connection_id", (session_id,)
@@ -265,22 +266,22 @@ class GatewayStore(QueueStore):
         """
         if session_status not in ENDED_STATUSES:
             raise Invalid("session_status must be suspended or terminated")
-        with self._tx() as conn:
-            now = self._clock()
-            self._expire_locked(conn, now)
-            row = self._live_row(conn, None, session_id)
+        with self._db.tx() as conn:
+            now = self._db.clock()
+            self._db.expire_locked(conn, now)
+            row = live_row(conn, None, session_id)
             if lag > 0:
                 conn.execute(
                     "UPDATE sessions SET ending_status = ?, ending_at = ? WHERE session_id = ?",
                     (session_status, now + lag, session_id),
                 )
             else:
-                self._write_status_locked(conn, row, session_status, now)
+                self._db.write_status_locked(conn, row, session_status, now)
             conn.execute(
                 "UPDATE tool_calls SET state = 'cancelled', completed_at = ? "
                 "WHERE session_id = ? AND state = 'queued'",
                 (now, session_id),
             )
-            entry = entry_from_row(self._reload(conn, session_id))
+            entry = entry_from_row(reload_row(conn, session_id))
         self._calls_changed()
         return entry

@@ -1,7 +1,7 @@
 """What every route of the simulator shares: the runtime (store, settings, notifiers) and request helpers.
 
-The API routes (:mod:`~devin_outposts_sim.app`), the admin and brain routes, the gateway and the CLI
-distribution all import this module, and :mod:`~devin_outposts_sim.app` imports them to build the app: so
+The API routes (:mod:`~devin_outposts_sim.http.app`), the admin and brain routes, the gateway and the CLI
+distribution all import this module, and :mod:`~devin_outposts_sim.http.app` imports them to build the app: so
 routes never import the app, and there is no import circle.
 """
 
@@ -16,10 +16,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from devin_outposts_sim import validate
-from devin_outposts_sim.config import SimConfig
-from devin_outposts_sim.store import Store
-from devin_outposts_sim.watch import ChangeFeed, Notifier
+from devin_outposts_sim.http import validate
+from devin_outposts_sim.http.config import SimConfig
+from devin_outposts_sim.http.watch import ChangeFeed, Notifier
+from devin_outposts_sim.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class SimRuntime:
             # A hair late: the due time is on the wall clock, asyncio sleeps on the monotonic one.
             await asyncio.sleep(delay + 0.01)
             try:
-                await run_in_threadpool(self.store.expire_claims)
+                await run_in_threadpool(self.store.queue.expire_claims)
             except Exception:
                 log.exception("delayed sweep failed")
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from devin_outposts_sim.db import StoreBase
-from devin_outposts_sim.queue import row_cursor, row_wire
+from devin_outposts_sim.state.db import Database
+from devin_outposts_sim.state.rows import row_cursor, row_wire
 
 
-class RecordStore(StoreBase):
-    """Read-only views for the admin API: nothing here changes state (except lazy claim expiry)."""
+class Records:
+    """Read-only views for the admin API (``store.records``): nothing here changes state (except lazy
+    claim expiry)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     def claim_history(
         self,
@@ -30,7 +34,7 @@ class RecordStore(StoreBase):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 f"SELECT * FROM claim_history WHERE {' AND '.join(where)} ORDER BY seq", params
             ).fetchall()
@@ -53,7 +57,7 @@ class RecordStore(StoreBase):
             params.append(session_id)
         if not include_deleted:
             where.append("deleted = 0")
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             rows = conn.execute(
                 f"SELECT * FROM sessions WHERE {' AND '.join(where)} ORDER BY rev, session_id", params
             ).fetchall()

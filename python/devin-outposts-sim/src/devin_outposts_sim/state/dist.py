@@ -8,7 +8,7 @@ The simulator serves, under ``{sim_url}/devin-rs/remote/`` and without auth (it 
 * ``devin-remote_<sha>_<suffix>.sha256``: its SHA-256, hex digest only, one line.
 
 Out of the box every suffix (``linux_x64``, ``linux_arm64``, ``macos_arm64``, ``windows_x64.exe``) serves
-the **built-in stand-in** ``devin-remote`` (:mod:`devin_outposts_sim.remote_standin`, the same bytes for
+the **built-in stand-in** ``devin-remote`` (:mod:`devin_outposts_sim.remote.standin`, the same bytes for
 every suffix) under its version id, and ``latest_<suffix>`` names it. The built-in artifact is not
 stored: it is always the stand-in this package ships. Tests publish more through the admin API: any
 content under any SHA, a *tampered* artifact whose ``.sha256`` does not match its bytes, and which SHA
@@ -24,24 +24,18 @@ import functools
 import hashlib
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
-from devin_outposts_sim.db import StoreBase
 from devin_outposts_sim.errors import Invalid
+from devin_outposts_sim.remote import standin_path
+from devin_outposts_sim.state.db import Database
 
 SUFFIXES = ("linux_x64", "linux_arm64", "macos_arm64", "windows_x64.exe")
 #: Extra ``latest_*`` names: the Windows one is unconfirmed (docs/fleet-api.md §8 and §10.1 Q12).
 LATEST_ALIASES = {"windows_x64": "windows_x64.exe"}
 SHA_RE = re.compile(r"^[0-9a-f]{6,40}$")
 _ARTIFACT_RE = re.compile(r"^devin-remote_([0-9a-f]{6,40})_(.+?)(\.sha256)?$")
-STANDIN_FILE = "remote_standin.py"
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
-
-
-def standin_path() -> Path:
-    """The stand-in ``devin-remote`` script shipped in this package."""
-    return Path(__file__).with_name(STANDIN_FILE)
 
 
 #: Prepended when the stand-in is served as an executable. The source file carries no shebang because it
@@ -129,8 +123,12 @@ def builtin_artifact(suffix: str) -> Artifact:
     return Artifact(builtin_sha(), suffix, content, sha256_hex(content), builtin=True)
 
 
-class DistStore(StoreBase):
-    """Published artifacts and the ``latest`` pointers (the built-in stand-in needs no row)."""
+class RemoteDist:
+    """Published ``devin-remote`` artifacts and the ``latest`` pointers (``store.dist``; the built-in
+    stand-in needs no row)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     def publish_artifact(
         self,
@@ -149,8 +147,8 @@ class DistStore(StoreBase):
         digest = published_sha256 or sha256_hex(content)
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise Invalid("published_sha256 must be 64 lowercase hex digits")
-        with self._tx() as conn:
-            now = self._clock()
+        with self._db.tx() as conn:
+            now = self._db.clock()
             for suffix in suffixes:
                 conn.execute(
                     "INSERT OR REPLACE INTO dist_artifacts (sha, suffix, content, published_sha256, "
@@ -173,17 +171,17 @@ class DistStore(StoreBase):
                 raise Invalid(f"no artifact {sha} is published for {', '.join(missing)}")
         elif not sha or len(sha) > 100 or "\n" in sha:
             raise Invalid("latest must be a single line of at most 100 characters")
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             for suffix in suffixes:
                 conn.execute("INSERT OR REPLACE INTO dist_latest (suffix, sha) VALUES (?, ?)", (suffix, sha))
 
     def latest_sha(self, suffix: str) -> str:
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute("SELECT sha FROM dist_latest WHERE suffix = ?", (suffix,)).fetchone()
         return builtin_sha() if row is None else str(row["sha"])
 
     def artifact(self, sha: str, suffix: str) -> Optional[Artifact]:
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute(
                 "SELECT * FROM dist_artifacts WHERE sha = ? AND suffix = ?", (sha, suffix)
             ).fetchone()
@@ -195,7 +193,7 @@ class DistStore(StoreBase):
 
     def dist_state(self) -> dict[str, Any]:
         """Every artifact (the built-in ones first, without their bytes) and the latest pointers."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT sha, suffix FROM dist_artifacts ORDER BY created_at, sha, suffix"
             ).fetchall()

@@ -1,4 +1,4 @@
-"""The routes of the simulated Devin CLI distribution (:mod:`devin_outposts_sim.cli_dist`).
+"""The routes of the simulated Devin CLI distribution (:mod:`devin_outposts_sim.state.cli_dist`).
 
 Public (no auth, like a CDN): ``GET /cli/<version>/devin-<platform>`` and its ``.sha256``; anything
 else under ``/cli/`` is ``404 {"detail": ...}``.
@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim.admin import PREFIX as ADMIN_PREFIX
-from devin_outposts_sim.admin import admin
-from devin_outposts_sim.cli_dist import PREFIX, check_platforms, check_version, parse_name, sha256_hex
 from devin_outposts_sim.errors import Invalid, NotFound
-from devin_outposts_sim.runtime import body_of, runtime_of
+from devin_outposts_sim.http.admin import PREFIX as ADMIN_PREFIX
+from devin_outposts_sim.http.admin import admin
+from devin_outposts_sim.http.runtime import body_of, runtime_of
+from devin_outposts_sim.state.cli_dist import PREFIX, check_platforms, check_version, parse_name, sha256_hex
 
 
 async def cli_file(request: Request) -> Response:
@@ -35,7 +35,7 @@ async def cli_file(request: Request) -> Response:
     if parsed is None:
         raise NotFound(f"No such file: {version}/{name}")
     platform, is_sha256 = parsed
-    artifact = await run_in_threadpool(sim.store.cli_artifact, version, platform)
+    artifact = await run_in_threadpool(sim.store.cli_dist.cli_artifact, version, platform)
     if artifact is None:
         raise NotFound(f"No such file: {version}/{name}")
     if is_sha256:
@@ -45,7 +45,7 @@ async def cli_file(request: Request) -> Response:
 
 async def cli_state(request: Request) -> Response:
     sim = admin(request)
-    return JSONResponse(await run_in_threadpool(sim.store.cli_state))
+    return JSONResponse(await run_in_threadpool(sim.store.cli_dist.cli_state))
 
 
 async def publish_cli(request: Request) -> Response:
@@ -74,7 +74,7 @@ async def publish_cli(request: Request) -> Response:
     def publish() -> list[dict[str, object]]:
         # A tampered artifact's .sha256 is the digest of other bytes: it can never match.
         published = sha256_hex(b"tampered:" + version.encode()) if tampered else digest
-        artifacts = sim.store.publish_cli(
+        artifacts = sim.store.cli_dist.publish_cli(
             version, content=content, platforms=platforms, published_sha256=published
         )
         return [artifact.describe() for artifact in artifacts]

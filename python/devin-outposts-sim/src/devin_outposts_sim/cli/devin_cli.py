@@ -1,5 +1,5 @@
 """The ``devin-outposts-sim devin-cli`` verbs (registered by :mod:`devin_outposts_sim.cli`): the simulated
-distribution of the official Devin CLI (:mod:`devin_outposts_sim.cli_dist`).
+distribution of the official Devin CLI (:mod:`devin_outposts_sim.state.cli_dist`).
 
 * ``sim devin-cli show``: the base URL and every artifact (path, size, sha256, tampered).
 * ``sim devin-cli publish VERSION [--file FILE] [--platform P]... [--tampered]``: publish the stand-in
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from devin_outposts_sim.admin_client import SimAdmin
-from devin_outposts_sim.cli_common import EXIT_OK, print_json
-from devin_outposts_sim.cli_dist import PLATFORMS
+from devin_outposts_sim.cli.common import EXIT_OK, print_json
+from devin_outposts_sim.state.cli_dist import PLATFORMS
 
 Action = Callable[[SimAdmin, argparse.Namespace], int]
 AdminParser = Callable[[Any, str, str, Action], Any]

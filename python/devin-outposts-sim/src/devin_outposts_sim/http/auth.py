@@ -13,9 +13,9 @@ from typing import Optional
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from devin_outposts_sim.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE, Principal
 from devin_outposts_sim.errors import INVALID_TOKEN, Forbidden, Unauthorized
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE, Principal
+from devin_outposts_sim.state.store import Store
 
 #: The role permission that grants each scope (docs/fleet-api.md §1.2), for readable 403s.
 ROLE_OF_SCOPE = {
@@ -38,7 +38,8 @@ async def authenticate(request: Request, store: Store, scope: str, action: str) 
     if token is None:
         raise Unauthorized(INVALID_TOKEN)
     # A token seen before is answered from memory, without a trip to the thread pool.
-    principal = store.cached_principal(token) or await run_in_threadpool(store.authenticate, token)
+    accounts = store.accounts
+    principal = accounts.cached_principal(token) or await run_in_threadpool(accounts.authenticate, token)
     if principal is None:
         raise Unauthorized(INVALID_TOKEN)
     if not principal.has(scope):

@@ -1,9 +1,9 @@
 """The simulated fleet API as a Starlette app: outposts CRUD, the queue, watch, claim, release, the
 organization default platform, the ``devin-remote`` distribution and the gateway
-(:mod:`~devin_outposts_sim.gateway`), and (under ``/_sim``) the admin API and the brain
-(:mod:`~devin_outposts_sim.admin`, :mod:`~devin_outposts_sim.brain`). See docs/simulator.md.
+(:mod:`~devin_outposts_sim.http.gateway`), and (under ``/_sim``) the admin API and the brain
+(:mod:`~devin_outposts_sim.http.admin`, :mod:`~devin_outposts_sim.http.brain`). See docs/simulator.md.
 
-:func:`create_app` builds the app around a :class:`~devin_outposts_sim.store.Store`; the lifespan starts
+:func:`create_app` builds the app around a :class:`~devin_outposts_sim.state.store.Store`; the lifespan starts
 the claim sweeper and the watch notifier. Every error, including unknown routes and wrong methods, is a
 JSON ``{"detail": "..."}`` body.
 """
@@ -23,19 +23,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim import validate
-from devin_outposts_sim.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE
-from devin_outposts_sim.admin import admin_routes
-from devin_outposts_sim.auth import authenticate
-from devin_outposts_sim.brain import brain_routes
-from devin_outposts_sim.cli_dist_routes import cli_dist_routes
-from devin_outposts_sim.config import SimConfig
-from devin_outposts_sim.cursor import decode_outpost_cursor, decode_queue_cursor
 from devin_outposts_sim.errors import ALREADY_CLAIMED, Conflict, Invalid, SimError
-from devin_outposts_sim.gateway import gateway_routes
-from devin_outposts_sim.runtime import SimRuntime, body_of, detail, gateway_url, runtime_of
-from devin_outposts_sim.store import Store
-from devin_outposts_sim.watch import ChangeFeed, Notifier, watch_stream
+from devin_outposts_sim.http import validate
+from devin_outposts_sim.http.admin import admin_routes
+from devin_outposts_sim.http.auth import authenticate
+from devin_outposts_sim.http.brain import brain_routes
+from devin_outposts_sim.http.cli_dist import cli_dist_routes
+from devin_outposts_sim.http.config import SimConfig
+from devin_outposts_sim.http.gateway import gateway_routes
+from devin_outposts_sim.http.runtime import SimRuntime, body_of, detail, gateway_url, runtime_of
+from devin_outposts_sim.http.watch import ChangeFeed, Notifier, watch_stream
+from devin_outposts_sim.state.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE
+from devin_outposts_sim.state.cursor import decode_outpost_cursor, decode_queue_cursor
+from devin_outposts_sim.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ async def list_outposts(request: Request) -> Response:
     first = validate.page_size(request.query_params.get("first"))
     raw_after = request.query_params.get("after")
     after = decode_outpost_cursor(raw_after) if raw_after else None
-    page = await run_in_threadpool(sim.store.list_outposts, principal.account_id, first, after)
+    page = await run_in_threadpool(sim.store.accounts.list_outposts, principal.account_id, first, after)
     return JSONResponse(page.to_wire())
 
 
@@ -71,7 +71,7 @@ async def create_outpost(request: Request) -> Response:
     ):
         raise Invalid("allowed_org_ids must be a list of organization ids or null")
     outpost = await run_in_threadpool(
-        sim.store.create_outpost, principal.account_id, name, platform, description, allowed
+        sim.store.accounts.create_outpost, principal.account_id, name, platform, description, allowed
     )
     return JSONResponse(outpost.to_wire(), status_code=201)
 
@@ -80,7 +80,7 @@ async def get_outpost(request: Request) -> Response:
     sim = runtime_of(request)
     principal = await authenticate(request, sim.store, ORCHESTRATOR_SCOPE, "read an outpost")
     outpost_id = request.path_params["outpost_id"]
-    outpost = await run_in_threadpool(sim.store.get_outpost, principal.account_id, outpost_id)
+    outpost = await run_in_threadpool(sim.store.accounts.get_outpost, principal.account_id, outpost_id)
     return JSONResponse(outpost.to_wire())
 
 
@@ -88,7 +88,7 @@ async def delete_outpost(request: Request) -> Response:
     sim = runtime_of(request)
     principal = await authenticate(request, sim.store, ORCHESTRATOR_SCOPE, "delete outposts")
     outpost_id = request.path_params["outpost_id"]
-    outpost = await run_in_threadpool(sim.store.delete_outpost, principal.account_id, outpost_id)
+    outpost = await run_in_threadpool(sim.store.accounts.delete_outpost, principal.account_id, outpost_id)
     return JSONResponse(outpost.to_wire())
 
 
@@ -127,7 +127,7 @@ async def list_devins(request: Request) -> Response:
     if phase is not None and phase not in PHASES:
         raise Invalid("phase must be pending or claimed")
     page = await run_in_threadpool(
-        lambda: sim.store.list_entries(
+        lambda: sim.store.queue.list_entries(
             principal.account_id,
             first=first,
             outpost=outpost,
@@ -143,7 +143,7 @@ async def get_devin(request: Request) -> Response:
     sim = runtime_of(request)
     principal = await authenticate(request, sim.store, MACHINE_SCOPE, "read the queue")
     entry = await run_in_threadpool(
-        sim.store.get_entry_wire, principal.account_id, request.path_params["session_id"]
+        sim.store.queue.get_entry_wire, principal.account_id, request.path_params["session_id"]
     )
     return JSONResponse(entry)
 
@@ -153,11 +153,11 @@ async def claim(request: Request) -> Response:
     principal = await authenticate(request, sim.store, MACHINE_SCOPE, "claim sessions")
     acceptor = validate.acceptor_id(await body_of(request))
     session_id = request.path_params["session_id"]
-    if sim.store.certainly_claimed_by_another(principal.account_id, session_id, acceptor):
+    if sim.store.queue.certainly_claimed_by_another(principal.account_id, session_id, acceptor):
         raise Conflict(ALREADY_CLAIMED)  # a losing claim, answered without a write (see the method)
     url = gateway_url(request, sim.config)
     entry = await run_in_threadpool(
-        lambda: sim.store.claim_wire(
+        lambda: sim.store.queue.claim_wire(
             principal.account_id,
             session_id,
             acceptor,
@@ -173,7 +173,7 @@ async def release(request: Request) -> Response:
     principal = await authenticate(request, sim.store, MACHINE_SCOPE, "release sessions")
     acceptor = validate.acceptor_id(await body_of(request))
     entry = await run_in_threadpool(
-        sim.store.release_wire, principal.account_id, request.path_params["session_id"], acceptor
+        sim.store.queue.release_wire, principal.account_id, request.path_params["session_id"], acceptor
     )
     return JSONResponse(entry)
 
@@ -185,7 +185,7 @@ async def get_default_platform(request: Request) -> Response:
     sim = runtime_of(request)
     principal = await authenticate(request, sim.store, MACHINE_SCOPE, "read the default platform")
     found = await run_in_threadpool(
-        sim.store.get_default_platform, principal.account_id, request.path_params["org_id"]
+        sim.store.accounts.get_default_platform, principal.account_id, request.path_params["org_id"]
     )
     return JSONResponse(found.to_wire())
 
@@ -201,7 +201,7 @@ async def put_default_platform(request: Request) -> Response:
     if platform is not None and not platform.strip():
         raise Invalid("platform must be a non-empty string or null")
     updated = await run_in_threadpool(
-        sim.store.set_default_platform,
+        sim.store.accounts.set_default_platform,
         principal.account_id,
         request.path_params["org_id"],
         platform,
@@ -235,7 +235,7 @@ async def _sweep(store: Store, interval: float, stop: asyncio.Event) -> None:
         if stop.is_set():
             return
         try:
-            expired = await run_in_threadpool(store.expire_claims)
+            expired = await run_in_threadpool(store.queue.expire_claims)
         except Exception:
             log.exception("claim sweeper failed")
         else:
@@ -250,11 +250,11 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     sim.notifier = notifier
     feed = ChangeFeed(sim.store, notifier)
     sim.feed = feed
-    sim.store.add_listener(feed.notify)
+    sim.store.db.add_listener(feed.notify)
     gateway = Notifier(asyncio.get_running_loop())
     sim.gateway = gateway
-    sim.store.add_listener(gateway.notify)
-    sim.store.add_call_listener(gateway.notify)
+    sim.store.db.add_listener(gateway.notify)
+    sim.store.gateway.add_call_listener(gateway.notify)
     stop = asyncio.Event()
     sweeper = asyncio.ensure_future(_sweep(sim.store, sim.config.sweep_interval, stop))
     try:
@@ -263,9 +263,9 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         sim.close_notifiers()
         stop.set()
         await sweeper
-        sim.store.remove_listener(feed.notify)
-        sim.store.remove_listener(gateway.notify)
-        sim.store.remove_call_listener(gateway.notify)
+        sim.store.db.remove_listener(feed.notify)
+        sim.store.db.remove_listener(gateway.notify)
+        sim.store.gateway.remove_call_listener(gateway.notify)
         if sim.owns_store:
             sim.store.close()
 

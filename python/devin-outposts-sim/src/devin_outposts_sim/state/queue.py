@@ -8,9 +8,10 @@ background sweeper has run yet.
 Connect tokens: each claim or renewal issues a fresh token. All tokens issued to the current holder since
 its claim began (its *claim chain*) stay valid while that chain lasts; release, expiry, a tombstone or a
 takeover by another acceptor revokes them. The end of a session does not: a claimed session that stops
-running keeps its claim for at least one more claim TTL (:meth:`StoreBase._write_status_locked`), so the
-remote hears of the end and the holder can release.
-:meth:`~devin_outposts_sim.gateway_store.GatewayStore.check_connect_token` answers the question a gateway
+running keeps its claim for at least one more claim TTL
+(:meth:`~devin_outposts_sim.state.db.Database.write_status_locked`), so the remote hears of the end and the
+holder can release.
+:meth:`~devin_outposts_sim.state.gateway.Gateway.check_connect_token` answers the question a gateway
 asks.
 """
 
@@ -21,22 +22,31 @@ import math
 import re
 import secrets
 import sqlite3
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from pydantic import ValidationError
 
 from devin_outposts.api.models import NetworkPolicy, QueueEntry
-from devin_outposts_sim.cursor import QueueCursor
-from devin_outposts_sim.db import DEFAULT_PLATFORM, StoreBase, token_fingerprint, token_hash
 from devin_outposts_sim.errors import (
     ALREADY_CLAIMED,
     NOT_CLAIMED_BY_ACCEPTOR,
     OUTPOST_NOT_FOUND,
-    SESSION_NOT_FOUND,
     Conflict,
     Invalid,
     NotFound,
+)
+from devin_outposts_sim.state.cursor import QueueCursor
+from devin_outposts_sim.state.db import DEFAULT_PLATFORM, Database, token_fingerprint, token_hash
+from devin_outposts_sim.state.rows import (
+    Change,
+    QueuePage,
+    entry_from_row,
+    live_row,
+    reload_row,
+    row_change,
+    row_cursor,
+    row_wire,
+    session_row,
 )
 
 _STATUS_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -78,103 +88,6 @@ def list_filter(
     return " AND ".join(where), params
 
 
-@dataclass(frozen=True)
-class Change:
-    """One row as a watcher sees it: ``DELETED`` for a tombstone, else ``MODIFIED``."""
-
-    wire: dict[str, Any]
-    deleted: bool
-    cursor: QueueCursor
-    account_id: str = ""
-
-    @property
-    def entry(self) -> QueueEntry:
-        return QueueEntry.model_validate(self.wire)
-
-    @property
-    def session_id(self) -> str:
-        return self.cursor.session_id
-
-    @property
-    def type(self) -> str:
-        return "DELETED" if self.deleted else "MODIFIED"
-
-    def event(self) -> dict[str, Any]:
-        return {"type": self.type, "object": self.wire, "cursor": self.cursor.encode()}
-
-
-@dataclass(frozen=True)
-class QueuePage:
-    """A page of the queue list; ``wire_items`` as sent, ``items`` as the client's model."""
-
-    wire_items: list[dict[str, Any]]
-    cursor: QueueCursor
-    has_next_page: bool
-    total: int
-
-    @property
-    def items(self) -> list[QueueEntry]:
-        return [QueueEntry.model_validate(item) for item in self.wire_items]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "items": self.wire_items,
-            "cursor": self.cursor.encode(),
-            "has_next_page": self.has_next_page,
-            "total": self.total,
-        }
-
-
-def row_cursor(row: sqlite3.Row) -> QueueCursor:
-    return QueueCursor(float(row["rev"]), str(row["session_id"]))
-
-
-def row_wire(
-    row: sqlite3.Row, *, connect_token: Optional[str] = None, gateway_url: Optional[str] = None
-) -> dict[str, Any]:
-    """A queue row as the wire shows it (docs/fleet-api.md §3), built directly from the row.
-
-    Why not through the client's model: validating and dumping a pydantic model per row was most of
-    the cost of a list page and of every watch event. python/devin-outposts-sim/tests/test_sim_wire.py checks
-    that this is exactly what ``QueueEntry.model_validate(...).to_wire()`` gives, so nothing drifts from the
-    model.
-    """
-    policy = row["network_policy"]
-    deadline = row["claim_deadline"]
-    return {
-        "metadata": {
-            "session_id": row["session_id"],
-            "outpost_id": row["outpost_id"],
-            "created_at": int(row["created_at"]),
-            "updated_at": int(row["rev"]),
-        },
-        "spec": {
-            "kind": row["kind"],
-            "platform": row["platform"],
-            "remote_binary_sha": row["remote_binary_sha"],
-            "network_policy": json.loads(policy) if policy is not None else None,
-        },
-        "status": {
-            "phase": row["phase"],
-            "acceptor_id": row["acceptor_id"],
-            "claim_deadline": int(deadline) if deadline is not None else None,
-            "session_status": row["session_status"],
-            "connect_token": connect_token,
-            "gateway_url": gateway_url,
-        },
-    }
-
-
-def entry_from_row(
-    row: sqlite3.Row, *, connect_token: Optional[str] = None, gateway_url: Optional[str] = None
-) -> QueueEntry:
-    return QueueEntry.model_validate(row_wire(row, connect_token=connect_token, gateway_url=gateway_url))
-
-
-def row_change(row: sqlite3.Row) -> Change:
-    return Change(row_wire(row), bool(row["deleted"]), row_cursor(row), str(row["account_id"]))
-
-
 def validate_session_status(value: Any) -> str:
     """Any lowercase word: the four known values, or an unknown one to test enum tolerance."""
     if not isinstance(value, str) or not _STATUS_RE.match(value):
@@ -184,26 +97,16 @@ def validate_session_status(value: Any) -> str:
     return value
 
 
-class QueueStore(StoreBase):
-    """Queue rows, claims, the claim history and connect tokens."""
+class Queue:
+    """Queue rows, claims, the claim history and connect tokens (``store.queue``)."""
 
-    def _session_row(self, conn: sqlite3.Connection, session_id: str) -> Optional[sqlite3.Row]:
-        row: Optional[sqlite3.Row] = conn.execute(
-            "SELECT * FROM sessions WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        return row
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
-    def _live_row(self, conn: sqlite3.Connection, account_id: Optional[str], session_id: str) -> sqlite3.Row:
-        """The live (not tombstoned) row, visible to ``account_id`` (None = any account), else 404."""
-        row = self._session_row(conn, session_id)
-        if row is None or row["deleted"] or (account_id is not None and row["account_id"] != account_id):
-            raise NotFound(SESSION_NOT_FOUND)
-        return row
-
-    def _reload(self, conn: sqlite3.Connection, session_id: str) -> sqlite3.Row:
-        row = self._session_row(conn, session_id)
-        assert row is not None
-        return row
+    def expire_claims(self) -> int:
+        """The sweeper's work: expire claims now; returns how many went back to the queue."""
+        with self._db.tx() as conn:
+            return self._db.expire_locked(conn, self._db.clock())
 
     # --- admin-side changes (the "brain" enqueueing and updating sessions) ----------------------------
 
@@ -237,15 +140,15 @@ class QueueStore(StoreBase):
             except ValidationError as exc:
                 raise Invalid(f"network_policy is invalid: {exc.errors()[0]['msg']}") from exc
         session_id = session_id or f"devin-{secrets.token_hex(16)}"
-        with self._tx() as conn:
-            now = self._clock()
+        with self._db.tx() as conn:
+            now = self._db.clock()
             outpost = conn.execute("SELECT * FROM outposts WHERE outpost_id = ?", (outpost_id,)).fetchone()
             if outpost is None:
                 raise NotFound(OUTPOST_NOT_FOUND)
-            existing = self._session_row(conn, session_id)
+            existing = session_row(conn, session_id)
             if existing is not None and not existing["deleted"]:
                 raise Conflict(f"Session {session_id} is already queued on outpost {existing['outpost_id']}")
-            rev = self._next_rev(conn, now)
+            rev = self._db.next_rev(conn, now)
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             conn.execute(
                 "INSERT INTO sessions (session_id, account_id, outpost_id, kind, platform, "
@@ -264,27 +167,27 @@ class QueueStore(StoreBase):
                     rev,
                 ),
             )
-            return row_wire(self._reload(conn, session_id))
+            return row_wire(reload_row(conn, session_id))
 
     def set_session_status(self, session_id: str, session_status: str) -> QueueEntry:
         return QueueEntry.model_validate(self.set_session_status_wire(session_id, session_status))
 
     def set_session_status_wire(self, session_id: str, session_status: str) -> dict[str, Any]:
         validate_session_status(session_status)
-        with self._tx() as conn:
-            now = self._clock()
-            self._expire_locked(conn, now)
-            row = self._live_row(conn, None, session_id)
-            self._write_status_locked(conn, row, session_status, now)
-            return row_wire(self._reload(conn, session_id))
+        with self._db.tx() as conn:
+            now = self._db.clock()
+            self._db.expire_locked(conn, now)
+            row = live_row(conn, None, session_id)
+            self._db.write_status_locked(conn, row, session_status, now)
+            return row_wire(reload_row(conn, session_id))
 
     def tombstone(self, session_id: str, reason: str = "tombstoned by the admin API") -> QueueEntry:
-        with self._tx() as conn:
-            now = self._clock()
-            self._expire_locked(conn, now)
-            row = self._live_row(conn, None, session_id)
-            self._tombstone_locked(conn, row, now, reason)
-            return entry_from_row(self._reload(conn, session_id))
+        with self._db.tx() as conn:
+            now = self._db.clock()
+            self._db.expire_locked(conn, now)
+            row = live_row(conn, None, session_id)
+            self._db.tombstone_locked(conn, row, now, reason)
+            return entry_from_row(reload_row(conn, session_id))
 
     # --- reads --------------------------------------------------------------------------------------
 
@@ -292,12 +195,12 @@ class QueueStore(StoreBase):
         return QueueEntry.model_validate(self.get_entry_wire(account_id, session_id))
 
     def get_entry_wire(self, account_id: str, session_id: str) -> dict[str, Any]:
-        with self._snapshot() as conn:
-            return row_wire(self._live_row(conn, account_id, session_id))
+        with self._db.snapshot() as conn:
+            return row_wire(live_row(conn, account_id, session_id))
 
     def head_cursor(self) -> QueueCursor:
         """A cursor just past every change so far: a watch from it replays nothing."""
-        return QueueCursor(math.nextafter(self._last_rev, math.inf), "")
+        return QueueCursor(math.nextafter(self._db.last_rev, math.inf), "")
 
     def _outpost_of(self, conn: sqlite3.Connection, account_id: str, outpost_id: str) -> bool:
         """Whether ``outpost_id`` names an outpost of ``account_id``.
@@ -330,7 +233,7 @@ class QueueStore(StoreBase):
         if cursor is not None:
             where += CURSOR_TERM.format(op=">=")
             params.extend([cursor.rev, cursor.session_id])
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             if outpost is not None and not self._outpost_of(conn, account_id, outpost):
                 rows, total = [], 0  # an unknown outpost, or another account's: an empty list
             else:
@@ -382,8 +285,8 @@ class QueueStore(StoreBase):
             term = CURSOR_TERM.format(op=">=" if inclusive else ">")
             params.extend([cursor.rev, cursor.session_id])
         sql = (REPLAY_OUTPOST_SQL if outpost is not None else REPLAY_ACCOUNT_SQL).format(cursor=term)
-        with self._snapshot() as conn:
-            head = self._last_rev
+        with self._db.snapshot() as conn:
+            head = self._db.last_rev
             if outpost is not None and not self._outpost_of(conn, account_id, outpost):
                 return [], head
             rows = conn.execute(sql, [*params, limit]).fetchall()
@@ -397,9 +300,9 @@ class QueueStore(StoreBase):
         The watch feed's read: no claim expiry (an event shows a row as it was committed; expiries are
         changes of their own), and no write lock.
         """
-        with self._read() as conn:
-            self._reload_last_rev()
-            head = self._last_rev
+        with self._db.read() as conn:
+            self._db.reload_last_rev()
+            head = self._db.last_rev
             if rev is None:
                 return [], head
             rows = conn.execute(CHANGES_AFTER_SQL, (rev, limit)).fetchall()
@@ -417,18 +320,18 @@ class QueueStore(StoreBase):
         read by primary key, made on the caller's thread. It never waits: when the store is busy, it
         answers False and the caller takes the ordinary path.
         """
-        if not self._lock.acquire(blocking=False):
+        if not self._db.lock.acquire(blocking=False):
             return False
         try:
-            row = self._session_row(self._conn, session_id)
+            row = session_row(self._db.conn, session_id)
         finally:
-            self._lock.release()
+            self._db.lock.release()
         if row is None or row["deleted"] or row["account_id"] != account_id or row["phase"] != "claimed":
             return False
         if row["acceptor_id"] in (None, acceptor_id):
             return False
         deadline = row["claim_deadline"]
-        return row["session_status"] == "running" or (deadline is not None and deadline > self._clock())
+        return row["session_status"] == "running" or (deadline is not None and deadline > self._db.clock())
 
     def claim(
         self, account_id: str, session_id: str, acceptor_id: str, *, ttl: float, gateway_url: str
@@ -442,10 +345,10 @@ class QueueStore(StoreBase):
     ) -> dict[str, Any]:
         """Claim, or renew when ``acceptor_id`` already holds the claim. Returns the entry with a fresh
         ``connect_token`` and the ``gateway_url``. Another live holder is a 409; no entry is a 404."""
-        with self._tx() as conn:
-            now = self._clock()
-            self._expire_locked(conn, now)
-            row = self._live_row(conn, account_id, session_id)
+        with self._db.tx() as conn:
+            now = self._db.clock()
+            self._db.expire_locked(conn, now)
+            row = live_row(conn, account_id, session_id)
             holder = row["acceptor_id"] if row["phase"] == "claimed" else None
             if holder is not None and holder != acceptor_id:
                 raise Conflict(ALREADY_CLAIMED)
@@ -454,7 +357,7 @@ class QueueStore(StoreBase):
             deadline = now + ttl
             if holder == acceptor_id:
                 chain = int(row["claim_chain"])
-                self._record(
+                self._db.record_claim(
                     conn,
                     row,
                     "renew",
@@ -465,8 +368,8 @@ class QueueStore(StoreBase):
                     chain=chain,
                 )
             else:
-                self._revoke_tokens(conn, session_id, now, "superseded")
-                chain = self._record(
+                self._db.revoke_tokens(conn, session_id, now, "superseded")
+                chain = self._db.record_claim(
                     conn,
                     row,
                     "claim",
@@ -476,7 +379,7 @@ class QueueStore(StoreBase):
                     deadline=deadline,
                 )
                 conn.execute("UPDATE claim_history SET chain = ? WHERE seq = ?", (chain, chain))
-            rev = self._next_rev(conn, now)
+            rev = self._db.next_rev(conn, now)
             conn.execute(
                 "UPDATE sessions SET phase = 'claimed', acceptor_id = ?, claim_deadline = ?, "
                 "claim_chain = ?, claim_ttl = ?, rev = ? WHERE session_id = ?",
@@ -487,20 +390,20 @@ class QueueStore(StoreBase):
                 "VALUES (?, ?, ?, ?, ?)",
                 (token_hash(token), session_id, acceptor_id, chain, now),
             )
-            return row_wire(self._reload(conn, session_id), connect_token=token, gateway_url=gateway_url)
+            return row_wire(reload_row(conn, session_id), connect_token=token, gateway_url=gateway_url)
 
     def release(self, account_id: str, session_id: str, acceptor_id: str) -> QueueEntry:
         return QueueEntry.model_validate(self.release_wire(account_id, session_id, acceptor_id))
 
     def release_wire(self, account_id: str, session_id: str, acceptor_id: str) -> dict[str, Any]:
         """Return a claimed session to the queue; only its current holder may (else 409)."""
-        with self._tx() as conn:
-            now = self._clock()
-            self._expire_locked(conn, now)
-            row = self._live_row(conn, account_id, session_id)
+        with self._db.tx() as conn:
+            now = self._db.clock()
+            self._db.expire_locked(conn, now)
+            row = live_row(conn, account_id, session_id)
             if row["phase"] != "claimed" or row["acceptor_id"] != acceptor_id:
                 raise Conflict(NOT_CLAIMED_BY_ACCEPTOR)
-            self._record(
+            self._db.record_claim(
                 conn,
                 row,
                 "release",
@@ -509,11 +412,11 @@ class QueueStore(StoreBase):
                 deadline=row["claim_deadline"],
                 chain=row["claim_chain"],
             )
-            self._revoke_tokens(conn, session_id, now, "released")
-            rev = self._next_rev(conn, now)
+            self._db.revoke_tokens(conn, session_id, now, "released")
+            rev = self._db.next_rev(conn, now)
             conn.execute(
                 "UPDATE sessions SET phase = 'pending', acceptor_id = NULL, claim_deadline = NULL, "
                 "claim_chain = NULL, claim_ttl = NULL, rev = ? WHERE session_id = ?",
                 (rev, session_id),
             )
-            return row_wire(self._reload(conn, session_id))
+            return row_wire(reload_row(conn, session_id))

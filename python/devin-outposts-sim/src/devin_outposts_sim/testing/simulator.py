@@ -1,43 +1,5 @@
-"""Test helpers: run the fleet simulator in-process or as a subprocess.
-
-In-process (fast; one background thread; state in ``:memory:`` unless ``db`` is given)::
-
-    from devin_outposts_sim.testing import run_sim
-
-    with run_sim(claim_ttl=1, watch_max_duration=2, keepalive_interval=0.2, sweep_interval=0.05) as sim:
-        sim.url                                   # "http://127.0.0.1:<port>", the fleet API base URL
-        token = sim.create_token("orchestrator")  # or "machine"; account="acct-other" for isolation
-        outpost = sim.admin.create_outpost("rhel", "linux")
-        entry = sim.admin.enqueue(outpost.outpost_id)
-        sim.admin.claims(session_id=entry.session_id)  # the claim history
-        sim.store.check_connect_token(entry.session_id, "...")  # direct access to the state
-        sim.runtime.notifier.open_streams         # how many watch streams are open right now
-
-As a subprocess (``python -m devin_outposts sim serve``), for restart and kill tests on one database::
-
-    from devin_outposts_sim.testing import sim_process
-
-    with sim_process(tmp_path / "sim.db", claim_ttl=2) as proc:
-        token = proc.create_token("machine")
-        proc.restart()             # SIGTERM, then start again on the same database and port
-        proc.kill(); proc.start()  # SIGKILL: no graceful shutdown
-        proc.url, proc.admin, proc.log_path
-
-Both handles offer ``url``, ``static_base_url`` (the ``devin-remote`` distribution), ``admin``
-(:class:`~devin_outposts_sim.admin_client.SimAdmin`), ``admin_token`` and
-``create_token(scope, account=...)``. The keyword arguments of both are the
-:class:`~devin_outposts_sim.config.SimConfig` fields: ``claim_ttl``, ``watch_max_duration``,
-``keepalive_interval``, ``sweep_interval``, ``gateway_url``, ``status_lag`` (seconds; fractions allowed).
-
-The stand-in ``devin-remote`` without a worker (a claim response gives the gateway URL and the connect
-token); see :mod:`~devin_outposts_sim.remote_testing`::
-
-    with standin_process(workdir, claimed, state_dir=tmp_path / "state") as remote:
-        sim.admin.add_calls(sid, [tools.run("echo hi")])
-        sim.admin.wait_calls(sid)
-        sim.admin.end_session(sid)
-        assert remote.wait(10) == 0
-"""
+"""Run the fleet simulator in-process (:func:`run_sim`) or as a subprocess (:func:`sim_process`) for
+tests; :mod:`devin_outposts_sim.testing` re-exports everything here and describes both."""
 
 from __future__ import annotations
 
@@ -54,18 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from devin_outposts_sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts_sim.admin_client import SimAdmin
-from devin_outposts_sim.config import SimConfig
-from devin_outposts_sim.remote_testing import (
-    StandinProcess,
-    claim_session,
-    standin_env,
-    standin_process,
-)
-from devin_outposts_sim.runtime import SimRuntime
-from devin_outposts_sim.server import ADMIN_TOKEN_ENV, build_server
-from devin_outposts_sim.store import Store, token_fingerprint
+from devin_outposts_sim.http.config import SimConfig
+from devin_outposts_sim.http.runtime import SimRuntime
+from devin_outposts_sim.http.server import ADMIN_TOKEN_ENV, build_server
+from devin_outposts_sim.state.accounts import DEFAULT_ACCOUNT
+from devin_outposts_sim.state.store import Store
 
 START_TIMEOUT = 20.0
 
@@ -322,16 +278,3 @@ def sim_process(db: Union[str, Path], **options: Any) -> Iterator[SimProcess]:
         yield proc
     finally:
         proc.close()
-
-
-__all__ = [
-    "SimHandle",
-    "SimProcess",
-    "StandinProcess",
-    "claim_session",
-    "run_sim",
-    "sim_process",
-    "standin_env",
-    "standin_process",
-    "token_fingerprint",
-]

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from devin_outposts_sim import tools
 from devin_outposts_sim.admin_client import SimAdmin
-from devin_outposts_sim.cli_common import EXIT_OK, EXIT_USAGE, fail, print_json
-from devin_outposts_sim.dist import SUFFIXES, sha256_hex
+from devin_outposts_sim.cli.common import EXIT_OK, EXIT_USAGE, fail, print_json
+from devin_outposts_sim.remote import tools
+from devin_outposts_sim.state.dist import SUFFIXES, sha256_hex
 
 Action = Callable[[SimAdmin, argparse.Namespace], int]
 AdminParser = Callable[[Any, str, str, Action], Any]

@@ -14,15 +14,13 @@ prints ``devin <version>`` for ``devin --version``); any other content can be pu
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from devin_outposts_sim.admin_mixin import AdminMixin
-from devin_outposts_sim.db import StoreBase
 from devin_outposts_sim.errors import Invalid
+from devin_outposts_sim.state.db import Database
 
 PREFIX = "/cli"
 PLATFORMS = ("linux-x64", "linux-arm64", "macos-arm64")
@@ -30,6 +28,8 @@ VERSION_RE = re.compile(r"^v?[0-9][0-9A-Za-z._+-]{0,63}$")
 _NAME_RE = re.compile(r"^devin-([a-z0-9]+-[a-z0-9]+)(\.sha256)?$")
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 
+#: The tables of this part, wiped by :meth:`~devin_outposts_sim.state.store.Store.reset`.
+CLI_TABLES = ("cli_artifacts",)
 CLI_SCHEMA = """
 CREATE TABLE IF NOT EXISTS cli_artifacts (
     version TEXT NOT NULL, platform TEXT NOT NULL, content BLOB NOT NULL, published_sha256 TEXT NOT NULL,
@@ -127,18 +127,14 @@ class CliArtifact:
         }
 
 
-class CliDistStore(StoreBase):
-    """Published CLI artifacts (mixed into :class:`~devin_outposts_sim.store.Store`)."""
+class CliDist:
+    """Published CLI artifacts (``store.cli_dist``), in a table of their own (:data:`CLI_TABLES`, which a
+    reset of the store wipes)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        with self._lock:
-            self._conn.executescript(CLI_SCHEMA)
-
-    def reset(self) -> None:
-        super().reset()
-        with self._tx() as conn:
-            conn.execute("DELETE FROM cli_artifacts")
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        with db.lock:
+            db.conn.executescript(CLI_SCHEMA)
 
     def publish_cli(
         self,
@@ -158,8 +154,8 @@ class CliDistStore(StoreBase):
         digest = published_sha256 or sha256_hex(body)
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise Invalid("published_sha256 must be 64 lowercase hex digits")
-        with self._tx() as conn:
-            now = self._clock()
+        with self._db.tx() as conn:
+            now = self._db.clock()
             for platform in platforms:
                 conn.execute(
                     "INSERT OR REPLACE INTO cli_artifacts (version, platform, content, published_sha256, "
@@ -169,7 +165,7 @@ class CliDistStore(StoreBase):
         return [CliArtifact(version, platform, body, digest) for platform in platforms]
 
     def cli_artifact(self, version: str, platform: str) -> Optional[CliArtifact]:
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute(
                 "SELECT * FROM cli_artifacts WHERE version = ? AND platform = ?", (version, platform)
             ).fetchone()
@@ -179,7 +175,7 @@ class CliDistStore(StoreBase):
 
     def cli_state(self) -> dict[str, Any]:
         """The platforms served and every artifact (without its bytes), oldest first."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT version, platform FROM cli_artifacts ORDER BY created_at, version, platform"
             ).fetchall()
@@ -189,38 +185,3 @@ class CliDistStore(StoreBase):
             if found is not None:
                 artifacts.append(found.describe())
         return {"prefix": PREFIX + "/", "platforms": list(PLATFORMS), "artifacts": artifacts}
-
-
-class CliDistAdmin(AdminMixin):
-    """The CLI distribution methods of :class:`~devin_outposts_sim.admin_client.SimAdmin`::
-
-    admin.publish_cli("1.2.3")                   # the stand-in devin 1.2.3, every platform
-    admin.publish_cli("9.9.9", tampered=True)    # its .sha256 does not match its bytes
-    admin.cli_base_url                           # the role's devin_outposts_cli_base_url
-    """
-
-    @property
-    def cli_base_url(self) -> str:
-        """The base URL that serves this simulator's CLI artifacts."""
-        return f"{self.url}{PREFIX}/"
-
-    def cli_dist(self) -> dict[str, Any]:
-        """``prefix``, ``platforms`` and ``artifacts`` (version, platform, path, sha256, tampered, ...)."""
-        result: dict[str, Any] = self._call("GET", "/cli", "read the CLI distribution")
-        return result
-
-    def publish_cli(
-        self,
-        version: str,
-        *,
-        content: Optional[bytes] = None,
-        platforms: Optional[list[str]] = None,
-        tampered: bool = False,
-    ) -> list[dict[str, Any]]:
-        """Publish ``content`` (default: the stand-in of ``version``); returns the artifacts.
-        ``tampered`` serves a ``.sha256`` that does not match the bytes."""
-        body: dict[str, Any] = {"version": version, "platforms": platforms, "tampered": tampered}
-        if content is not None:
-            body["content_b64"] = base64.b64encode(content).decode()
-        result = self._call("POST", "/cli/artifacts", f"publish the devin CLI {version}", body=body)
-        return list(result["artifacts"])

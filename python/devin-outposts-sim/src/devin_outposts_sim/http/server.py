@@ -18,10 +18,10 @@ from typing import Callable, Optional
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
-from devin_outposts_sim.app import create_app
-from devin_outposts_sim.config import DEFAULT_HOST, DEFAULT_PORT, SimConfig
-from devin_outposts_sim.runtime import SimRuntime
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.http.app import create_app
+from devin_outposts_sim.http.config import DEFAULT_HOST, DEFAULT_PORT, SimConfig
+from devin_outposts_sim.http.runtime import SimRuntime
+from devin_outposts_sim.state.store import Store
 
 ADMIN_TOKEN_ENV = "DEVIN_SIM_ADMIN_TOKEN"  # noqa: S105 - a variable name
 

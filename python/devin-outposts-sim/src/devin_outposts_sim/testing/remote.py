@@ -24,7 +24,7 @@ from typing import Optional, Union
 import httpx
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts_sim.dist import standin_path
+from devin_outposts_sim.remote import standin_path
 
 
 def claim_session(url: str, token: str, session_id: str, acceptor_id: str = "test-acceptor") -> QueueEntry:
@@ -49,7 +49,7 @@ class StandinProcess:
     """The stand-in ``devin-remote serve`` as a subprocess, with the spawn-contract environment.
 
     ``binary`` is an executable (a downloaded artifact, run through its shebang); by default the
-    package's ``remote_standin.py`` is run with ``sys.executable``. stdout and stderr go to files.
+    package's ``remote/standin.py`` is run with ``sys.executable``. stdout and stderr go to files.
     """
 
     def __init__(self, workdir: Union[str, Path], env: dict[str, str], binary: Optional[Path] = None) -> None:

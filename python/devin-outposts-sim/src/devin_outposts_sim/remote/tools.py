@@ -2,13 +2,13 @@
 
 A call is a flat JSON object: ``{"tool": "run", "command": "make test", "timeout": 30}``. The brain API
 (``POST /_sim/sessions/{id}/calls``) checks the tool name and the argument types here; the stand-in
-``devin-remote`` (:mod:`devin_outposts_sim.remote_standin`) checks the rest (paths stay inside its
+``devin-remote`` (:mod:`devin_outposts_sim.remote.standin`) checks the rest (paths stay inside its
 working directory, the text to edit is there, the repository is local) and reports a failure as the
 call's result. See docs/simulator.md.
 
 ::
 
-    from devin_outposts_sim import tools
+    from devin_outposts_sim.remote import tools
 
     sim.admin.add_calls(session_id, [
         tools.git_clone(repo_path),                 # into repos/<name>, reused when already there

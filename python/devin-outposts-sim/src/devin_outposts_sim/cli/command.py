@@ -6,7 +6,7 @@ URL comes from ``--url`` or ``$DEVIN_SIM_URL``; its admin token from ``--admin-t
 value (a token, an id) for scripts, or the whole object with ``--json``; a failure prints one line and
 exits non-zero.
 The brain verbs (``call``, ``calls``, ``connections``, ``end``) and ``dist`` are in
-:mod:`devin_outposts_sim.cli_remote`. See docs/simulator.md.
+:mod:`devin_outposts_sim.cli.remote`. See docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from devin_outposts_sim.accounts import DEFAULT_ACCOUNT
 from devin_outposts_sim.admin_client import SimAdmin, SimAdminError
-from devin_outposts_sim.cli_common import (
+from devin_outposts_sim.cli.common import (
     EXIT_AUTH,
     EXIT_CONFLICT,
     EXIT_ERROR,
@@ -32,10 +31,11 @@ from devin_outposts_sim.cli_common import (
     fail,
     print_json,
 )
-from devin_outposts_sim.cli_dist_verbs import add_cli_dist_verbs
-from devin_outposts_sim.cli_remote import add_remote_verbs
-from devin_outposts_sim.config import DEFAULT_DB, DEFAULT_HOST, DEFAULT_PORT, SimConfig
-from devin_outposts_sim.server import ADMIN_TOKEN_ENV, resolve_admin_token, serve
+from devin_outposts_sim.cli.devin_cli import add_cli_dist_verbs
+from devin_outposts_sim.cli.remote import add_remote_verbs
+from devin_outposts_sim.http.config import DEFAULT_DB, DEFAULT_HOST, DEFAULT_PORT, SimConfig
+from devin_outposts_sim.http.server import ADMIN_TOKEN_ENV, resolve_admin_token, serve
+from devin_outposts_sim.state.accounts import DEFAULT_ACCOUNT
 
 URL_ENV = "DEVIN_SIM_URL"
 DB_ENV = "DEVIN_SIM_DB"

@@ -36,9 +36,9 @@ from typing import Optional
 
 from starlette.concurrency import run_in_threadpool
 
-from devin_outposts_sim.cursor import QueueCursor
-from devin_outposts_sim.queue import Change
-from devin_outposts_sim.store import Store
+from devin_outposts_sim.state.cursor import QueueCursor
+from devin_outposts_sim.state.rows import Change
+from devin_outposts_sim.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class ChangeFeed:
                 if not self.synced:
                     if not self.notifier.open_streams:
                         return  # nobody watches: read nothing until someone does
-                    dummy, head = await run_in_threadpool(self.store.changes_after, None)
+                    dummy, head = await run_in_threadpool(self.store.queue.changes_after, None)
                     self.events, self.revs = [], []
                     self.floor = self.head = head
                     self.synced = True
@@ -195,7 +195,7 @@ class ChangeFeed:
 
     def _read_once(self, after: float) -> tuple[list[FeedEvent], float]:
         """The changes after ``after`` and the head, serialised (in a worker thread)."""
-        changes, head = self.store.changes_after(after, BATCH)
+        changes, head = self.store.queue.changes_after(after, BATCH)
         return _feed_events(changes), head
 
     def _append(self, events: list[FeedEvent], head: float) -> None:
@@ -243,7 +243,7 @@ async def watch_stream(
             if seen is None or not feed.covers(seen):
                 # Connecting, or behind the feed's window: read the backlog from SQLite.
                 replay = functools.partial(
-                    store.replay, account_id, outpost=outpost, cursor=position, inclusive=inclusive,
+                    store.queue.replay, account_id, outpost=outpost, cursor=position, inclusive=inclusive,
                     limit=BATCH,
                 )  # fmt: skip
                 changes, head = await run_in_threadpool(replay)

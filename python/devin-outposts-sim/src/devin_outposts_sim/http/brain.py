@@ -1,9 +1,9 @@
 """The simulated brain and the distribution's levers, under ``/_sim`` (admin token required).
 
-Brain (see :mod:`~devin_outposts_sim.gateway_store` for the call life cycle):
+Brain (see :mod:`~devin_outposts_sim.state.gateway` for the call life cycle):
 
 * ``POST /_sim/sessions/{id}/calls`` ``{"calls":[{"tool":"run","command":"..."}, ...]}``: 201
-  ``{"items":[call...]}``, each with its ``id``; the tools are in :mod:`~devin_outposts_sim.tools`.
+  ``{"items":[call...]}``, each with its ``id``; the tools are in :mod:`~devin_outposts_sim.remote.tools`.
 * ``GET /_sim/sessions/{id}/calls[?wait=S]``: ``{"items":[...], "complete": bool}``. With ``wait``, the
   answer comes once no call is queued or delivered any more (or after ``S`` seconds, at most 60).
 * ``GET /_sim/sessions/{id}/connections[?wait=S&count=N]``: ``{"items":[...]}``, what each remote
@@ -13,7 +13,7 @@ Brain (see :mod:`~devin_outposts_sim.gateway_store` for the call life cycle):
   calls are cancelled and connected remotes are told to exit 0. With ``status_lag`` set, the status is
   written that many seconds after the remotes are told (the entry returned still shows the old one).
 
-Distribution (see :mod:`~devin_outposts_sim.dist`):
+Distribution (see :mod:`~devin_outposts_sim.state.dist`):
 
 * ``GET /_sim/dist``: the built-in SHA, the ``latest`` pointers and every artifact (without bytes).
 * ``POST /_sim/dist/artifacts`` ``{"content_b64", "sha"?, "suffixes"?, "published_sha256"?, "latest"?}``:
@@ -33,12 +33,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim import tools
-from devin_outposts_sim.admin import PREFIX, admin
-from devin_outposts_sim.dist import check_suffixes
 from devin_outposts_sim.errors import Invalid
-from devin_outposts_sim.gateway import long_poll, wait_seconds
-from devin_outposts_sim.runtime import body_of
+from devin_outposts_sim.http.admin import PREFIX, admin
+from devin_outposts_sim.http.gateway import long_poll, wait_seconds
+from devin_outposts_sim.http.runtime import body_of
+from devin_outposts_sim.remote import tools
+from devin_outposts_sim.state.dist import check_suffixes
 
 MAX_ADMIN_WAIT = 60.0
 OPEN_STATES = ("queued", "delivered")
@@ -47,7 +47,7 @@ OPEN_STATES = ("queued", "delivered")
 async def add_calls(request: Request) -> Response:
     sim = admin(request)
     calls = tools.validate_calls((await body_of(request)).get("calls"))
-    items = await run_in_threadpool(sim.store.add_calls, request.path_params["session_id"], calls)
+    items = await run_in_threadpool(sim.store.gateway.add_calls, request.path_params["session_id"], calls)
     return JSONResponse({"items": items}, status_code=201)
 
 
@@ -60,12 +60,12 @@ async def list_calls(request: Request) -> Response:
         return not any(item["state"] in OPEN_STATES for item in items)
 
     async def probe() -> Optional[list[dict[str, Any]]]:
-        items = await run_in_threadpool(sim.store.session_calls, session_id)
+        items = await run_in_threadpool(sim.store.gateway.session_calls, session_id)
         return items if complete(items) else None
 
     items = await long_poll(sim, probe, wait) if wait > 0 else None
     if items is None:
-        items = await run_in_threadpool(sim.store.session_calls, session_id)
+        items = await run_in_threadpool(sim.store.gateway.session_calls, session_id)
     return JSONResponse({"items": items, "complete": complete(items)})
 
 
@@ -79,12 +79,12 @@ async def list_connections(request: Request) -> Response:
     count = int(raw)
 
     async def probe() -> Optional[list[dict[str, Any]]]:
-        items = await run_in_threadpool(sim.store.session_connections, session_id)
+        items = await run_in_threadpool(sim.store.gateway.session_connections, session_id)
         return items if len(items) >= count else None
 
     items = await long_poll(sim, probe, wait) if wait > 0 else None
     if items is None:
-        items = await run_in_threadpool(sim.store.session_connections, session_id)
+        items = await run_in_threadpool(sim.store.gateway.session_connections, session_id)
     return JSONResponse({"items": items})
 
 
@@ -93,7 +93,7 @@ async def end_session(request: Request) -> Response:
     status = (await body_of(request)).get("session_status", "terminated")
     lag = sim.config.status_lag
     entry = await run_in_threadpool(
-        lambda: sim.store.end_session(request.path_params["session_id"], status, lag=lag)
+        lambda: sim.store.gateway.end_session(request.path_params["session_id"], status, lag=lag)
     )
     if lag > 0:
         # Every read writes a due status first; this writes it on time for watchers too.
@@ -103,7 +103,7 @@ async def end_session(request: Request) -> Response:
 
 async def dist_state(request: Request) -> Response:
     sim = admin(request)
-    return JSONResponse(await run_in_threadpool(sim.store.dist_state))
+    return JSONResponse(await run_in_threadpool(sim.store.dist.dist_state))
 
 
 async def publish(request: Request) -> Response:
@@ -120,7 +120,7 @@ async def publish(request: Request) -> Response:
     if digest is not None and not isinstance(digest, str):
         raise Invalid("published_sha256 must be a string")
     artifacts = await run_in_threadpool(
-        lambda: sim.store.publish_artifact(
+        lambda: sim.store.dist.publish_artifact(
             content,
             sha=sha,
             suffixes=check_suffixes(body.get("suffixes")),
@@ -141,9 +141,9 @@ async def set_latest(request: Request) -> Response:
         raise Invalid("sha is required")
     suffixes = check_suffixes(body.get("suffixes"))
     await run_in_threadpool(
-        lambda: sim.store.set_latest(sha, suffixes, check=body.get("check", True) is not False)
+        lambda: sim.store.dist.set_latest(sha, suffixes, check=body.get("check", True) is not False)
     )
-    state = await run_in_threadpool(sim.store.dist_state)
+    state = await run_in_threadpool(sim.store.dist.dist_state)
     return JSONResponse({"latest": state["latest"]})
 
 

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from devin_outposts.api.models import DefaultPlatform, Outpost, OutpostList
-from devin_outposts_sim.cursor import encode_outpost_cursor
-from devin_outposts_sim.db import StoreBase, token_hash
 from devin_outposts_sim.errors import (
     ORG_NOT_FOUND,
     OUTPOST_NOT_FOUND,
@@ -20,6 +18,8 @@ from devin_outposts_sim.errors import (
     Invalid,
     NotFound,
 )
+from devin_outposts_sim.state.cursor import encode_outpost_cursor
+from devin_outposts_sim.state.db import Database, token_hash
 
 MACHINE_SCOPE = "account.outposts.machine"
 ORCHESTRATOR_SCOPE = "account.outposts.orchestrator"
@@ -54,21 +54,20 @@ def new_api_token() -> str:
     return "cog_" + "".join(secrets.choice(_TOKEN_ALPHABET) for dummy in range(48))
 
 
-class AccountStore(StoreBase):
-    """Accounts, tokens, organizations and outposts."""
+class Accounts:
+    """Accounts, tokens, organizations and outposts (``store.accounts``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, db: Database) -> None:
+        self._db = db
         #: Principals of tokens seen before, by token hash. Why: every API request authenticates, and
         #: a token never changes once issued; only a reset removes tokens (and clears this). Unknown
         #: tokens are not remembered, so a token issued meanwhile (by another process on the same file
         #: too) is found at its first use.
         self._principals: dict[str, Principal] = {}
 
-    def reset(self) -> None:
+    def forget_tokens(self) -> None:
+        """Drop the remembered principals (a reset wipes the tokens they belong to)."""
         self._principals.clear()
-        super().reset()
-        self._principals.clear()  # a request that looked a token up meanwhile cached a wiped one
 
     # --- accounts and tokens --------------------------------------------------------------------------
 
@@ -90,8 +89,8 @@ class AccountStore(StoreBase):
 
     def ensure_account(self, account_id: str) -> str:
         """Create the account (and its default organization) unless it exists; returns that org id."""
-        with self._tx() as conn:
-            return self._ensure_account_locked(conn, account_id, self._clock())
+        with self._db.tx() as conn:
+            return self._ensure_account_locked(conn, account_id, self._db.clock())
 
     def create_token(self, account_id: str, scopes: Iterable[str], label: Optional[str] = None) -> str:
         """Issue an API token; only its hash is stored, so this is the only time it is seen."""
@@ -100,8 +99,8 @@ class AccountStore(StoreBase):
         if unknown:
             raise Invalid(f"unknown scope {unknown[0]!r}; known scopes: {', '.join(KNOWN_SCOPES)}")
         token = new_api_token()
-        with self._tx() as conn:
-            now = self._clock()
+        with self._db.tx() as conn:
+            now = self._db.clock()
             self._ensure_account_locked(conn, account_id, now)
             conn.execute(
                 "INSERT INTO api_tokens (token_hash, account_id, scopes, label, created_at) "
@@ -120,7 +119,7 @@ class AccountStore(StoreBase):
         known = self._principals.get(hashed)
         if known is not None:
             return known
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute(
                 "SELECT account_id, scopes FROM api_tokens WHERE token_hash = ?", (hashed,)
             ).fetchone()
@@ -133,8 +132,8 @@ class AccountStore(StoreBase):
     # --- organizations ------------------------------------------------------------------------------
 
     def create_org(self, account_id: str) -> str:
-        with self._tx() as conn:
-            now = self._clock()
+        with self._db.tx() as conn:
+            now = self._db.clock()
             self._ensure_account_locked(conn, account_id, now)
             org_id = f"org-{secrets.token_hex(8)}"
             conn.execute(
@@ -152,7 +151,7 @@ class AccountStore(StoreBase):
         if account_id is not None:
             query += " WHERE o.account_id = ?"
             params = (account_id,)
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(query + " ORDER BY o.created_at, o.org_id", params).fetchall()
         return [
             {"org_id": row["org_id"], "account_id": row["account_id"], "default": bool(row["is_default"])}
@@ -212,8 +211,8 @@ class AccountStore(StoreBase):
         allowed_org_ids: Optional[list[str]] = None,
     ) -> Outpost:
         """Create an outpost; the caller has validated the fields. A taken name is a 409."""
-        with self._tx() as conn:
-            now = self._clock()
+        with self._db.tx() as conn:
+            now = self._db.clock()
             self._ensure_account_locked(conn, account_id, now)
             taken = conn.execute(
                 "SELECT outpost_id FROM outposts WHERE account_id = ? AND name = ?", (account_id, name)
@@ -242,13 +241,13 @@ class AccountStore(StoreBase):
             return self._outpost_model(conn, self._outpost_row(conn, account_id, outpost_id), now)
 
     def get_outpost(self, account_id: str, outpost_id: str) -> Outpost:
-        with self._snapshot() as conn:
-            now = self._clock()
+        with self._db.snapshot() as conn:
+            now = self._db.clock()
             return self._outpost_model(conn, self._outpost_row(conn, account_id, outpost_id), now)
 
     def outpost_account(self, outpost_id: str) -> Optional[str]:
         """The account owning an outpost, or None (admin use)."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute(
                 "SELECT account_id FROM outposts WHERE outpost_id = ?", (outpost_id,)
             ).fetchone()
@@ -256,8 +255,8 @@ class AccountStore(StoreBase):
 
     def list_outposts(self, account_id: str, first: int, after: Optional[int] = None) -> OutpostList:
         """A page of the account's outposts in creation order, strictly after ``after`` (a ``seq``)."""
-        with self._snapshot() as conn:
-            now = self._clock()
+        with self._db.snapshot() as conn:
+            now = self._db.clock()
             total = conn.execute(
                 "SELECT COUNT(*) AS n FROM outposts WHERE account_id = ?", (account_id,)
             ).fetchone()["n"]
@@ -276,9 +275,9 @@ class AccountStore(StoreBase):
 
     def delete_outpost(self, account_id: str, outpost_id: str) -> Outpost:
         """Delete an outpost and tombstone its queue entries; returns it as it was just before."""
-        with self._tx() as conn:
-            now = self._clock()
-            self._expire_locked(conn, now)
+        with self._db.tx() as conn:
+            now = self._db.clock()
+            self._db.expire_locked(conn, now)
             row = self._outpost_row(conn, account_id, outpost_id)
             before = self._outpost_model(conn, row, now)
             sessions = conn.execute(
@@ -286,7 +285,7 @@ class AccountStore(StoreBase):
                 (outpost_id,),
             ).fetchall()
             for session in sessions:
-                self._tombstone_locked(conn, session, now, "outpost deleted")
+                self._db.tombstone_locked(conn, session, now, "outpost deleted")
             conn.execute(
                 "UPDATE orgs SET default_outpost_id = NULL WHERE default_outpost_id = ?", (outpost_id,)
             )
@@ -306,14 +305,14 @@ class AccountStore(StoreBase):
         )
 
     def get_default_platform(self, account_id: str, org_id: str) -> DefaultPlatform:
-        with self._read() as conn:
+        with self._db.read() as conn:
             return self._default_platform_locked(conn, self._org_locked(conn, account_id, org_id))
 
     def set_default_platform(
         self, account_id: str, org_id: str, platform: Optional[str], outpost_pool_id: Optional[str]
     ) -> DefaultPlatform:
         """Set one of the two (or clear both). The caller has rejected a body with both set."""
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             self._org_locked(conn, account_id, org_id)
             if outpost_pool_id is not None:
                 try:

@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from devin_outposts_sim import validate
-from devin_outposts_sim.accounts import DEFAULT_ACCOUNT, KNOWN_SCOPES
-from devin_outposts_sim.auth import require_admin
 from devin_outposts_sim.errors import Invalid, NotFound
-from devin_outposts_sim.runtime import SimRuntime, body_of, runtime_of
+from devin_outposts_sim.http import validate
+from devin_outposts_sim.http.auth import require_admin
+from devin_outposts_sim.http.runtime import SimRuntime, body_of, runtime_of
+from devin_outposts_sim.state.accounts import DEFAULT_ACCOUNT, KNOWN_SCOPES
 
 PREFIX = "/_sim"
 #: Short scope names accepted by the admin API and the CLI.
@@ -64,8 +64,8 @@ async def create_token(request: Request) -> Response:
     scopes = sorted({full_scope(name) for name in raw})
     account = account_of(body)
     label = validate.optional_str(body, "label", max_len=200)
-    token = await run_in_threadpool(sim.store.create_token, account, scopes, label)
-    org = await run_in_threadpool(sim.store.ensure_account, account)
+    token = await run_in_threadpool(sim.store.accounts.create_token, account, scopes, label)
+    org = await run_in_threadpool(sim.store.accounts.ensure_account, account)
     return JSONResponse(
         {"token": token, "account_id": account, "scopes": scopes, "default_org_id": org}, status_code=201
     )
@@ -74,20 +74,20 @@ async def create_token(request: Request) -> Response:
 async def ensure_account(request: Request) -> Response:
     sim = admin(request)
     account = account_of(await body_of(request))
-    org_id = await run_in_threadpool(sim.store.ensure_account, account)
+    org_id = await run_in_threadpool(sim.store.accounts.ensure_account, account)
     return JSONResponse({"account_id": account, "default_org_id": org_id})
 
 
 async def create_org(request: Request) -> Response:
     sim = admin(request)
     account = account_of(await body_of(request))
-    org_id = await run_in_threadpool(sim.store.create_org, account)
+    org_id = await run_in_threadpool(sim.store.accounts.create_org, account)
     return JSONResponse({"org_id": org_id, "account_id": account}, status_code=201)
 
 
 async def list_orgs(request: Request) -> Response:
     sim = admin(request)
-    items = await run_in_threadpool(sim.store.list_orgs, query_opt(request, "account_id"))
+    items = await run_in_threadpool(sim.store.accounts.list_orgs, query_opt(request, "account_id"))
     return JSONResponse({"items": items})
 
 
@@ -95,7 +95,7 @@ async def create_outpost(request: Request) -> Response:
     sim = admin(request)
     body = await body_of(request)
     outpost = await run_in_threadpool(
-        sim.store.create_outpost,
+        sim.store.accounts.create_outpost,
         account_of(body),
         validate.outpost_name(body.get("name")),
         validate.outpost_platform(body.get("platform")),
@@ -115,7 +115,7 @@ async def enqueue(request: Request) -> Response:
     if policy is not None and not isinstance(policy, dict):
         raise Invalid("network_policy must be an object or null")
     entry = await run_in_threadpool(
-        lambda: sim.store.enqueue_wire(
+        lambda: sim.store.queue.enqueue_wire(
             outpost_id,
             session_id,
             kind=validate.optional_str(body, "kind", max_len=32) or "new",
@@ -132,7 +132,9 @@ async def list_sessions(request: Request) -> Response:
     sim = admin(request)
     include = validate.query_bool(request.query_params.get("include_deleted"), "include_deleted")
     items = await run_in_threadpool(
-        lambda: sim.store.admin_sessions(outpost_id=query_opt(request, "outpost_id"), include_deleted=include)
+        lambda: sim.store.records.admin_sessions(
+            outpost_id=query_opt(request, "outpost_id"), include_deleted=include
+        )
     )
     return JSONResponse({"items": items})
 
@@ -141,7 +143,7 @@ async def get_session(request: Request) -> Response:
     sim = admin(request)
     session_id = request.path_params["session_id"]
     found = await run_in_threadpool(
-        lambda: sim.store.admin_sessions(session_id=session_id, include_deleted=True)
+        lambda: sim.store.records.admin_sessions(session_id=session_id, include_deleted=True)
     )
     if not found:
         raise NotFound("Session not found")
@@ -152,21 +154,21 @@ async def set_status(request: Request) -> Response:
     sim = admin(request)
     status = validate.required_str(await body_of(request), "session_status", max_len=32)
     entry = await run_in_threadpool(
-        sim.store.set_session_status_wire, request.path_params["session_id"], status
+        sim.store.queue.set_session_status_wire, request.path_params["session_id"], status
     )
     return JSONResponse(entry)
 
 
 async def tombstone(request: Request) -> Response:
     sim = admin(request)
-    entry = await run_in_threadpool(sim.store.tombstone, request.path_params["session_id"])
+    entry = await run_in_threadpool(sim.store.queue.tombstone, request.path_params["session_id"])
     return JSONResponse(entry.to_wire())
 
 
 async def claims(request: Request) -> Response:
     sim = admin(request)
     items = await run_in_threadpool(
-        lambda: sim.store.claim_history(
+        lambda: sim.store.records.claim_history(
             session_id=query_opt(request, "session_id"),
             outpost_id=query_opt(request, "outpost_id"),
             acceptor_id=query_opt(request, "acceptor_id"),
@@ -181,7 +183,7 @@ async def check_connect_token(request: Request) -> Response:
     body = await body_of(request)
     session_id = validate.required_str(body, "session_id", max_len=200)
     token = validate.required_str(body, "token", max_len=500)
-    valid = await run_in_threadpool(sim.store.check_connect_token, session_id, token)
+    valid = await run_in_threadpool(sim.store.gateway.check_connect_token, session_id, token)
     return JSONResponse({"valid": valid})
 
 
