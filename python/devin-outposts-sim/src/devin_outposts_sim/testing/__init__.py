@@ -13,7 +13,7 @@ In-process (fast; one background thread; state in ``:memory:`` unless ``db`` is 
         sim.store.gateway.check_connect_token(entry.session_id, "...")  # direct access to the state
         sim.runtime.notifier.open_streams         # how many watch streams are open right now
 
-As a subprocess (``python -m devin_outposts sim serve``), for restart and kill tests on one database::
+As a subprocess (``python -m devin_outposts_sim serve``), for restart and kill tests on one database::
 
     from devin_outposts_sim.testing import sim_process
 

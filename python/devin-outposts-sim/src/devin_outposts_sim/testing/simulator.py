@@ -120,7 +120,7 @@ def run_sim(
 
 
 class SimProcess:
-    """``python -m devin_outposts sim serve`` on one database file, with start/stop/kill/restart."""
+    """``python -m devin_outposts_sim serve`` on one database file, with start/stop/kill/restart."""
 
     def __init__(
         self,
