@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate tests/sanity/ignore-2.16.txt ... ignore-2.19.txt from the plugins that exist.
+# Regenerate tests/sanity/ignore-<core>.txt, one per core in CORE_VERSIONS (scripts/lib.sh: 2.16 ... 2.21), from
+# the plugins that exist.
 #
 # The only entries are validate-modules:missing-gplv3-license, for every module and lookup plugin: the
 # collection is MIT licensed, and validate-modules wants a GPLv3 header (docs/architecture.md says why).
@@ -14,7 +15,7 @@ entries=$(for f in plugins/modules/*.py plugins/lookup/*.py; do
     printf '%s validate-modules:missing-gplv3-license\n' "$f"
 done | LC_ALL=C sort)
 mkdir -p tests/sanity
-for v in 2.16 2.17 2.18 2.19; do
+for v in "${CORE_VERSIONS[@]}"; do
     file="tests/sanity/ignore-$v.txt"
     if [[ -z "$entries" ]]; then
         rm -f "$file"
