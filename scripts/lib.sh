@@ -150,3 +150,32 @@ run_ansible_test() {
     rm -f "$log"
     return "$rc"
 }
+
+# The ansible-core minors the collection supports and tests (scripts/core-matrix.sh), oldest first. Keep in
+# step with requires_ansible in meta/runtime.yml and the README; scripts/sanity-ignores.sh writes one
+# tests/sanity/ignore-<core>.txt for each.
+# shellcheck disable=SC2034  # used by the scripts that source this file
+CORE_VERSIONS=(2.16 2.17 2.18 2.19 2.20 2.21)
+
+# The Python a core's matrix venv uses: 3.11 (the dev venv's) for the cores that support it, 3.12 for the
+# cores that dropped 3.11 as a controller Python (2.20 and later).
+core_python_version() {
+    case "$1" in
+        2.1[6-9]) echo 3.11 ;;
+        *) echo 3.12 ;;
+    esac
+}
+
+# The path of a working python<ver>: on PATH (not a pyenv shim that has no such version), else from pyenv's
+# versions folder. Prints nothing when there is none.
+find_python() {
+    local ver=$1 candidate
+    for candidate in "$(command -v "python$ver" 2>/dev/null || true)" "$HOME"/.pyenv/versions/"$ver".*/bin/"python$ver"; do
+        [[ -n "$candidate" && -x "$candidate" ]] || continue
+        if "$candidate" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+            printf '%s\n' "$candidate"
+            return 0
+        fi
+    done
+    return 0
+}

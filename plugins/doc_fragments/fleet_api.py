@@ -15,8 +15,8 @@ class ModuleDocFragment(object):
 options:
   api_url:
     description:
-      - Base URL of the Devin API. Give the base only; the collection appends C(/opbeta/outposts/...)
-        and C(/v3beta1/...) itself (a trailing C(/opbeta/outposts) is tolerated and removed).
+      - Base URL of the Devin API. Give the base only; the collection appends C(/opbeta/outposts/...),
+        C(/v3beta1/...) and C(/v3/...) itself (a trailing C(/opbeta/outposts) is tolerated and removed).
       - If not set, the value of the E(DEVIN_API_URL) environment variable is used.
     type: str
     default: https://api.devin.ai

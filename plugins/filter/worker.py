@@ -21,7 +21,6 @@ __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
-from ansible.module_utils.six import string_types
 
 _INSTANCE_KEYS = frozenset(
     ["name", "outpost", "state", "implementation", "max_sessions", "workdir", "token", "env", "acceptor_id",
@@ -38,7 +37,7 @@ def _text(value, default=""):
 
 
 def _bool(value):
-    if isinstance(value, string_types):
+    if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
     return bool(value)
 
@@ -149,7 +148,7 @@ def worker_pip_argv(target, venv, wheelhouse="", index_url="", extra_index_urls=
     A wheelhouse means an air-gapped install (``--no-index --find-links``), which excludes the indexes;
     ``reinstall`` forces the same version in again (a rebuilt wheel) without touching its dependencies.
     """
-    if not target or not isinstance(target, string_types):
+    if not target or not isinstance(target, str):
         raise AnsibleFilterError("worker_pip_argv needs the wheel or requirement to install")
     argv = [venv + "/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     if wheelhouse:

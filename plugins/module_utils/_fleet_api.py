@@ -15,7 +15,7 @@ This is the only code in the collection's plugins that talks HTTP. Modules build
   (``HTTPS_PROXY``/``NO_PROXY``, as urllib reads them),
 * bounded retries on 429, 5xx and connection errors with full-jitter exponential backoff, honouring
   ``Retry-After``; creating an outpost is not replayed after the server may have acted on it,
-* both pagination envelopes (outposts: ``end_cursor``/``after``; queue: ``cursor``, upserted by
+* both pagination envelopes (outposts and organizations: ``end_cursor``/``after``; queue: ``cursor``, upserted by
   ``metadata.session_id`` because page boundaries repeat rows),
 * error mapping into one exception, :class:`FleetAPIError`, whose text names the operation and the object:
   ``Could not create outpost gpu-h200: 403 token lacks scope account.outposts.orchestrator``.
@@ -52,6 +52,7 @@ DEFAULT_TIMEOUT = 30
 OUTPOSTS_PATH = "/opbeta/outposts/outposts"
 QUEUE_PATH = "/opbeta/outposts/devins"
 DEFAULT_PLATFORM_PATH = "/v3beta1/organizations/{0}/default-platform"
+ORGANIZATIONS_PATH = "/v3/enterprise/organizations"
 PLATFORMS = ("linux", "macos", "windows")
 PHASES = ("pending", "claimed")
 OUTPOST_ID_PREFIX = "outpost_env-"
@@ -237,6 +238,13 @@ def outpost_name_of(outpost):
 
 def session_id_of(entry):
     return (entry.get("metadata") or {}).get("session_id")
+
+
+def org_id_of(organization):
+    """The id of an item of ``GET /v3/enterprise/organizations`` (``org_id``, or ``id`` as a fallback)."""
+    if not isinstance(organization, dict):
+        return None
+    return organization.get("org_id", organization.get("id"))
 
 
 def outpost_settings(outpost):
@@ -465,23 +473,31 @@ class FleetClient:
 
     # --- outposts ---------------------------------------------------------------------------------
 
-    def list_outposts(self, page_size=100):
-        """Every outpost of the account, following ``end_cursor`` while ``has_next_page``."""
-        page_size = _check_page_size("list outposts", page_size)
+    def list_after(self, path, operation, key_of, page_size=100):
+        """Every item of an ``items``/``end_cursor``/``has_next_page`` list, paged with ``first`` and ``after``.
+
+        Items are keyed by ``key_of(item)``: an item seen again on a later page replaces the earlier copy
+        and keeps its place. Used by the outposts list and the organizations list, which share the envelope.
+        """
+        page_size = _check_page_size(operation, page_size)
         found = {}
         after = None
         for dummy in range(_MAX_PAGES):
-            page = self.request("GET", OUTPOSTS_PATH, "list outposts", query=dict(first=page_size, after=after))
-            page = self._envelope("list outposts", page)
-            for outpost in page.get("items") or []:
-                found[outpost_id_of(outpost)] = outpost
+            page = self.request("GET", path, operation, query=dict(first=page_size, after=after))
+            page = self._envelope(operation, page)
+            for item in page.get("items") or []:
+                found[key_of(item)] = item
             end_cursor = page.get("end_cursor")
             if not page.get("has_next_page"):
                 return list(found.values())
             if not end_cursor or end_cursor == after:
-                raise self._error("list outposts", "the API reported another page but did not advance end_cursor")
+                raise self._error(operation, "the API reported another page but did not advance end_cursor")
             after = end_cursor
-        raise self._error("list outposts", "more than {0} pages".format(_MAX_PAGES))
+        raise self._error(operation, "more than {0} pages".format(_MAX_PAGES))
+
+    def list_outposts(self, page_size=100):
+        """Every outpost of the account, following ``end_cursor`` while ``has_next_page``."""
+        return self.list_after(OUTPOSTS_PATH, "list outposts", outpost_id_of, page_size)
 
     def find_outpost(self, name=None, outpost_id=None):
         """The outpost with this name (or id), or ``None``. Uses the list, which a machine token may read."""
@@ -558,6 +574,12 @@ class FleetClient:
                 raise self._error(operation, "the API reported another page but did not advance the cursor")
             cursor = next_cursor
         raise self._error(operation, "more than {0} pages".format(_MAX_PAGES))
+
+    # --- organizations ------------------------------------------------------------------------------
+
+    def list_organizations(self, page_size=100):
+        """Every organization the token can see (``GET /v3/enterprise/organizations``), across pages."""
+        return self.list_after(ORGANIZATIONS_PATH, "list organizations", org_id_of, page_size)
 
     # --- organization default platform ------------------------------------------------------------
 
