@@ -116,11 +116,13 @@ class QueueSource(Protocol):
         acceptor_id: Optional[str] = None,
         first: int = 100,
         cursor: Optional[str] = None,
-    ) -> tuple[list[QueueEntry], Optional[str]]: ...
+    ) -> tuple[list[QueueEntry], Optional[str]]:
+        """One page of the outpost's queue entries and the cursor of the next (None on the last)."""
 
     def watch_devins(
         self, *, outpost: Optional[str] = None, cursor: Optional[str] = None
-    ) -> AsyncIterator[WatchEvent]: ...
+    ) -> AsyncIterator[WatchEvent]:
+        """The outpost's queue changes as they happen, from ``cursor`` on."""
 
 
 def age_key(entry: QueueEntry) -> tuple[int, str]:

@@ -73,13 +73,19 @@ class Stop(str, enum.Enum):
 
 
 class SessionFleet(Protocol):
-    async def claim(self, session_id: str, acceptor_id: str) -> QueueEntry: ...
+    """What serving a session needs from the fleet client (docstring bodies, not ``...``: the pep8 test
+    of ansible-core 2.16-2.18 reports one-line stubs as E704)."""
+
+    async def claim(self, session_id: str, acceptor_id: str) -> QueueEntry:
+        """Claim or renew ``session_id`` for ``acceptor_id``."""
 
     async def release(
         self, session_id: str, acceptor_id: str, *, missing_ok: bool = True
-    ) -> Optional[QueueEntry]: ...
+    ) -> Optional[QueueEntry]:
+        """Release the claim; a claim already gone counts as released when ``missing_ok``."""
 
-    async def get_devin(self, session_id: str) -> QueueEntry: ...
+    async def get_devin(self, session_id: str) -> QueueEntry:
+        """The session's queue entry."""
 
 
 @dataclass
