@@ -12,19 +12,24 @@ parse it back. These filters do the same work where it can be read and unit-test
 * ``worker_instance_dirs``: the data and working directories to create, one row per directory;
 * ``worker_instance_leftovers``: the paths to delete for instances in state ``absent``;
 * ``worker_outpost_checks``: the outposts that the preflight looked up, one row per instance;
-* ``worker_pip_argv``: the pip command line that installs the worker package.
+* ``worker_pip_argv``: the pip command line that installs the worker package;
+* ``worker_exec_args``: extra worker arguments, quoted for a systemd ``ExecStart=`` line;
+* ``worker_host_instances``: the instances installed on a host, read from their drop-ins.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import base64
+import re
+
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 
 _INSTANCE_KEYS = frozenset(
     ["name", "outpost", "state", "implementation", "max_sessions", "workdir", "token", "env", "acceptor_id",
-     "drain_timeout", "api_url"]
+     "drain_timeout", "api_url", "extra_args"]
 )
 _STATES = ("started", "stopped", "absent")
 _IMPLEMENTATIONS = ("bundled", "devin_cli")
@@ -49,11 +54,38 @@ def _int(value, what):
         raise AnsibleFilterError("{0} must be an integer, got {1!r}".format(what, value))
 
 
+def _extra_args(value, what):
+    """A list of strings; refuses anything that would put a token on the command line.
+
+    argparse accepts any unambiguous prefix of a long option (``--tok`` means ``--token``), so every prefix of
+    ``--token`` longer than ``--`` is refused, with or without ``=value``.
+    """
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise AnsibleFilterError("{0} must be a list of strings".format(what))
+    args = []
+    for arg in value:
+        if not isinstance(arg, string_types) and not isinstance(arg, (int, float)):
+            raise AnsibleFilterError("{0} must be a list of strings, got {1}".format(what, type(arg).__name__))
+        text = to_text(arg)
+        flag = text.split("=", 1)[0]
+        if len(flag) > 2 and "--token".startswith(flag):
+            raise AnsibleFilterError(
+                "{0}: {1} would put the token on the command line, where every user of the host can read it; "
+                "the token goes in devin_outposts_worker_token (the 0600 environment file) only".format(what, flag)
+            )
+        if "\n" in text or "\r" in text or "\x00" in text:
+            raise AnsibleFilterError("{0}: an argument must be one line".format(what))
+        args.append(text)
+    return args
+
+
 def worker_instances(instances, defaults):
     """Resolve ``devin_outposts_worker_instances`` against the role's defaults.
 
     ``defaults`` holds ``max_sessions``, ``drain_timeout``, ``workdir_root``, ``data_dir``, ``env``,
-    ``api_url`` and ``has_token`` (whether there is a default token: the token itself is never passed, so
+    ``api_url``, ``extra_args`` (the global extra worker arguments) and ``has_token`` (whether there is a default token: the token itself is never passed, so
     this filter's input and output can be shown and logged; an item's own ``token`` only counts as present).
     Unknown keys and wrong types fail with one line naming the instance, so a typo is not silently ignored.
     """
@@ -84,6 +116,8 @@ def worker_instances(instances, defaults):
             raise AnsibleFilterError("{0}: env must be a dict".format(label))
         env.update(own_env)
         has_token = bool(item.get("token")) or _bool(defaults.get("has_token"))
+        extra_args = (_extra_args(defaults.get("extra_args"), "devin_outposts_worker_extra_args")
+                      + _extra_args(item.get("extra_args"), label + ": extra_args"))
         rows.append({
             "name": name,
             "outpost": _text(item.get("outpost")),
@@ -97,6 +131,7 @@ def worker_instances(instances, defaults):
             "env": env,
             "api_url": _text(item.get("api_url")) or _text(defaults.get("api_url")),
             "has_token": has_token,
+            "extra_args": extra_args,
         })
     return rows
 
@@ -165,6 +200,46 @@ def worker_pip_argv(target, venv, wheelhouse="", index_url="", extra_index_urls=
     return argv
 
 
+def worker_exec_args(args):
+    """``args`` as one string for a systemd ``ExecStart=`` line: each argument in double quotes, with ``\\``
+    and ``"`` escaped (systemd.syntax(7)), ``$`` doubled (no variable expansion) and ``%`` doubled (no
+    specifier). Empty for no arguments."""
+    parts = []
+    for arg in _extra_args(args, "extra_args"):
+        quoted = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
+        parts.append('"{0}"'.format(quoted))
+    return " ".join(parts)
+
+
+_DROPIN_WORKDIR = re.compile(r"^WorkingDirectory=(.*)$", re.MULTILINE)
+
+
+def worker_host_instances(slurped, unit):
+    """The instances installed on a host: ``{"name", "workdir"}`` per drop-in directory found.
+
+    ``slurped`` is the registered result of an ``ansible.builtin.slurp`` loop over the drop-in directories'
+    ``10-devin-outposts.conf`` (``item`` is the ``find`` row of the directory); ``workdir`` is empty when the
+    drop-in could not be read.
+    """
+    rows = []
+    for result in slurped or []:
+        path = _text((result.get("item") or {}).get("path"))
+        base = path.rstrip("/").rsplit("/", 1)[-1]
+        if not (base.startswith(unit) and base.endswith(".service.d")):
+            continue
+        name = base[len(unit):-len(".service.d")]
+        if not name:
+            continue
+        workdir = ""
+        if result.get("content"):
+            text = to_text(base64.b64decode(result["content"]))
+            found = _DROPIN_WORKDIR.search(text)
+            if found:
+                workdir = found.group(1).strip()
+        rows.append({"name": name, "workdir": workdir})
+    return rows
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -173,4 +248,6 @@ class FilterModule(object):
             "worker_instance_leftovers": worker_instance_leftovers,
             "worker_outpost_checks": worker_outpost_checks,
             "worker_pip_argv": worker_pip_argv,
+            "worker_exec_args": worker_exec_args,
+            "worker_host_instances": worker_host_instances,
         }

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
@@ -29,18 +30,23 @@ MACOS = {**DEBIAN_WITHOUT_SYSTEMD, "system": "Darwin", "os_family": "Darwin", "d
          "service_mgr": "launchd", "architecture": "arm64"}  # fmt: skip
 
 
-def run_role(tmp_path: Path, role: str, facts: dict, role_vars: dict) -> subprocess.CompletedProcess:
+def run_role(
+    tmp_path: Path, role: str, facts: Optional[dict], role_vars: dict, *, interpreter: str = sys.executable,
+    check: bool = True, environ: Optional[dict] = None,
+) -> subprocess.CompletedProcess:
+    """Run ``role`` on this machine; ``facts`` (unless None) are what the preflight sees."""
+    pretend = [{"name": "Pretend", "pretend_os": {"facts": facts}}] if facts is not None else []
     play = [{
         "name": "Preflight on another OS", "hosts": "localhost", "connection": "local", "gather_facts": False,
-        "tasks": [
-            {"name": "Pretend", "pretend_os": {"facts": facts}},
+        "tasks": pretend + [
             {"name": "Run the role", "ansible.builtin.include_role": {"name": role}, "vars": role_vars},
         ],
     }]  # fmt: skip
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump(play))
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in ("DEVIN_OUTPOSTS_TOKEN", "DEVIN_API_URL")},
+        **(environ or {}),
         "ANSIBLE_LIBRARY": str(LIBRARY),
         "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".cache" / "collections"),
         "ANSIBLE_LOCALHOST_WARNING": "False",
@@ -48,8 +54,9 @@ def run_role(tmp_path: Path, role: str, facts: dict, role_vars: dict) -> subproc
         "ANSIBLE_NOCOLOR": "1",
     }
     command = [
-        str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "--check",
-        "-e", f"ansible_python_interpreter={sys.executable}", str(playbook),
+        str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,",
+        *(["--check"] if check else []),
+        "-e", f"ansible_python_interpreter={interpreter}", str(playbook),
     ]  # fmt: skip
     return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
 
@@ -102,4 +109,106 @@ def test_a_supported_os_passes_that_check(tmp_path: Path) -> None:
     done = run_role(tmp_path, "devin.outposts.worker", facts, worker_vars)
     out = done.stdout + done.stderr
     assert "supports Linux hosts of the Debian and RedHat families" not in out, out
+    assert "is not the bundled version" in out, out
+
+
+SYSTEMD_DEBIAN = {**DEBIAN_WITHOUT_SYSTEMD, "service_mgr": "systemd"}
+NOT_BUNDLED = {"devin_outposts_worker_package_version": "0.0.0-not-bundled"}
+
+
+def test_no_token_fails_with_one_line(tmp_path: Path) -> None:
+    """No devin_outposts_worker_token, no DEVIN_OUTPOSTS_TOKEN on the controller, no instance token."""
+    role_vars = {**WORKER_VARS, "devin_outposts_worker_token": "", **NOT_BUNDLED}
+    role_vars.pop("devin_outposts_worker_token")
+    done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, role_vars)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert '"msg": "no token: set devin_outposts_worker_token or DEVIN_OUTPOSTS_TOKEN on the controller"' in out \
+        or "msg: 'no token: set devin_outposts_worker_token or DEVIN_OUTPOSTS_TOKEN on the controller'" in out, out
+    assert "is not the bundled version" not in out, out  # it stopped at the token check
+
+
+def test_the_token_defaults_to_the_controllers_environment(tmp_path: Path) -> None:
+    """With DEVIN_OUTPOSTS_TOKEN on the controller the token check passes (the run stops later, at the package
+    check), and the token is printed nowhere, not even with -vvv."""
+    role_vars = {k: v for k, v in WORKER_VARS.items() if k != "devin_outposts_worker_token"} | NOT_BUNDLED
+    secret = "env-token-5f0c9e1d2b7a"
+    done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, role_vars,
+                    environ={"DEVIN_OUTPOSTS_TOKEN": secret, "ANSIBLE_VERBOSITY": "3"})
+    out = done.stdout + done.stderr
+    assert "no token" not in out, out
+    assert "is not the bundled version" in out, out
+    assert secret not in out
+
+
+@pytest.mark.parametrize("arg", ["--token=abc", "--token", "--tok=abc", "--to"])
+def test_extra_args_refuse_a_token(tmp_path: Path, arg: str) -> None:
+    role_vars = {**WORKER_VARS, "devin_outposts_worker_instances": [{"name": "main", "outpost": "o",
+                                                                     "extra_args": ["--log-level=debug", arg]}]}
+    done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, role_vars)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "would put the token on the command line" in out, out
+    assert "changed=0" in out, out
+
+
+def test_validate_certs_false_is_refused_for_the_workers(tmp_path: Path) -> None:
+    role_vars = {**WORKER_VARS, "devin_outposts_worker_validate_certs": False}
+    done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, role_vars)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "the worker always verifies TLS" in out, out
+
+
+PYENV = Path.home() / ".pyenv" / "versions"
+
+
+def _pyenv(version: str) -> Path:
+    found = sorted(PYENV.glob(f"{version}.*/bin/python{version}"))
+    if not found:
+        pytest.skip(f"no Python {version} under {PYENV}")
+    return found[-1]
+
+
+def test_python_36_is_refused_before_anything_is_changed(tmp_path: Path) -> None:
+    """A host whose Python is 3.6 (here: this machine, with ansible_python_interpreter and the worker's Python
+    both a pyenv 3.6, which ansible-core 2.17+ cannot run modules with). Not check mode: the role would create
+    its user, group and directories if the check did not stop it first."""
+    python36 = _pyenv("3.6")
+    root = tmp_path / "host"
+    user = "dotest-py36"
+    role_vars = {
+        **WORKER_VARS,
+        "devin_outposts_worker_python": str(python36),
+        "devin_outposts_worker_user": user,
+        "devin_outposts_worker_group": user,
+        "devin_outposts_worker_install_dir": str(root / "opt"),
+        "devin_outposts_worker_config_dir": str(root / "etc"),
+        "devin_outposts_worker_data_dir": str(root / "var"),
+        "devin_outposts_worker_workdir_root": str(root / "srv"),
+    }
+    try:
+        done = run_role(tmp_path, "devin.outposts.worker", None, role_vars, interpreter=str(python36), check=False)
+        out = done.stdout + done.stderr
+        assert done.returncode == 2, out
+        assert f"localhost: {python36} is Python 3.6." in out, out
+        assert "the worker needs Python 3.9 or newer" in out, out
+        assert "Refuse a host whose Python is older than 3.9" in out, out
+        assert "changed=0" in out, out
+        assert not root.exists(), sorted(str(p) for p in root.rglob("*"))
+        assert subprocess.run(["getent", "passwd", user], capture_output=True, check=False).returncode == 2
+        assert subprocess.run(["getent", "group", user], capture_output=True, check=False).returncode == 2
+    finally:  # only if the check failed to stop the role
+        subprocess.run(["userdel", user], capture_output=True, check=False)
+        subprocess.run(["groupdel", user], capture_output=True, check=False)
+
+
+def test_python_39_passes_the_python_check(tmp_path: Path) -> None:
+    """The control case: the oldest Python the worker supports passes (the run stops later, at the package
+    check, in check mode)."""
+    python39 = _pyenv("3.9")
+    role_vars = {**WORKER_VARS, "devin_outposts_worker_python": str(python39), **NOT_BUNDLED}
+    done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, role_vars)
+    out = done.stdout + done.stderr
+    assert "the worker needs Python 3.9 or newer" not in out, out
     assert "is not the bundled version" in out, out

@@ -7,12 +7,16 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import base64
+
 import pytest
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.devin.outposts.plugins.filter.worker import (
     FilterModule,
+    worker_exec_args,
+    worker_host_instances,
     worker_instance_dirs,
     worker_instance_leftovers,
     worker_instances,
@@ -33,6 +37,8 @@ DEFAULTS = {
 
 def test_every_filter_is_registered():
     assert sorted(FilterModule().filters()) == [
+        "worker_exec_args",
+        "worker_host_instances",
         "worker_instance_dirs",
         "worker_instance_leftovers",
         "worker_instances",
@@ -56,6 +62,7 @@ def test_defaults_are_filled_in():
         "env": {"A": "1", "B": "2"},
         "api_url": "https://api.devin.ai",
         "has_token": False,
+        "extra_args": [],
     }]
 
 
@@ -154,3 +161,51 @@ def test_pip_argv_from_a_wheelhouse_ignores_the_indexes():
 def test_pip_argv_needs_a_target():
     with pytest.raises(AnsibleFilterError, match="needs the wheel or requirement"):
         worker_pip_argv("", "/opt/v")
+
+
+def test_extra_args_global_then_own():
+    rows = worker_instances([{"name": "w", "outpost": "o", "extra_args": ["--log-level", "debug"]}],
+                            dict(DEFAULTS, extra_args=["--no-watch"]))
+    assert rows[0]["extra_args"] == ["--no-watch", "--log-level", "debug"]
+
+
+@pytest.mark.parametrize("arg", ["--token", "--token=s3cret", "--tok", "--t=x", "--toke=x"])
+def test_extra_args_refuse_the_token_and_its_prefixes(arg):
+    with pytest.raises(AnsibleFilterError, match="would put the token on the command line"):
+        worker_instances([{"name": "w", "outpost": "o", "extra_args": [arg]}], DEFAULTS)
+    with pytest.raises(AnsibleFilterError, match="would put the token on the command line"):
+        worker_instances([{"name": "w", "outpost": "o"}], dict(DEFAULTS, extra_args=[arg]))
+
+
+@pytest.mark.parametrize("value", ["--no-watch", ["a\nb"], [{"a": 1}]])
+def test_extra_args_must_be_a_list_of_one_line_strings(value):
+    with pytest.raises(AnsibleFilterError):
+        worker_instances([{"name": "w", "outpost": "o", "extra_args": value}], DEFAULTS)
+
+
+def test_exec_args_are_quoted_for_systemd():
+    assert worker_exec_args([]) == ""
+    assert worker_exec_args(["--poll-interval-secs", 2]) == '"--poll-interval-secs" "2"'
+    assert worker_exec_args(['a b', 'say "hi"', "back\\slash", "$HOME", "100%"]) == (
+        '"a b" "say \\"hi\\"" "back\\\\slash" "$$HOME" "100%%"'
+    )
+    with pytest.raises(AnsibleFilterError, match="token"):
+        worker_exec_args(["--token=x"])
+
+
+def test_host_instances_from_the_drop_ins():
+    def slurped(name, content=None):
+        row = {"item": {"path": "/etc/systemd/system/devin-outposts-worker@{0}.service.d".format(name)}}
+        if content is not None:
+            row["content"] = base64.b64encode(content.encode()).decode()
+        return row
+
+    results = [
+        slurped("a", "[Service]\nWorkingDirectory=/data/a\nExecStart=x\n"),
+        slurped("b"),  # unreadable drop-in: the default workdir applies later
+        {"item": {"path": "/etc/systemd/system/devin-outposts-worker@.service.d"}},  # the template's own
+    ]
+    assert worker_host_instances(results, "devin-outposts-worker@") == [
+        {"name": "a", "workdir": "/data/a"},
+        {"name": "b", "workdir": ""},
+    ]
