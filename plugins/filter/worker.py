@@ -66,7 +66,7 @@ def _extra_args(value, what):
         raise AnsibleFilterError("{0} must be a list of strings".format(what))
     args = []
     for arg in value:
-        if not isinstance(arg, string_types) and not isinstance(arg, (int, float)):
+        if not isinstance(arg, str) and not isinstance(arg, (int, float)):
             raise AnsibleFilterError("{0} must be a list of strings, got {1}".format(what, type(arg).__name__))
         text = to_text(arg)
         flag = text.split("=", 1)[0]

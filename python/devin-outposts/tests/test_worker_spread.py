@@ -197,7 +197,7 @@ def test_after_a_409_with_no_idle_peer_known_the_next_row_is_scattered() -> None
     assert first is not None and first.entry.session_id == "devin-000"  # no 409 yet: oldest first
     picks = {n: set() for n in (1, 2, 3, 6)}
     for conflicts, seen in picks.items():
-        for _ in range(200):
+        for _attempt in range(200):
             choice = feed.next_claim(exclude=["devin-000"], conflicts=conflicts)
             assert choice is not None and choice.wait == 0.0
             seen.add(int(choice.entry.session_id.split("-")[1]))
