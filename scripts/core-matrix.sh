@@ -30,26 +30,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#cores[@]} -gt 0 ]] || cores=("${CORE_VERSIONS[@]}")
 
-cache="$ROOT/.cache/core-matrix"
+cache="$CORE_VENV_CACHE"
 mkdir -p "$cache"
-
-# The venv of one core: prints its path; installs ansible-core <core>.* when the stamp does not match.
-core_venv() {
-    local core=$1 pyver py venv stamp want
-    pyver=$(core_python_version "$core")
-    py=$(find_python "$pyver")
-    venv="$cache/$core/venv"
-    stamp="$venv/.core-matrix-stamp"
-    want="ansible-core==$core.* python$pyver $(sha256sum "$ROOT/tests/unit/requirements.txt" | cut -c1-16)"
-    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-        rm -rf "$venv"
-        mkdir -p "$cache/$core"
-        "$py" -m venv "$venv" >&2
-        "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet "ansible-core==$core.*" >&2
-        printf '%s\n' "$want" >"$stamp"
-    fi
-    printf '%s\n' "$venv"
-}
 
 # Run "$@" (a command or a function of lib.sh) with the core's venv first on PATH, in directory $2.
 in_core() (

@@ -179,3 +179,28 @@ find_python() {
     done
     return 0
 }
+
+# Where core_venv keeps one venv per core: .cache/core-matrix/<core>/venv (scripts/core-matrix.sh keeps its logs
+# beside them; tests/roles/test_preflight_cores.py uses the same venvs).
+CORE_VENV_CACHE="$ROOT/.cache/core-matrix"
+
+# The venv of one core: prints its path; installs the newest ansible-core <core>.* from PyPI (with Python
+# core_python_version <core>) when the venv's stamp does not match. Fails when there is no such Python.
+core_venv() {
+    local core=$1 pyver py venv stamp want
+    pyver=$(core_python_version "$core")
+    py=$(find_python "$pyver")
+    [[ -n "$py" ]] || { warn "no python$pyver for ansible-core $core (install it, e.g. with pyenv)"; return 1; }
+    venv="$CORE_VENV_CACHE/$core/venv"
+    stamp="$venv/.core-matrix-stamp"
+    want="ansible-core==$core.* python$pyver $(sha256sum "$ROOT/tests/unit/requirements.txt" | cut -c1-16)"
+    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+        rm -rf "$venv"
+        mkdir -p "$CORE_VENV_CACHE/$core"
+        "$py" -m venv "$venv" >&2 || return 1
+        "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet "ansible-core==$core.*" >&2 ||
+            return 1
+        printf '%s\n' "$want" >"$stamp"
+    fi
+    printf '%s\n' "$venv"
+}

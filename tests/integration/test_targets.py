@@ -5,7 +5,7 @@
 """Run each integration target's playbook against a live fleet simulator.
 
 For every ``tests/integration/targets/<target>``: start a simulator on a free port, issue tokens, set up
-what the target needs (outposts, 250 queued sessions, claims, an organization), run ``ansible-playbook``
+what the target needs (outposts, 250 queued sessions, claims, organizations), run ``ansible-playbook``
 with the collection on ``ANSIBLE_COLLECTIONS_PATH`` (a temporary ``ansible_collections/devin/outposts``
 symlink to this checkout), then assert on the exit code, the play recap and the simulator's state.
 
@@ -168,6 +168,37 @@ def check_default_platform_info(ctx: Context, output: str) -> None:
     pass
 
 
+ORGANIZATION_FILLERS = 105
+
+
+def setup_organization_info(ctx: Context) -> None:
+    admin = ctx.sim.admin
+    research = [admin.create_org(name="Research")]
+    admin.create_org(name="Platform")
+    # Enough organizations for a second page of the module's 100 (the default organization is the first).
+    for index in range(ORGANIZATION_FILLERS):
+        admin.create_org(name=f"Team {index:03d}")
+    research.append(admin.create_org(name="Research"))  # on the second page
+    admin.create_org()  # unnamed: the simulator names it
+    # Organizations of another account must never be listed.
+    admin.create_org(account="acct-other", name="Research")
+    admin.create_org(account="acct-other", name="Elsewhere")
+    ctx.vars["organization_info_expected"] = [
+        {"org_id": org["org_id"], "name": org["name"]} for org in admin.orgs(account="acct-default")
+    ]
+    ctx.vars["organization_info_research_ids"] = research
+
+
+def check_organization_info(ctx: Context, output: str) -> None:
+    listed = ctx.sim.admin.orgs(account="acct-default")
+    assert len(listed) == ORGANIZATION_FILLERS + 5
+    assert [org["name"] for org in listed][:3] == ["Default organization", "Research", "Platform"]
+    assert listed[-1]["name"] == f"Organization {ORGANIZATION_FILLERS + 5}"
+    # An info module changes nothing.
+    expected = [{"org_id": org["org_id"], "name": org["name"]} for org in listed]
+    assert ctx.vars["organization_info_expected"] == expected
+
+
 LOOKUP_FILLERS = 120
 
 
@@ -196,6 +227,7 @@ SETUPS: dict[str, tuple[Callable[[Context], None], Callable[[Context, str], None
     "default_platform": (setup_default_platform, check_default_platform),
     "default_platform_info": (setup_default_platform_info, check_default_platform_info),
     "lookup_outpost_id": (setup_lookup_outpost_id, check_lookup_outpost_id),
+    "organization_info": (setup_organization_info, check_organization_info),
 }
 
 

@@ -77,6 +77,27 @@ def test_org_create_and_list(sim: SimHandle, cli) -> None:
     assert org in {o["org_id"] for o in json.loads(result.out)}
 
 
+def test_org_create_with_a_name(sim: SimHandle, cli) -> None:
+    result = cli("org", "create", "--account", "acct-named", "--name", "Research team", "--json")
+    assert result.code == 0
+    created = json.loads(result.out)
+    assert (created["account_id"], created["name"]) == ("acct-named", "Research team")
+    unnamed = cli("org", "create", "--account", "acct-named").out.strip()
+    default = sim.admin.default_org(account="acct-named")
+    result = cli("org", "list", "--account", "acct-named")
+    assert result.out.splitlines() == [
+        f"{default}\tacct-named\tDefault organization\tdefault",
+        f"{created['org_id']}\tacct-named\tResearch team",
+        f"{unnamed}\tacct-named\tOrganization 3",
+    ]
+    result = cli("org", "create", "--name", " ")
+    assert result.code == 2
+    assert result.err.strip() == (
+        "devin-outposts-sim: error: Could not create an organization in account acct-default: "
+        "422 name must be a non-empty string or null"
+    )
+
+
 def test_failures_print_one_line_and_exit_non_zero(
     sim: SimHandle, cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -159,13 +159,29 @@ class SimAdmin:
         """Issue an API token and return it (see :meth:`create_token_info`)."""
         return str(self.create_token_info(scope, account=account)["token"])
 
-    def create_org(self, *, account: str = DEFAULT_ACCOUNT) -> str:
-        result = self._call(
-            "POST", "/orgs", f"create an organization in account {account}", body={"account_id": account}
+    def create_org_info(
+        self, *, account: str = DEFAULT_ACCOUNT, name: Optional[str] = None
+    ) -> dict[str, Any]:
+        """Create an organization; returns its ``org_id``, ``account_id`` and ``name``.
+
+        Without ``name`` the simulator names it ``Organization <n>`` (``n``: its place in the account, the
+        default organization being 1). Names need not be unique.
+        """
+        body: dict[str, Any] = {"account_id": account}
+        if name is not None:
+            body["name"] = name
+        result: dict[str, Any] = self._call(
+            "POST", "/orgs", f"create an organization in account {account}", body=body
         )
-        return str(result["org_id"])
+        return result
+
+    def create_org(self, *, account: str = DEFAULT_ACCOUNT, name: Optional[str] = None) -> str:
+        """Create an organization and return its id (see :meth:`create_org_info`)."""
+        return str(self.create_org_info(account=account, name=name)["org_id"])
 
     def orgs(self, *, account: Optional[str] = None) -> list[dict[str, Any]]:
+        """The organizations (of ``account``, or of every account) in creation order: ``org_id``,
+        ``account_id``, ``name`` and ``default``."""
         result = self._call("GET", "/orgs", "list organizations", params={"account_id": account})
         return list(result["items"])
 

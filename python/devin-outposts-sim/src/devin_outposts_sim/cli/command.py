@@ -189,11 +189,11 @@ def _token_create(admin: SimAdmin, args: argparse.Namespace) -> int:
 
 
 def _org_create(admin: SimAdmin, args: argparse.Namespace) -> int:
-    org_id = admin.create_org(account=args.account)
+    org = admin.create_org_info(account=args.account, name=args.name)
     if args.json:
-        print_json({"org_id": org_id, "account_id": args.account})
+        print_json(org)
     else:
-        print(org_id)
+        print(org["org_id"])
     return EXIT_OK
 
 
@@ -204,7 +204,7 @@ def _org_list(admin: SimAdmin, args: argparse.Namespace) -> int:
     else:
         for org in orgs:
             marker = "\tdefault" if org["default"] else ""
-            print(f"{org['org_id']}\t{org['account_id']}{marker}")
+            print(f"{org['org_id']}\t{org['account_id']}\t{org['name']}{marker}")
     return EXIT_OK
 
 
@@ -296,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     org.required = True
     org_create = _admin_parser(org, "create", "create an organization (prints its id)", _org_create)
     org_create.add_argument("--account", default=DEFAULT_ACCOUNT, help=f"account (default {DEFAULT_ACCOUNT})")
+    org_create.add_argument("--name", default=None, help="its name (default: Organization <n>)")
     org_list = _admin_parser(org, "list", "list organizations", _org_list)
     org_list.add_argument("--account", default=None, help="only this account")
 

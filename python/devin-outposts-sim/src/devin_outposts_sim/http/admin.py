@@ -80,9 +80,11 @@ async def ensure_account(request: Request) -> Response:
 
 async def create_org(request: Request) -> Response:
     sim = admin(request)
-    account = account_of(await body_of(request))
-    org_id = await run_in_threadpool(sim.store.accounts.create_org, account)
-    return JSONResponse({"org_id": org_id, "account_id": account}, status_code=201)
+    body = await body_of(request)
+    account = account_of(body)
+    name = validate.org_name(body.get("name"))
+    org = await run_in_threadpool(sim.store.accounts.create_org, account, name)
+    return JSONResponse(org, status_code=201)
 
 
 async def list_orgs(request: Request) -> Response:

@@ -1,6 +1,6 @@
 """The simulated fleet API as a Starlette app: outposts CRUD, the queue, watch, claim, release, the
-organization default platform, the ``devin-remote`` distribution and the gateway
-(:mod:`~devin_outposts_sim.http.gateway`), and (under ``/_sim``) the admin API and the brain
+organization default platform, the enterprise's organizations list, the ``devin-remote`` distribution and the
+gateway (:mod:`~devin_outposts_sim.http.gateway`), and (under ``/_sim``) the admin API and the brain
 (:mod:`~devin_outposts_sim.http.admin`, :mod:`~devin_outposts_sim.http.brain`). See docs/simulator.md.
 
 :func:`create_app` builds the app around a :class:`~devin_outposts_sim.state.store.Store`; the lifespan starts
@@ -34,7 +34,7 @@ from devin_outposts_sim.http.gateway import gateway_routes
 from devin_outposts_sim.http.runtime import SimRuntime, body_of, detail, gateway_url, runtime_of
 from devin_outposts_sim.http.watch import ChangeFeed, Notifier, watch_stream
 from devin_outposts_sim.state.accounts import MACHINE_SCOPE, ORCHESTRATOR_SCOPE
-from devin_outposts_sim.state.cursor import decode_outpost_cursor, decode_queue_cursor
+from devin_outposts_sim.state.cursor import decode_org_cursor, decode_outpost_cursor, decode_queue_cursor
 from devin_outposts_sim.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 #: The three spellings of the outposts collection (docs/fleet-api.md §4 and §10.1 Q1); all behave the same.
 OUTPOST_COLLECTIONS = ("/opbeta/outposts/outposts", "/opbeta/outposts/pools", "/opbeta/outposts")
 QUEUE = "/opbeta/outposts/devins"
+ORGANIZATIONS = "/v3/enterprise/organizations"
 PHASES = ("pending", "claimed")
 
 
@@ -178,6 +179,21 @@ async def release(request: Request) -> Response:
     return JSONResponse(entry)
 
 
+# --- organizations -----------------------------------------------------------------------------------
+
+
+async def list_organizations(request: Request) -> Response:
+    """``GET /v3/enterprise/organizations``: the token's account's organizations, paged like the outposts
+    list (``first``, ``after``). Any token with an outposts scope may list them (docs/simulator.md)."""
+    sim = runtime_of(request)
+    principal = await authenticate(request, sim.store, MACHINE_SCOPE, "list organizations")
+    first = validate.page_size(request.query_params.get("first"))
+    raw_after = request.query_params.get("after")
+    after = decode_org_cursor(raw_after) if raw_after else None
+    page = await run_in_threadpool(sim.store.accounts.list_org_page, principal.account_id, first, after)
+    return JSONResponse(page)
+
+
 # --- organization default platform -----------------------------------------------------------------
 
 
@@ -283,6 +299,7 @@ def api_routes() -> list[BaseRoute]:
     for collection in OUTPOST_COLLECTIONS:  # after the fixed paths, which "/opbeta/outposts/{id}" shadows
         routes.append(Route(collection + "/{outpost_id}", get_outpost, methods=["GET"]))
         routes.append(Route(collection + "/{outpost_id}", delete_outpost, methods=["DELETE"]))
+    routes.append(Route(ORGANIZATIONS, list_organizations, methods=["GET"]))
     path = "/v3beta1/organizations/{org_id}/default-platform"
     routes.append(Route(path, get_default_platform, methods=["GET"]))
     routes.append(Route(path, put_default_platform, methods=["PUT"]))

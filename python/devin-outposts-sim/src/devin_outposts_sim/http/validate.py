@@ -17,6 +17,10 @@ from devin_outposts_sim.errors import Invalid
 #: (the names in the docs are ``rhel``, ``gpu-h200``, ``dev-boxes``).
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 NAME_MAX = 63
+#: Organization names (the simulator's choice; the contract gives none): 1-200 characters, not only
+#: spaces, no control characters (so a name is one line and one column of ``sim org list``).
+ORG_NAME_MAX = 200
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 DESCRIPTION_MAX = 1000
 #: Session, account and acceptor ids: printable, no whitespace or slashes.
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
@@ -68,6 +72,19 @@ def outpost_name(value: Any) -> str:
         raise Invalid(
             "name must start with a letter or digit and contain only letters, digits, '.', '_' and '-'"
         )
+    return value
+
+
+def org_name(value: Any) -> Optional[str]:
+    """An organization's ``name``, or ``None`` (the simulator then names it)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise Invalid("name must be a non-empty string or null")
+    if len(value) > ORG_NAME_MAX:
+        raise Invalid(f"name must be at most {ORG_NAME_MAX} characters")
+    if _CONTROL_RE.search(value):
+        raise Invalid("name must not contain control characters")
     return value
 
 

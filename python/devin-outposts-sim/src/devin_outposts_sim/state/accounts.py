@@ -18,8 +18,8 @@ from devin_outposts_sim.errors import (
     Invalid,
     NotFound,
 )
-from devin_outposts_sim.state.cursor import encode_outpost_cursor
-from devin_outposts_sim.state.db import Database, token_hash
+from devin_outposts_sim.state.cursor import encode_org_cursor, encode_outpost_cursor
+from devin_outposts_sim.state.db import DEFAULT_ORG_NAME, Database, next_org_seq, token_hash
 
 MACHINE_SCOPE = "account.outposts.machine"
 ORCHESTRATOR_SCOPE = "account.outposts.orchestrator"
@@ -82,10 +82,26 @@ class Accounts:
             "INSERT INTO accounts (account_id, default_org_id, created_at) VALUES (?, ?, ?)",
             (account_id, org_id, now),
         )
-        conn.execute(
-            "INSERT INTO orgs (org_id, account_id, created_at) VALUES (?, ?, ?)", (org_id, account_id, now)
-        )
+        self._insert_org_locked(conn, account_id, org_id, DEFAULT_ORG_NAME, now)
         return org_id
+
+    @staticmethod
+    def _insert_org_locked(
+        conn: sqlite3.Connection, account_id: str, org_id: str, name: Optional[str], now: float
+    ) -> str:
+        """Insert an organization at the end of the creation order; returns its name. Without a name it is
+        ``Organization <n>``, ``n`` its place among the account's organizations (the default one is 1)."""
+        seq = next_org_seq(conn)
+        if name is None:
+            count = conn.execute(
+                "SELECT COUNT(*) AS n FROM orgs WHERE account_id = ?", (account_id,)
+            ).fetchone()["n"]
+            name = f"Organization {int(count) + 1}"
+        conn.execute(
+            "INSERT INTO orgs (org_id, account_id, name, seq, created_at) VALUES (?, ?, ?, ?, ?)",
+            (org_id, account_id, name, seq, now),
+        )
+        return name
 
     def ensure_account(self, account_id: str) -> str:
         """Create the account (and its default organization) unless it exists; returns that org id."""
@@ -131,20 +147,20 @@ class Accounts:
 
     # --- organizations ------------------------------------------------------------------------------
 
-    def create_org(self, account_id: str) -> str:
+    def create_org(self, account_id: str, name: Optional[str] = None) -> dict[str, Any]:
+        """Create an organization (and the account, unless it exists); returns its ``org_id``,
+        ``account_id`` and ``name``. The caller has validated ``name``; names need not be unique."""
         with self._db.tx() as conn:
             now = self._db.clock()
             self._ensure_account_locked(conn, account_id, now)
             org_id = f"org-{secrets.token_hex(8)}"
-            conn.execute(
-                "INSERT INTO orgs (org_id, account_id, created_at) VALUES (?, ?, ?)",
-                (org_id, account_id, now),
-            )
-        return org_id
+            name = self._insert_org_locked(conn, account_id, org_id, name, now)
+        return {"org_id": org_id, "account_id": account_id, "name": name}
 
     def list_orgs(self, account_id: Optional[str] = None) -> list[dict[str, Any]]:
+        """Every organization (of one account, or of all), in creation order (admin use)."""
         query = (
-            "SELECT o.org_id, o.account_id, (a.default_org_id = o.org_id) AS is_default FROM orgs o "
+            "SELECT o.org_id, o.account_id, o.name, (a.default_org_id = o.org_id) AS is_default FROM orgs o "
             "JOIN accounts a ON a.account_id = o.account_id"
         )
         params: tuple[Any, ...] = ()
@@ -152,11 +168,32 @@ class Accounts:
             query += " WHERE o.account_id = ?"
             params = (account_id,)
         with self._db.read() as conn:
-            rows = conn.execute(query + " ORDER BY o.created_at, o.org_id", params).fetchall()
+            rows = conn.execute(query + " ORDER BY o.seq", params).fetchall()
         return [
-            {"org_id": row["org_id"], "account_id": row["account_id"], "default": bool(row["is_default"])}
+            {
+                "org_id": row["org_id"],
+                "account_id": row["account_id"],
+                "name": row["name"],
+                "default": bool(row["is_default"]),
+            }
             for row in rows
         ]
+
+    def list_org_page(self, account_id: str, first: int, after: Optional[int] = None) -> dict[str, Any]:
+        """A page of ``GET /v3/enterprise/organizations``: the account's organizations in creation order,
+        strictly after ``after`` (a ``seq``), as the wire envelope ``items``/``end_cursor``/``has_next_page``
+        (no ``total``: the contract names only those three). ``end_cursor`` is null on an empty page."""
+        with self._db.read() as conn:
+            rows = conn.execute(
+                "SELECT org_id, name, seq FROM orgs WHERE account_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (account_id, after or 0, first + 1),
+            ).fetchall()
+        page = rows[:first]
+        return {
+            "items": [{"org_id": row["org_id"], "name": row["name"]} for row in page],
+            "end_cursor": encode_org_cursor(int(page[-1]["seq"])) if page else None,
+            "has_next_page": len(rows) > first,
+        }
 
     def _org_locked(self, conn: sqlite3.Connection, account_id: str, org_id: str) -> sqlite3.Row:
         row: Optional[sqlite3.Row] = conn.execute(

@@ -5,8 +5,9 @@ increasing float revision of the row (the wire ``updated_at`` is only whole seco
 ``repr`` so it round-trips exactly. ``v1:<rev>`` without a session id (the form of the example cursor in
 the docs, ``djE6MTc4MTA1MDAwMC4w``) is accepted too and means "every row at or after ``rev``".
 
-Outpost list cursors (``after``/``end_cursor``) are ``base64url("o1:<seq>")`` over the creation order.
-Anything else is rejected with 422.
+Outpost list cursors (``after``/``end_cursor``) are ``base64url("o1:<seq>")`` over the creation order, and
+organization list cursors ``base64url("g1:<seq>")`` over theirs. Anything else, a cursor of another list
+included, is rejected with 422.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from devin_outposts_sim.errors import Invalid
 
 _QUEUE_PREFIX = "v1:"
 _OUTPOST_PREFIX = "o1:"
+_ORG_PREFIX = "g1:"
 
 
 @dataclass(frozen=True, order=True)
@@ -60,18 +62,31 @@ def decode_queue_cursor(raw: str) -> QueueCursor:
     return QueueCursor(rev, session_id)
 
 
+def _encode_seq(prefix: str, seq: int) -> str:
+    return _b64(f"{prefix}{seq}")
+
+
+def _decode_seq(prefix: str, raw: str) -> int:
+    text = _unb64(raw)
+    if not text.startswith(prefix):
+        raise Invalid("Invalid cursor")
+    digits = text[len(prefix) :]
+    if not digits.isascii() or not digits.isdigit():
+        raise Invalid("Invalid cursor")
+    return int(digits)
+
+
 def encode_outpost_cursor(seq: int) -> str:
-    return _b64(f"{_OUTPOST_PREFIX}{seq}")
+    return _encode_seq(_OUTPOST_PREFIX, seq)
 
 
 def decode_outpost_cursor(raw: str) -> int:
-    text = _unb64(raw)
-    if not text.startswith(_OUTPOST_PREFIX):
-        raise Invalid("Invalid cursor")
-    try:
-        seq = int(text[len(_OUTPOST_PREFIX) :])
-    except ValueError as exc:
-        raise Invalid("Invalid cursor") from exc
-    if seq < 0:
-        raise Invalid("Invalid cursor")
-    return seq
+    return _decode_seq(_OUTPOST_PREFIX, raw)
+
+
+def encode_org_cursor(seq: int) -> str:
+    return _encode_seq(_ORG_PREFIX, seq)
+
+
+def decode_org_cursor(raw: str) -> int:
+    return _decode_seq(_ORG_PREFIX, raw)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Callable, Optional
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _REV_STEP = 1e-6
 #: The platform of a queue entry whose outpost uses the default platform (``spec.platform: null``). Only
 #: the outpost's platform is nullable (docs/fleet-api.md §3): entries always name a concrete one, which
@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS api_tokens (
     created_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS orgs (
     org_id TEXT PRIMARY KEY, account_id TEXT NOT NULL, default_platform TEXT,
-    default_outpost_id TEXT, created_at REAL NOT NULL);
+    default_outpost_id TEXT, created_at REAL NOT NULL, name TEXT, seq INTEGER);
 CREATE TABLE IF NOT EXISTS outposts (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, outpost_id TEXT NOT NULL UNIQUE, account_id TEXT NOT NULL,
     name TEXT NOT NULL, platform TEXT, description TEXT, allowed_org_ids TEXT, created_at REAL NOT NULL,
@@ -93,6 +93,13 @@ CREATE INDEX IF NOT EXISTS tool_calls_by_session ON tool_calls (session_id, stat
 ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"), ("ending_status", "TEXT"), ("ending_at", "REAL"))
 #: A claim that :meth:`Database.expire_locked` returns to the queue once its deadline passes. The
 #: expiry queries spell it exactly so, which lets SQLite use the partial index ``sessions_expirable``.
+#: Columns of ``orgs`` added in schema version 3, by ``ALTER TABLE`` like :data:`ADDED_SESSION_COLUMNS`.
+#: ``name``: the organization's name (``GET /v3/enterprise/organizations``); ``seq``: its place in the
+#: creation order, which that list pages over (``after``/``end_cursor``). Rows of an older database get both
+#: in :meth:`Database._upgrade` (see :func:`backfill_orgs`).
+ADDED_ORG_COLUMNS = (("name", "TEXT"), ("seq", "INTEGER"))
+#: The name of the organization created with an account.
+DEFAULT_ORG_NAME = "Default organization"
 EXPIRABLE = "phase = 'claimed' AND deleted = 0 AND session_status != 'running'"
 
 #: The indexes of the hot queries (run on every open, after the added columns exist; see
@@ -107,7 +114,8 @@ EXPIRABLE = "phase = 'claimed' AND deleted = 0 AND session_status != 'running'"
 #: * ``sessions_expirable``, ``sessions_by_ending`` (partial): what every request checks first, claims
 #:   due to expire and lagging statuses due to be written; only the few candidate rows are in them, so
 #:   the check costs nothing when there are none;
-#: * ``claim_history_by_outpost``: the admin claim history of an outpost (benchmarks read it).
+#: * ``claim_history_by_outpost``: the admin claim history of an outpost (benchmarks read it);
+#: * ``orgs_by_account``: an account's organizations in creation order from a cursor (their list).
 #:
 #: Two indexes of schema version 1 are dropped: ``(outpost_id, deleted, phase)`` is a prefix of
 #: ``sessions_by_outpost_phase``, and ``(phase, claim_deadline)`` held every running claim as well.
@@ -122,6 +130,7 @@ CREATE INDEX IF NOT EXISTS sessions_by_acceptor ON sessions (acceptor_id, rev, s
 CREATE INDEX IF NOT EXISTS sessions_expirable ON sessions (claim_deadline) WHERE {EXPIRABLE};
 CREATE INDEX IF NOT EXISTS sessions_by_ending ON sessions (ending_at) WHERE ending_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS claim_history_by_outpost ON claim_history (outpost_id, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS orgs_by_account ON orgs (account_id, seq);
 """
 #: Is anything due: a claim to expire or a lagging status to write (``?``: now, twice)?
 DUE_SQL = (
@@ -151,6 +160,36 @@ DATA_TABLES = (
     "remote_connections",
     "tool_calls",
 )
+
+
+def next_org_seq(conn: sqlite3.Connection) -> int:
+    """The ``seq`` of a new organization: greater than every earlier one, before a reset too (kept in
+    ``meta``, which a reset does not wipe), so an ``end_cursor`` issued before a reset never skips new
+    organizations. Call it inside a write transaction."""
+    row = conn.execute(
+        "SELECT MAX(COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'last_org_seq'), 0), "
+        "COALESCE((SELECT MAX(seq) FROM orgs), 0)) AS top"
+    ).fetchone()
+    seq = int(row["top"]) + 1
+    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_org_seq', ?)", (str(seq),))
+    return seq
+
+
+def backfill_orgs(conn: sqlite3.Connection) -> None:
+    """Give the organizations of a schema-2 database a ``seq`` (their creation order) and a name, as
+    :meth:`~devin_outposts_sim.state.accounts.Accounts.create_org` would have: the account's default
+    organization is :data:`DEFAULT_ORG_NAME`, another one ``Organization <its place in the account>``."""
+    missing = conn.execute(
+        "SELECT org_id FROM orgs WHERE seq IS NULL ORDER BY created_at, rowid"
+    ).fetchall()
+    for row in missing:
+        conn.execute("UPDATE orgs SET seq = ? WHERE org_id = ?", (next_org_seq(conn), row["org_id"]))
+    conn.execute(
+        "UPDATE orgs SET name = CASE WHEN org_id IN (SELECT default_org_id FROM accounts) THEN ? "
+        "ELSE 'Organization ' || (SELECT COUNT(*) FROM orgs o WHERE o.account_id = orgs.account_id "
+        "AND o.seq <= orgs.seq) END WHERE name IS NULL",
+        (DEFAULT_ORG_NAME,),
+    )
 
 
 def token_hash(token: str) -> str:
@@ -200,6 +239,11 @@ class Database:
         for name, declaration in ADDED_SESSION_COLUMNS:
             if name not in columns:
                 conn.execute(f"ALTER TABLE sessions ADD COLUMN {name} {declaration}")
+        org_columns = {str(row["name"]) for row in conn.execute("PRAGMA table_info(orgs)")}
+        for name, declaration in ADDED_ORG_COLUMNS:
+            if name not in org_columns:
+                conn.execute(f"ALTER TABLE orgs ADD COLUMN {name} {declaration}")
+        backfill_orgs(conn)
         conn.executescript(INDEXES)
         # Schema version 1 queued sessions of a default-platform outpost with a null platform.
         conn.execute("UPDATE sessions SET platform = ? WHERE platform IS NULL", (DEFAULT_PLATFORM,))
