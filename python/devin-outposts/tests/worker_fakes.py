@@ -315,6 +315,8 @@ class FakeFleet:
         self.gone: set[str] = set()
         self.renew_error: Optional[Exception] = None
         self.outage = False
+        #: session_id -> the claim_deadline of the last claim or renewal that succeeded.
+        self.deadlines: dict[str, int] = {}
         self.calls: list[tuple[str, str]] = []
         self.tokens = 0
 
@@ -351,11 +353,13 @@ class FakeFleet:
             raise FleetConflict(f"claim session {session_id}", "Session is already claimed", 409)
         self.holders[session_id] = acceptor_id
         self.tokens += 1
-        return self.entry(
+        entry = self.entry(
             session_id,
             connect_token=f"ct_fake_connect_token_{self.tokens:04d}",
             gateway_url="ws://127.0.0.1:9/gw",
         )
+        self.deadlines[session_id] = entry.status.claim_deadline
+        return entry
 
     async def get_devin(self, session_id: str) -> Any:
         from devin_outposts.api.errors import FleetNotFound
