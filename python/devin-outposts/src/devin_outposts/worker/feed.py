@@ -189,8 +189,13 @@ class QueueFeed:
 
     def upsert(self, entry: QueueEntry) -> None:
         sid = entry.session_id
-        self.entries[sid] = entry
         holder = entry.status.acceptor_id
+        if entry.is_finished and holder != self.acceptor_id:
+            # Never claimable again unless the server says otherwise (a resume is a new event): an ended
+            # row is not kept, or the picture grows with every session the outpost ever served.
+            self.entries.pop(sid, None)
+        else:
+            self.entries[sid] = entry
         if entry.status.phase == Phase.CLAIMED and holder and holder != self.acceptor_id:
             self._peers.pop(holder, None)  # re-insert: the dict stays ordered by when we last saw them
             self._peers[holder] = time.monotonic()
@@ -208,10 +213,6 @@ class QueueFeed:
             self._in_heap.add(sid)
             if len(self._pending) > 2 * self._compact_at:
                 self._compact()
-        if entry.is_finished and holder != self.acceptor_id:
-            # Never claimable again unless the server says otherwise (a resume is a new event): an ended
-            # row is not kept, or the picture grows with every session the outpost ever served.
-            self.entries.pop(sid, None)
         if self.on_update:
             self.on_update(entry.session_id, entry)
         if self.claimable(entry) or expiry is not None:
