@@ -1,0 +1,283 @@
+"""The one interface every orchestrator driver implements, and the values that cross it.
+
+A *driver* makes and destroys the machines sessions run on: a local process (``process``), a container
+(``podman``), a Pod (``kubernetes``) or whatever the user's playbook creates (``ansible``). It knows
+nothing of the queue, of claims or of the account token: the orchestrator claims, renews and releases,
+and hands the driver only what a machine needs (docs/orchestrator.md, "Drivers"):
+
+1. :meth:`Driver.provision` makes the machine for one session (labelled with its acceptor id, outpost and
+   session id, so :meth:`Driver.list_owned` finds it again after a restart);
+2. :meth:`Driver.restore` (``kind=resume`` with the ``snapshot`` policy) puts a kept state back into it;
+3. :meth:`Driver.start` starts ``devin-outposts worker start --session <id>`` in it in direct-serve mode,
+   with the per-session connect token in the environment (never argv), replacing a worker already there;
+4. :meth:`Driver.status` says whether that worker is still running, and its exit code once it ended;
+5. :meth:`Driver.snapshot` keeps the session's state (its state dir and its ``repos/`` workdir) when a
+   suspended session may come back;
+6. :meth:`Driver.teardown` destroys the machine and everything made for it (idempotent: a machine that
+   is already gone is not an error).
+
+Every method is a coroutine; a driver that calls blocking tools runs them in a thread or a subprocess.
+A driver raises :class:`DriverError` for a failure it understood (one line, no secret in it); the
+orchestrator counts those as infrastructure errors, apart from session failures.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import hashlib
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+#: Where a session machine's worker keeps its state, relative to the machine's root. Snapshots keep
+#: exactly these two: the worker data dir (per-session state dir, binary cache) and the repos workdir.
+MACHINE_DATA_DIR = "worker"
+MACHINE_WORKDIR = "repos"
+
+#: The labels every driver puts on what it creates (as labels, tags, or a metadata file). The keys follow
+#: Cognition's operator; ``managed-by`` names us, so the operator and we never collect each other's pods.
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "devin-outposts-orchestrator"
+LABEL_SESSION = "outposts.cognition.com/session-id"
+LABEL_OUTPOST = "outposts.cognition.com/pool"
+LABEL_ACCEPTOR = "outposts.devin.ai/acceptor-id"
+
+_UNSAFE = re.compile(r"[^a-z0-9-]+")
+
+
+class DriverError(Exception):
+    """A machine could not be made, started, read or destroyed. The message is one line, without secrets."""
+
+
+def fnv1a32(text: str) -> str:
+    """The 32-bit FNV-1a hash of ``text`` as 8 hex digits (what the operator suffixes its names with)."""
+    value = 0x811C9DC5
+    for byte in text.encode():
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return f"{value:08x}"
+
+
+def machine_name(prefix: str, session_id: str, limit: int = 63) -> str:
+    """A deterministic DNS-label name for ``session_id``: ``<prefix>-<sanitised id>-<fnv1a32>``.
+
+    Lower-case letters, digits and ``-`` only, at most ``limit`` characters, starting and ending with an
+    alphanumeric; the hash of the *unsanitised* id keeps two ids that sanitise alike apart.
+    """
+    suffix = fnv1a32(session_id)
+    room = limit - len(prefix) - len(suffix) - 2
+    if room < 1:
+        raise ValueError(f"prefix {prefix!r} leaves no room for the session id within {limit} characters")
+    middle = _UNSAFE.sub("-", session_id.lower()).strip("-")[:room].strip("-") or "session"
+    return f"{prefix}-{middle}-{suffix}"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a Kubernetes label value (at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at
+    both ends). Values that needed changing get a hash suffix, so they stay distinct."""
+    if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", text):
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    body = re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:54].strip("-._") or "x"
+    return f"{body}-{digest}"
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a driver is told about the session a machine is for (all of it from the claimed queue entry)."""
+
+    session_id: str
+    outpost_id: str
+    acceptor_id: str
+    platform: Optional[str] = None
+    kind: str = "new"
+    network_policy: Optional[Mapping[str, Any]] = None
+    remote_binary_sha: Optional[str] = None
+
+    def labels(self) -> dict[str, str]:
+        """The labels of everything made for this session (values made label-safe)."""
+        return {
+            LABEL_MANAGED_BY: MANAGED_BY,
+            LABEL_SESSION: label_value(self.session_id),
+            LABEL_OUTPOST: label_value(self.outpost_id),
+            LABEL_ACCEPTOR: label_value(self.acceptor_id),
+        }
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """How to start the worker inside a machine: direct-serve mode for one pre-claimed session.
+
+    The connect token is the only credential a machine ever gets (never the account token); drivers put
+    :meth:`environment` into the worker's environment (a 0600 file, a Secret, a process environment),
+    never into argv or a log line.
+    """
+
+    session_id: str
+    connect_token: str = field(repr=False)
+    gateway_url: str
+    remote_binary_sha: Optional[str] = None
+    static_base_url: Optional[str] = None
+    #: The worker's ``--cache-dir`` inside the machine; ``None``: the driver's own choice.
+    cache_dir: Optional[str] = None
+    log_format: str = "text"
+
+    def environment(self) -> dict[str, str]:
+        env = {
+            "DEVIN_REMOTE_SESSION_TOKEN": self.connect_token,
+            "DEVIN_OUTPOST_GATEWAY_URL": self.gateway_url,
+            "DEVIN_WORKER_LOG_FORMAT": self.log_format,
+        }
+        if self.remote_binary_sha:
+            env["DEVIN_WORKER_REMOTE_SHA"] = self.remote_binary_sha
+        if self.static_base_url:
+            env["DEVIN_WORKER_STATIC_BASE_URL"] = self.static_base_url
+        if self.cache_dir:
+            env["DEVIN_WORKER_CACHE_DIR"] = self.cache_dir
+        return env
+
+    def arguments(self) -> list[str]:
+        """The worker's arguments after the command (``devin-outposts`` or ``python -m devin_outposts``)."""
+        return ["worker", "start", "--session", self.session_id]
+
+
+@dataclass
+class Machine:
+    """One machine a driver made for one session; ``ref`` is the driver's own handle (a directory, a
+    container or Pod name, an inventory host)."""
+
+    name: str
+    session_id: str
+    outpost_id: str
+    acceptor_id: str
+    created_at: float = field(default_factory=time.time)
+    ref: str = ""
+    #: Driver-specific facts worth keeping (pid, host address, ...); never a secret.
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class WorkerState(str, enum.Enum):
+    __str__ = str.__str__
+
+    STARTING = "starting"  # provisioned, the worker not (yet) running: counts against the boot timeout
+    RUNNING = "running"
+    EXITED = "exited"  # the worker ended; ``exit_code`` says how
+    MISSING = "missing"  # the machine is gone
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    state: WorkerState
+    exit_code: Optional[int] = None
+    #: Restarts the platform did by itself (a Pod's ``restartPolicy: OnFailure``); 0 elsewhere.
+    restarts: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A session's kept state, made by :meth:`Driver.snapshot`, until the session is terminated, the
+    snapshot TTL passes, or it is restored."""
+
+    session_id: str
+    outpost_id: str
+    acceptor_id: str
+    created_at: float
+    ref: str
+
+
+@dataclass(frozen=True)
+class DriverContext:
+    """What the orchestrator gives every driver besides its own options."""
+
+    #: The orchestrator's own directory (private, 0700): drivers keep their files under
+    #: ``<state_dir>/<driver name>/``.
+    state_dir: Path
+    #: The worker command inside a machine, before :meth:`WorkerLaunch.arguments` (for the ``process``
+    #: driver: this Python's ``-m devin_outposts``; images and hosts have ``devin-outposts`` on PATH).
+    worker_command: tuple[str, ...] = ("devin-outposts",)
+    #: Seconds a machine may take from provisioning to a running worker before it is given up.
+    boot_timeout: float = 300.0
+
+
+def option_text(options: Mapping[str, Any], key: str, default: Optional[str] = None) -> Optional[str]:
+    """A driver option as text (``None``/blank: ``default``)."""
+    value = options.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    if not isinstance(value, (str, int, float)):
+        raise DriverError(f"driver option {key} must be text, got {type(value).__name__}")
+    return str(value)
+
+
+class Driver(abc.ABC):
+    """Makes, starts, watches and destroys session machines. Subclasses set :attr:`name`.
+
+    A driver is made with :meth:`from_options`: the common :class:`DriverContext` and its own options (a
+    mapping from ``--driver-config FILE`` and ``--driver-opt KEY=VALUE``). It checks them there and raises
+    :class:`DriverError` naming the option, so a bad configuration fails at start-up, before any claim.
+    """
+
+    name: ClassVar[str]
+    #: True when the platform restarts a failed worker by itself (a Pod with ``restartPolicy:
+    #: OnFailure``): the orchestrator then counts :attr:`WorkerStatus.restarts` instead of calling
+    #: :meth:`start` again after a non-zero exit.
+    restarts_in_place: ClassVar[bool] = False
+
+    @classmethod
+    @abc.abstractmethod
+    def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> Driver:
+        """The driver, from its options (unknown options are refused)."""
+
+    async def check(self) -> None:
+        """Start-up checks (the tool is installed, the cluster answers); raises :class:`DriverError`."""
+        return None
+
+    @abc.abstractmethod
+    async def provision(self, spec: SessionSpec) -> Machine:
+        """Make the machine for ``spec`` (idempotent per session: an existing one is returned)."""
+
+    @abc.abstractmethod
+    async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
+        """Start the worker in ``machine``, replacing one already there (after a re-claim)."""
+
+    @abc.abstractmethod
+    async def status(self, machine: Machine) -> WorkerStatus:
+        """The worker's state in ``machine``."""
+
+    @abc.abstractmethod
+    async def teardown(self, machine: Machine) -> None:
+        """Destroy ``machine`` and what was made for it (secrets, work dirs). Gone already: no error."""
+
+    @abc.abstractmethod
+    async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
+        """Every machine this driver made for ``acceptor_id`` on ``outpost_id``, live or not."""
+
+    @abc.abstractmethod
+    async def snapshot(self, machine: Machine) -> Snapshot:
+        """Keep ``machine``'s session state (state dir and ``repos/``) for a later resume."""
+
+    @abc.abstractmethod
+    async def restore(self, machine: Machine, snapshot: Snapshot) -> None:
+        """Put ``snapshot`` into a freshly provisioned ``machine`` (before :meth:`start`); the snapshot
+        is consumed."""
+
+    @abc.abstractmethod
+    async def list_snapshots(self, acceptor_id: str, outpost_id: str) -> list[Snapshot]:
+        """Every snapshot this driver keeps for ``acceptor_id`` on ``outpost_id``."""
+
+    @abc.abstractmethod
+    async def delete_snapshot(self, snapshot: Snapshot) -> None:
+        """Drop ``snapshot`` (gone already: no error)."""
+
+    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
+        """Remove what this driver made besides machines and snapshots (per-session secrets) for sessions
+        not in ``live_sessions``; returns how many. Drivers that make nothing else keep this default."""
+        return 0
+
+    async def aclose(self) -> None:
+        """Release the driver's own resources (clients, connections). Machines are left as they are."""
+        return None
