@@ -23,8 +23,17 @@ def _load(path: Path) -> Any:
 
 @pytest.mark.parametrize("role", ROLE_DIRS, ids=[p.name for p in ROLE_DIRS])
 def test_argument_specs_mirror_defaults(role: Path) -> None:
+    """Every default is an option of at least one entry point (``main``, or another such as the orchestrator's
+    ``kubernetes``), every option of every entry point is a default, and each states that default."""
     defaults = _load(role / "defaults" / "main.yml") or {}
-    options = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
+    entry_points = _load(role / "meta" / "argument_specs.yml")["argument_specs"]
+    assert "main" in entry_points, f"{role.name}: no main entry point"
+    options: dict[str, Any] = {}
+    for entry_point, spec in entry_points.items():
+        for name, option in (spec.get("options") or {}).items():
+            if name in options:
+                assert option == options[name], f"{role.name}: {name} differs between entry points ({entry_point})"
+            options[name] = option
     assert sorted(options) == sorted(defaults), (
         f"{role.name}: only in defaults: {sorted(set(defaults) - set(options))}; "
         f"only in argument_specs: {sorted(set(options) - set(defaults))}"
@@ -57,4 +66,28 @@ def test_drift_is_detected(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     with pytest.raises(AssertionError, match="default 2 != 1"):
+        test_argument_specs_mirror_defaults(role)
+
+
+def test_drift_in_another_entry_point_is_detected(tmp_path: Path) -> None:
+    """A variable that only a second entry point (tasks_from) declares is checked as strictly as main's."""
+    role = tmp_path / "orchestrator"
+    (role / "defaults").mkdir(parents=True)
+    (role / "meta").mkdir()
+    (role / "defaults" / "main.yml").write_text(
+        "devin_outposts_orchestrator_a: 1\ndevin_outposts_orchestrator_k: x\n", encoding="utf-8"
+    )
+    (role / "meta" / "argument_specs.yml").write_text(
+        "argument_specs:\n"
+        "  main: {options: {devin_outposts_orchestrator_a: {type: int, default: 1, description: a}}}\n"
+        "  kubernetes: {options: {devin_outposts_orchestrator_k: {type: str, default: y, description: k}}}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(AssertionError, match="default 'y' != 'x'"):
+        test_argument_specs_mirror_defaults(role)
+    (role / "meta" / "argument_specs.yml").write_text(
+        "argument_specs: {main: {options: {devin_outposts_orchestrator_a: {type: int, default: 1, description: a}}}}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(AssertionError, match="only in defaults"):
         test_argument_specs_mirror_defaults(role)
