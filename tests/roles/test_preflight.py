@@ -212,3 +212,52 @@ def test_python_39_passes_the_python_check(tmp_path: Path) -> None:
     out = done.stdout + done.stderr
     assert "the worker needs Python 3.9 or newer" not in out, out
     assert "is not the bundled version" in out, out
+
+
+ORCHESTRATOR_VARS = {
+    "devin_outposts_orchestrator_outpost": "o",
+    "devin_outposts_orchestrator_token": "not-used-the-role-stops-in-preflight",
+    "devin_outposts_orchestrator_package_version": "0.0.0-not-bundled",
+}
+
+
+def test_orchestrator_role_refuses_an_unsupported_os(tmp_path: Path) -> None:
+    done = run_role(tmp_path, "devin.outposts.orchestrator", MACOS, ORCHESTRATOR_VARS)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "devin.outposts.orchestrator supports Linux hosts of the Debian and RedHat families run by systemd" in out
+    assert "changed=0" in out, out
+
+
+@pytest.mark.parametrize(
+    ("role_vars", "expected"),
+    [
+        ({"devin_outposts_orchestrator_token": ""},
+         "no token: set devin_outposts_orchestrator_token or DEVIN_OUTPOSTS_TOKEN on the controller"),
+        ({"devin_outposts_orchestrator_validate_certs": False}, "the orchestrator always verifies TLS"),
+        ({"devin_outposts_orchestrator_max_concurrent": 0}, "max_concurrent, boot_timeout"),
+        ({"devin_outposts_orchestrator_env": {"DEVIN_OUTPOSTS_TOKEN": "x"}}, "env must not carry DEVIN_OUTPOSTS_TOKEN"),
+        ({"devin_outposts_orchestrator_driver": "docker"}, "value of devin_outposts_orchestrator_driver must be one of"),
+    ],
+    ids=["no-token", "validate-certs-false", "max-concurrent-0", "token-in-env", "unknown-driver"],
+)
+def test_orchestrator_role_refuses_bad_inputs_first(tmp_path: Path, role_vars: dict, expected: str) -> None:
+    done = run_role(tmp_path, "devin.outposts.orchestrator", SYSTEMD_DEBIAN, {**ORCHESTRATOR_VARS, **role_vars})
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert expected in out, out
+    assert "is not the bundled version" not in out, out  # it stopped before the package check
+    assert "changed=0" in out, out
+
+
+def test_orchestrator_role_passes_its_checks_with_good_inputs(tmp_path: Path) -> None:
+    """The control case: the token comes from the controller's environment, every check passes, and the run
+    stops at the package check; the token is printed nowhere, even with -vvv."""
+    role_vars = {k: v for k, v in ORCHESTRATOR_VARS.items() if k != "devin_outposts_orchestrator_token"}
+    secret = "orch-env-token-8d1f3a"
+    done = run_role(tmp_path, "devin.outposts.orchestrator", SYSTEMD_DEBIAN, role_vars,
+                    environ={"DEVIN_OUTPOSTS_TOKEN": secret, "ANSIBLE_VERBOSITY": "3"})
+    out = done.stdout + done.stderr
+    assert "no token" not in out, out
+    assert "is not the bundled version" in out, out
+    assert secret not in out
