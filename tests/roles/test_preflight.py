@@ -114,6 +114,11 @@ def test_a_supported_os_passes_that_check(tmp_path: Path) -> None:
 
 SYSTEMD_DEBIAN = {**DEBIAN_WITHOUT_SYSTEMD, "service_mgr": "systemd"}
 NOT_BUNDLED = {"devin_outposts_worker_package_version": "0.0.0-not-bundled"}
+ORCHESTRATOR_VARS = {
+    "devin_outposts_orchestrator_outpost": "o",
+    "devin_outposts_orchestrator_token": "not-used-the-role-stops-in-preflight",
+    "devin_outposts_orchestrator_package_version": "0.0.0-not-bundled",
+}
 
 
 def test_no_token_fails_with_one_line(tmp_path: Path) -> None:
@@ -128,12 +133,14 @@ def test_no_token_fails_with_one_line(tmp_path: Path) -> None:
     assert "is not the bundled version" not in out, out  # it stopped at the token check
 
 
-def test_the_token_defaults_to_the_controllers_environment(tmp_path: Path) -> None:
+@pytest.mark.parametrize("role", ["worker", "orchestrator"])
+def test_the_token_defaults_to_the_controllers_environment(tmp_path: Path, role: str) -> None:
     """With DEVIN_OUTPOSTS_TOKEN on the controller the token check passes (the run stops later, at the package
     check), and the token is printed nowhere, not even with -vvv."""
-    role_vars = {k: v for k, v in WORKER_VARS.items() if k != "devin_outposts_worker_token"} | NOT_BUNDLED
+    given = {"worker": {**WORKER_VARS, **NOT_BUNDLED}, "orchestrator": ORCHESTRATOR_VARS}[role]
+    role_vars = {k: v for k, v in given.items() if k != f"devin_outposts_{role}_token"}
     secret = "env-token-5f0c9e1d2b7a"
-    done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, role_vars,
+    done = run_role(tmp_path, f"devin.outposts.{role}", SYSTEMD_DEBIAN, role_vars,
                     environ={"DEVIN_OUTPOSTS_TOKEN": secret, "ANSIBLE_VERBOSITY": "3"})
     out = done.stdout + done.stderr
     assert "no token" not in out, out
@@ -214,12 +221,6 @@ def test_python_39_passes_the_python_check(tmp_path: Path) -> None:
     assert "is not the bundled version" in out, out
 
 
-ORCHESTRATOR_VARS = {
-    "devin_outposts_orchestrator_outpost": "o",
-    "devin_outposts_orchestrator_token": "not-used-the-role-stops-in-preflight",
-    "devin_outposts_orchestrator_package_version": "0.0.0-not-bundled",
-}
-
 
 def test_orchestrator_role_refuses_an_unsupported_os(tmp_path: Path) -> None:
     done = run_role(tmp_path, "devin.outposts.orchestrator", MACOS, ORCHESTRATOR_VARS)
@@ -249,15 +250,3 @@ def test_orchestrator_role_refuses_bad_inputs_first(tmp_path: Path, role_vars: d
     assert "is not the bundled version" not in out, out  # it stopped before the package check
     assert "changed=0" in out, out
 
-
-def test_orchestrator_role_passes_its_checks_with_good_inputs(tmp_path: Path) -> None:
-    """The control case: the token comes from the controller's environment, every check passes, and the run
-    stops at the package check; the token is printed nowhere, even with -vvv."""
-    role_vars = {k: v for k, v in ORCHESTRATOR_VARS.items() if k != "devin_outposts_orchestrator_token"}
-    secret = "orch-env-token-8d1f3a"
-    done = run_role(tmp_path, "devin.outposts.orchestrator", SYSTEMD_DEBIAN, role_vars,
-                    environ={"DEVIN_OUTPOSTS_TOKEN": secret, "ANSIBLE_VERBOSITY": "3"})
-    out = done.stdout + done.stderr
-    assert "no token" not in out, out
-    assert "is not the bundled version" in out, out
-    assert secret not in out
