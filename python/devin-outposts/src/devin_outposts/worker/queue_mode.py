@@ -39,7 +39,7 @@ from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.outposts import check_platform, entry_platform_ok, resolve_outpost
 from devin_outposts.worker.pool import SessionPool
 from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
-from devin_outposts.worker.session import FAILED, LOST, SessionResult, SessionServer, release_claim
+from devin_outposts.worker.serving import FAILED, LOST, ClaimedSession, SessionResult, release_claim
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ CONFLICT_PAUSE_CAP = 0.4
 FAILED_SESSION_COOLDOWN = 60.0
 
 #: Makes the server for a claimed session in a slot.
-ServerFactory = Callable[[QueueEntry, int], SessionServer]
+ServerFactory = Callable[[QueueEntry, int], ClaimedSession]
 
 
 def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> float:
