@@ -226,6 +226,9 @@ class Driver(abc.ABC):
     #: OnFailure``): the orchestrator then counts :attr:`WorkerStatus.restarts` instead of calling
     #: :meth:`start` again after a non-zero exit.
     restarts_in_place: ClassVar[bool] = False
+    #: The OS of the machines this driver makes (``None``: whatever the user's playbook makes). Only
+    #: sessions and outposts of this platform are claimed.
+    platform: Optional[str] = "linux"
 
     @classmethod
     @abc.abstractmethod
