@@ -221,7 +221,6 @@ def test_python_39_passes_the_python_check(tmp_path: Path) -> None:
     assert "is not the bundled version" in out, out
 
 
-
 def test_orchestrator_role_refuses_an_unsupported_os(tmp_path: Path) -> None:
     done = run_role(tmp_path, "devin.outposts.orchestrator", MACOS, ORCHESTRATOR_VARS)
     out = done.stdout + done.stderr
@@ -249,4 +248,3 @@ def test_orchestrator_role_refuses_bad_inputs_first(tmp_path: Path, role_vars: d
     assert expected in out, out
     assert "is not the bundled version" not in out, out  # it stopped before the package check
     assert "changed=0" in out, out
-
