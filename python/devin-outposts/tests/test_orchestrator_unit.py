@@ -68,7 +68,9 @@ class ScriptedDriver(Driver):
         await asyncio.sleep(self.provision_delay)
         if self.fail_provision:
             raise DriverError("no capacity in the test cloud")
-        machine = Machine(machine_name("m", spec.session_id), spec.session_id, spec.outpost_id, spec.acceptor_id)
+        machine = Machine(
+            machine_name("m", spec.session_id), spec.session_id, spec.outpost_id, spec.acceptor_id
+        )
         with self.lock:
             self.machines[spec.session_id] = machine
         return machine
@@ -126,7 +128,7 @@ class Running:
 
         try:
             self.code = asyncio.run(main())
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+        except BaseException as exc:
             self.error = exc
 
     def stop(self) -> None:
@@ -143,8 +145,8 @@ def start(sim: SimHandle, outpost: Outpost, tmp_path: Path) -> Iterator[Callable
 
     def run(driver: Driver, **overrides: Any) -> Running:
         options: dict[str, Any] = {
-            "outpost": outpost.name, "driver": "process", "max_concurrent": 2, "state_dir": tmp_path / "state",
-            "acceptor_id": "orch-unit", "api_url": sim.url, "token": token, "status_interval": 0.05,
+            "outpost": outpost.name, "driver": "process", "max_concurrent": 2,
+            "state_dir": tmp_path / "state", "acceptor_id": "orch-unit", "api_url": sim.url, "token": token, "status_interval": 0.05,
             "poll_interval": 0.2, "confirm_interval": 0.05, "confirm_reads": 2, "gc_interval": 0.2,
             "backoff_max": 1.0, "boot_timeout": 30.0, **overrides,
         }  # fmt: skip
@@ -244,16 +246,22 @@ def test_a_provisioning_failure_or_timeout_releases_at_once(
     orch = start(never, provision_timeout=0.3, max_concurrent=1)
     slow = sim.admin.enqueue(outpost.outpost_id).session_id
     wait_for(lambda: released(sim, slow), timeout=10, what="the release after the timeout")
-    result = wait_for(lambda: next((r for r in orch.orchestrator.results if r.session_id == slow), None),
-                      timeout=10, what="the result")
+    result = wait_for(
+        lambda: next((r for r in orch.orchestrator.results if r.session_id == slow), None),
+        timeout=10,
+        what="the result",
+    )
     assert result.infrastructure and "longer than 0.3s" in result.detail
     orch.stop()
     failing = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING), fail_provision=True)
     orch = start(failing, max_concurrent=1)
     sid = sim.admin.enqueue(outpost.outpost_id).session_id
     wait_for(lambda: released(sim, sid), timeout=10, what="the release after the failure")
-    result = wait_for(lambda: next((r for r in orch.orchestrator.results if r.session_id == sid), None),
-                      timeout=10, what="the result")
+    result = wait_for(
+        lambda: next((r for r in orch.orchestrator.results if r.session_id == sid), None),
+        timeout=10,
+        what="the result",
+    )
     assert result.infrastructure and "no capacity in the test cloud" in result.detail
     assert orch.orchestrator.metrics.counters["infrastructure_errors"] >= 1
 
@@ -266,12 +274,12 @@ class Redirector:
         seen = self.seen
 
         class Target(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 seen.append(dict(self.headers))
                 self.send_response(200)
                 self.end_headers()
 
-            do_POST = do_GET  # noqa: N815
+            do_POST = do_GET
 
             def log_message(self, *args: Any) -> None:
                 return None
@@ -280,12 +288,12 @@ class Redirector:
         target_url = f"http://localhost:{self.target.server_address[1]}"
 
         class Redirect(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self.send_response(307)
                 self.send_header("Location", target_url + self.path)
                 self.end_headers()
 
-            do_POST = do_GET  # noqa: N815
+            do_POST = do_GET
 
             def log_message(self, *args: Any) -> None:
                 return None
@@ -348,7 +356,9 @@ def test_options_come_from_flags_then_the_environment() -> None:
         (["--outpost", "o", "--driver", "process", "--driver-opt", "novalue"], ENV, "KEY=VALUE"),
     ],
 )
-def test_bad_options_fail_with_one_line_naming_the_flag(argv: list[str], env: dict[str, str], message: str) -> None:
+def test_bad_options_fail_with_one_line_naming_the_flag(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_args(argv, env)
 
@@ -357,7 +367,17 @@ def test_driver_options_come_from_the_file_and_the_flags_win(tmp_path: Path) -> 
     path = tmp_path / "driver.json"
     path.write_text(json.dumps({"stop_grace": "3", "root": str(tmp_path / "machines")}))
     config = parse_args(
-        ["--outpost", "o", "--driver", "process", "--driver-config", str(path), "--driver-opt", "stop_grace=4"], ENV
+        [
+            "--outpost",
+            "o",
+            "--driver",
+            "process",
+            "--driver-config",
+            str(path),
+            "--driver-opt",
+            "stop_grace=4",
+        ],
+        ENV,
     )
     assert config.driver_options == {"stop_grace": "4", "root": str(tmp_path / "machines")}
     driver = ProcessDriver.from_options(DriverContext(state_dir=tmp_path), config.driver_options)

@@ -227,7 +227,9 @@ class MachineSession(ClaimedSession):
         """One progress line per session: how it ended, and how long each step took."""
         steps = ", ".join(f"{name} after {seconds:.1f}s" for name, seconds in self.phases.items())
         took = time.monotonic() - self.claimed_at
-        kind = "infrastructure" if result.infrastructure else ("session" if result.outcome == FAILED else None)
+        kind = (
+            "infrastructure" if result.infrastructure else ("session" if result.outcome == FAILED else None)
+        )
         level = logging.WARNING if result.outcome == FAILED else logging.INFO
         log.log(
             level,
