@@ -146,7 +146,8 @@ def start(sim: SimHandle, outpost: Outpost, tmp_path: Path) -> Iterator[Callable
     def run(driver: Driver, **overrides: Any) -> Running:
         options: dict[str, Any] = {
             "outpost": outpost.name, "driver": "process", "max_concurrent": 2,
-            "state_dir": tmp_path / "state", "acceptor_id": "orch-unit", "api_url": sim.url, "token": token, "status_interval": 0.05,
+            "state_dir": tmp_path / "state", "acceptor_id": "orch-unit", "api_url": sim.url, "token": token,
+            "status_interval": 0.05,
             "poll_interval": 0.2, "confirm_interval": 0.05, "confirm_reads": 2, "gc_interval": 0.2,
             "backoff_max": 1.0, "boot_timeout": 30.0, **overrides,
         }  # fmt: skip
