@@ -388,3 +388,13 @@ def test_driver_options_come_from_the_file_and_the_flags_win(tmp_path: Path) -> 
     path.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="must be a mapping"):
         parse_args(["--outpost", "o", "--driver", "process", "--driver-config", str(path)], ENV)
+
+
+def test_every_option_is_in_the_docs_with_its_variable() -> None:
+    from devin_outposts.orchestrator.options import OPTIONS
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "orchestrator.md").read_text()
+    for option in OPTIONS:
+        assert f"`{option.flag}" in docs, option.flag
+        if option.env:
+            assert f"`{option.env}`" in docs, option.env
