@@ -220,9 +220,28 @@ class MachineSession(ClaimedSession):
         return None
 
     def _infrastructure(self, detail: str) -> SessionResult:
-        self.metrics.inc("infrastructure_errors")
-        log.error("%s", detail, extra={**self._extra, "error_kind": "infrastructure"})
+        """A failure of the machine, not of the session (counted by the orchestrator when it ends)."""
         return SessionResult(self.session_id, FAILED, detail, infrastructure=True)
+
+    def _log_result(self, result: SessionResult) -> None:
+        """One progress line per session: how it ended, and how long each step took."""
+        steps = ", ".join(f"{name} after {seconds:.1f}s" for name, seconds in self.phases.items())
+        took = time.monotonic() - self.claimed_at
+        kind = (
+            "infrastructure" if result.infrastructure else ("session" if result.outcome == FAILED else None)
+        )
+        level = logging.WARNING if result.outcome == FAILED else logging.INFO
+        log.log(
+            level,
+            "session %s %s after %.1fs%s: %s%s",
+            self.session_id,
+            result.outcome,
+            took,
+            f" ({steps})" if steps else "",
+            result.detail,
+            " [infrastructure error]" if result.infrastructure else "",
+            extra={**self._extra, **({"error_kind": kind} if kind else {})},
+        )
 
     async def _restore(self) -> Optional[SessionResult]:
         assert self.machine is not None

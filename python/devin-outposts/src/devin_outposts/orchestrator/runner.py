@@ -204,7 +204,9 @@ class Orchestrator:
     def finished(self, result: SessionResult) -> None:
         self.results.append(result)
         self.metrics.set("active_workers", len(self.pool.running))
-        if result.outcome == FAILED and not result.infrastructure and "giving up" in result.detail:
+        if result.infrastructure:
+            self.metrics.inc("infrastructure_errors")
+        elif result.outcome == FAILED and "giving up" in result.detail:
             self.metrics.inc("workers_given_up")
 
     # --- signals -------------------------------------------------------------------------------------
