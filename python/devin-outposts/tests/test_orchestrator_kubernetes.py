@@ -629,3 +629,67 @@ def test_rendering_needs_no_client_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["['Secret', 'Pod']", "no driver"]
+
+
+# -- every manifest against the Kubernetes schemas, offline ----------------------------------------------
+
+#: The oldest and newest schema sets kubernetes-validate ships (strict: unknown fields are errors too).
+SCHEMA_VERSIONS = ("1.25.0", "1.37.0")
+
+
+def _no_network(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("schema validation tried to use the network")
+
+
+def test_every_object_the_driver_sends_is_valid_offline(
+    fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    driver = make_driver(
+        fake,
+        tmp_path,
+        state_volume=True,
+        storage_class="standard",
+        workdir="/home/devin/work",  # outside the data dir: a second, subPath mount of the PVC
+        pod_template={
+            "metadata": {"labels": {"team": "infra"}},
+            "spec": {
+                "securityContext": {"fsGroup": 1000},
+                "tolerations": [{"key": "sessions", "operator": "Exists"}],
+                "containers": [{"name": "sidecar", "image": "sidecar:1"}],
+            },
+        },
+        overrides={"args": ["worker", "start"], "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}},
+        lease_duration=2,
+        lease_renew_interval=0.5,
+    )
+
+    async def scenario() -> None:
+        machine = await driver.provision(spec(LONG_ID))
+        await driver.start(machine, launch(LONG_ID))
+        await driver.snapshot(machine)
+        lock = driver.leadership("orch-1")
+        assert lock is not None
+        async with lock:
+            pass
+        await driver.aclose()
+
+    run(scenario())
+    sent = [r.body for r in fake.requests if r.method in ("POST", "PUT")]
+    kinds = sorted({body["kind"] for body in sent})
+    assert kinds == ["Lease", "PersistentVolumeClaim", "Pod", "Secret"]
+    rendered = render_session_manifests(
+        spec(LONG_ID), launch(LONG_ID), options={"image": IMAGE, "state_volume": True}
+    )
+    monkeypatch.setattr("socket.socket.connect", _no_network)
+    for version in SCHEMA_VERSIONS:
+        for body in [*sent, *rendered]:
+            kubernetes_validate.validate(body, version, strict=True)
+    # The validator does reject what is wrong (here an unknown field), so the loop above can fail.
+    [pod] = [b for b in sent if b["kind"] == "Pod"]
+    broken = json.loads(json.dumps(pod))
+    broken["spec"]["containers"][0]["restartPolicyy"] = "x"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, SCHEMA_VERSIONS[-1], strict=True)
+    mounts = {m["mountPath"]: m.get("subPath") for m in pod["spec"]["containers"][-1]["volumeMounts"]}
+    assert mounts == {"/var/lib/devin-worker": None, "/home/devin/work": "repos"}
