@@ -199,7 +199,8 @@ def render_pod(
         container["image"] = settings.image
     container["command"] = list(settings.worker_command)
     container["args"] = launch.arguments()
-    container["workingDir"] = settings.workdir
+    # No workingDir: a runtime may refuse to start in a directory that is not there yet (podman does; on
+    # a fresh PVC it is not), and the worker makes DEVIN_WORKER_WORKDIR itself and runs sessions there.
 
     ours = dict(launch.environment())
     ours.pop(ENV_TOKEN)  # the one secret: referenced, never written into the Pod

@@ -1,0 +1,233 @@
+"""The session Pod the ``kubernetes`` driver renders, run for real with ``podman kube play``.
+
+No Kubernetes cluster can run here, but podman runs a Pod manifest with its Secret: this shows that the
+Pod and Secret :func:`render_session_manifests` produces start our worker in direct-serve mode, which
+serves a session claimed on the fleet simulator (the stand-in ``devin-remote`` connects to the gateway
+with the connect token from the Secret and runs the tool calls the test scripts), exits 0 when the session
+ends, and that ``podman kube down`` leaves nothing behind.
+
+The image is the Debian test-host root filesystem (scripts/test-hosts/build-images.sh) plus a venv with
+this checkout's ``devin-outposts`` wheel, installed offline from the test hosts' wheelhouse. It is built
+once and cached under a tag that is the hash of the wheel's sources, so a second run costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from devin_outposts.api.models import Outpost
+from devin_outposts.orchestrator.drivers.base import SessionSpec, WorkerLaunch
+from devin_outposts.orchestrator.drivers.kubernetes import render_session_manifests
+from devin_outposts_sim.remote import tools
+from devin_outposts_sim.testing import SimHandle
+from devin_outposts_sim.testing.remote import claim_session
+
+PACKAGE = Path(__file__).resolve().parents[1]
+# The cache scripts/test-hosts/build-images.sh writes (root-owned, as that script runs as root).
+TEST_HOSTS = Path(os.environ.get("DEVIN_OUTPOSTS_TEST_HOSTS", "/var/tmp/devin-outposts-test-hosts"))  # noqa: S108
+ROOTFS = TEST_HOSTS / "rootfs-bookworm"
+WHEELHOUSE = TEST_HOSTS / "wheelhouse-py311"  # bookworm's python3 is 3.11
+BASE_IMAGE = "localhost/devin-outposts-k8s-base:bookworm"
+IMAGE_REPO = "localhost/devin-outposts-k8s-session"
+NAMESPACE = "outposts"
+PODMAN = shutil.which("podman") or "podman"
+TAR = shutil.which("tar") or "/usr/bin/tar"
+
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("podman") is None, reason="podman is not installed (apt-get install podman runc)"
+    ),
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="rootful podman: run as root (shared/reference/test-hosts.md, Recipe A)"
+    ),
+    pytest.mark.skipif(
+        not (ROOTFS / "usr/bin/python3").exists() or not WHEELHOUSE.is_dir(),
+        reason=f"no test-host root filesystem or wheelhouse under {TEST_HOSTS} "
+        "(scripts/test-hosts/build-images.sh makes them)",
+    ),
+]
+
+
+def podman(
+    *args: str, check: bool = True, input_bytes: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [PODMAN, *args], input=input_bytes.decode() if input_bytes else None,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} failed ({result.returncode}): {result.stderr[-2000:]}")
+    return result
+
+
+def _sources_hash() -> str:
+    digest = hashlib.sha256()
+    for path in sorted((PACKAGE / "src").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(PACKAGE)).encode())
+            digest.update(path.read_bytes())
+    digest.update((PACKAGE / "pyproject.toml").read_bytes())
+    digest.update("\n".join(sorted(p.name for p in WHEELHOUSE.iterdir())).encode())
+    return digest.hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def session_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Our worker in the test-host root filesystem, built once per source hash."""
+    image = f"{IMAGE_REPO}:{_sources_hash()}"
+    if podman("image", "exists", image, check=False).returncode == 0:
+        return image
+    if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0:
+        tar = subprocess.Popen([TAR, "-C", str(ROOTFS), "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run(
+            [PODMAN, "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True, timeout=300
+        )
+        tar.wait()
+        assert imported.returncode == 0 and tar.returncode == 0, imported.stderr[-2000:]
+    context = tmp_path_factory.mktemp("session-image")
+    wheels = context / "wheels"
+    wheels.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+         "-w", str(wheels), str(PACKAGE)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    for wheel in WHEELHOUSE.glob("*.whl"):
+        shutil.copy2(wheel, wheels)
+    (context / "Containerfile").write_text(
+        f"FROM {BASE_IMAGE}\n"
+        "COPY wheels /tmp/wheels\n"
+        "RUN python3 -m venv /opt/devin-outposts"
+        " && /opt/devin-outposts/bin/pip install --quiet --no-index --find-links /tmp/wheels devin-outposts"
+        " && rm -rf /tmp/wheels\n"
+        "ENV PATH=/opt/devin-outposts/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        'CMD ["devin-outposts", "--help"]\n'
+    )
+    # Offline: everything comes from the wheelhouse.
+    podman("build", "--network", "none", "--tag", image, str(context))
+    # Older builds of the image are only disk space now.
+    for line in podman("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_REPO).stdout.split():
+        if line != image:
+            podman("rmi", line, check=False)
+    return image
+
+
+def _yaml(objects: list[dict[str, Any]]) -> str:
+    # JSON documents are YAML documents.
+    return "\n---\n".join(json.dumps(obj) for obj in objects) + "\n"
+
+
+def _leftovers(pod: str, secret: str) -> dict[str, list[str]]:
+    return {
+        "pods": [p for p in podman("pod", "ps", "--format", "{{.Name}}").stdout.split() if p == pod],
+        "containers": [
+            c for c in podman("ps", "-a", "--format", "{{.Names}}").stdout.split() if c.startswith(pod)
+        ],
+        "secrets": [s for s in podman("secret", "ls", "--format", "{{.Name}}").stdout.split() if s == secret],
+    }
+
+
+@pytest.fixture
+def kube_files() -> Iterator[list[Path]]:
+    """Each manifest file the test plays is taken down afterwards, whatever happened."""
+    files: list[Path] = []
+    yield files
+    for path in files:
+        podman("kube", "down", str(path), check=False)
+
+
+@pytest.fixture
+def secrets() -> Iterator[list[str]]:
+    """Each podman secret the test makes is removed afterwards, whatever happened."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        podman("secret", "rm", name, check=False)
+
+
+@pytest.mark.timeout(300)  # the first run builds the image (about a minute on a quiet machine)
+def test_the_rendered_session_pod_serves_a_session_under_podman_kube_play(
+    sim: SimHandle,
+    outpost: Outpost,
+    machine_token: str,
+    session_image: str,
+    kube_files: list[Path],
+    secrets: list[str],
+    tmp_path: Path,
+    wait_until: Callable[..., Any],
+) -> None:
+    sid = sim.admin.enqueue(outpost.outpost_id).session_id
+    acceptor = "k8s-podman-proof"
+    claim = claim_session(sim.url, machine_token, sid, acceptor)
+    assert claim.status.connect_token and claim.status.gateway_url
+    spec = SessionSpec(session_id=sid, outpost_id=outpost.outpost_id, acceptor_id=acceptor)
+    launch = WorkerLaunch(
+        session_id=sid,
+        connect_token=claim.status.connect_token.get_secret_value(),
+        gateway_url=claim.status.gateway_url,
+        static_base_url=sim.static_base_url,
+    )
+    objects = render_session_manifests(
+        spec,
+        launch,
+        options={
+            "namespace": NAMESPACE,
+            "image": session_image,
+            # A local image: never pulled.
+            "pod_template": {"spec": {"containers": [{"name": "devin-worker", "imagePullPolicy": "Never"}]}},
+        },
+    )
+    assert [o["kind"] for o in objects] == ["Secret", "Pod"]
+    secret, pod = objects
+    pod_name = pod["metadata"]["name"]
+    manifest = tmp_path / "session.yaml"
+    manifest.write_text(_yaml([pod]))
+    kube_files.append(manifest)
+    # The Secret becomes a podman secret holding the Secret's ``data`` as JSON (base64 values), which is
+    # what podman's secretKeyRef reads. Not through `kube play` itself: podman 4.3 (Debian 12) stores a
+    # Secret from a kube file as YAML and then cannot read it back (podman issue #16269, fixed in 4.4).
+    # The token goes through stdin, never argv.
+    secret_name = secret["metadata"]["name"]
+    secrets.append(secret_name)
+    podman("secret", "create", secret_name, "-", input_bytes=json.dumps(secret["data"]).encode())
+
+    # --network host: the worker reaches the simulator on 127.0.0.1.
+    podman("kube", "play", "--network", "host", str(manifest))
+    assert podman("pod", "exists", pod_name, check=False).returncode == 0
+
+    connection = sim.admin.wait_connection(sid, timeout=90)
+    assert connection["acceptor_id"] == acceptor  # the claim whose token the stand-in used
+    assert connection["cwd"] == "/var/lib/devin-worker/repos"
+    calls = sim.admin.add_calls(sid, [tools.run("echo served-in-a-pod; cat /proc/1/cgroup >/dev/null; pwd")])
+    done = sim.admin.wait_calls(sid, timeout=90)
+    assert [c["id"] for c in done] == [c["id"] for c in calls]
+    result = done[0]["result"]
+    assert result["exit_code"] == 0, result
+    assert "served-in-a-pod" in result["output"] and "/var/lib/devin-worker/repos" in result["output"]
+
+    sim.admin.end_session(sid, "terminated")
+    container = f"{pod_name}-{pod['spec']['containers'][0]['name']}"
+
+    def exited() -> Any:
+        state = podman("inspect", container, "--format", "{{.State.Status}} {{.State.ExitCode}}", check=False)
+        return state.stdout.split() if state.returncode == 0 and state.stdout.startswith("exited") else None
+
+    assert wait_until(exited, timeout=60) == ["exited", "0"]
+    # The worker ran in direct-serve mode: the fleet API saw only the test's claim, no worker's claim.
+    assert {c["acceptor_id"] for c in sim.admin.claims(session_id=sid)} == {acceptor}
+
+    podman("kube", "down", str(manifest))
+    kube_files.remove(manifest)
+    podman("secret", "rm", secret_name)
+    secrets.remove(secret_name)
+    assert _leftovers(pod_name, secret_name) == {"pods": [], "containers": [], "secrets": []}
