@@ -102,6 +102,8 @@ class FakeKube:
     revision: int = 0
     requests: list[Request] = field(default_factory=list)
     hold_pod_deletions: bool = False
+    #: While set, every request is answered 503 (an API server that is away).
+    outage: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock)
     url: str = ""
 
@@ -183,6 +185,8 @@ class FakeKube:
     def handle(self, request: Request) -> tuple[int, dict[str, Any]]:
         with self.lock:
             self.requests.append(request)
+            if self.outage:
+                return 503, _status(503, "ServiceUnavailable", "the fake API server is in an outage")
             match = _PATH.match(request.path)
             kind = KINDS.get((match.group(1), match.group(3))) if match else None
             if match is None or kind is None:

@@ -577,6 +577,25 @@ def test_a_released_lease_is_taken_at_once_and_conflicts_are_retried(fake: FakeK
     assert make_driver(fake, tmp_path, leader_election=False).leadership("orch-1") is None
 
 
+def test_a_leader_that_cannot_renew_loses_the_lease(fake: FakeKube, tmp_path: Path) -> None:
+    driver = make_driver(fake, tmp_path, lease_duration=1, lease_renew_interval=0.2)
+
+    async def scenario() -> None:
+        lock = driver.leadership("orch-1")
+        assert lock is not None
+        async with lock:
+            renewals = len([r for r in fake.requests if r.method == "PUT"])
+            await until(lambda: len([r for r in fake.requests if r.method == "PUT"]) >= renewals + 2)
+            assert lock.leading and not lock.lost.is_set()
+            fake.outage = True
+            await asyncio.wait_for(lock.lost.wait(), timeout=30)
+            assert not lock.leading
+            fake.outage = False
+        await driver.aclose()
+
+    run(scenario())
+
+
 def test_a_stale_resource_version_is_a_conflict(fake: FakeKube) -> None:
     lease = fake.put(
         {

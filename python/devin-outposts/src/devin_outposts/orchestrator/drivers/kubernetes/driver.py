@@ -21,6 +21,7 @@ What each method does to the cluster:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import os
@@ -61,6 +62,7 @@ from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     ANNOTATION_SESSION,
     ANNOTATION_SUSPENDED_AT,
     LABEL_SNAPSHOT,
+    PodSettings,
     owner_reference,
     pod_name,
     pvc_name,
@@ -73,7 +75,6 @@ from devin_outposts.orchestrator.drivers.kubernetes.options import KubernetesOpt
 
 log = logging.getLogger(__name__)
 _POLL = 0.5  # seconds between reads while waiting for a deleted object to be gone
-_IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def _parse_time(text: Any) -> float:
@@ -179,12 +180,10 @@ class KubernetesDriver(Driver):
             assert deployment.metadata is not None
             self._owner = {**owner, "uid": str(deployment.metadata.uid)}
 
-    def _settings(self) -> Any:
+    def _settings(self) -> PodSettings:
         if self._owner is not None and not self._owner.get("uid"):
             raise DriverError("kubernetes driver: the owner's uid is unknown (check() was not run)")
-        from dataclasses import replace
-
-        return replace(self.options.pod, owner=self._owner)
+        return dataclasses.replace(self.options.pod, owner=self._owner)
 
     # -- leader election ----------------------------------------------------------------------------
 

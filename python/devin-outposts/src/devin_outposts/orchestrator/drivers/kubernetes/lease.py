@@ -19,10 +19,10 @@ import time
 from collections.abc import Mapping
 from typing import Any, Optional, TypeVar
 
+import httpx
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
-from devin_outposts.orchestrator.drivers.base import DriverError
 from devin_outposts.orchestrator.drivers.kubernetes.manifests import micro_time, render_lease
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class LeaseLock:
             try:
                 if await self._try():
                     break
-            except (ApiError, OSError) as exc:  # the API server is briefly away: keep trying
+            except (ApiError, httpx.HTTPError, OSError) as exc:  # the API server is briefly away: keep trying
                 log.warning("could not read or take Lease %s/%s: %s", self.namespace, self.name, exc)
             await asyncio.sleep(self.renew_interval)
         self.leading = True
@@ -156,14 +156,14 @@ class LeaseLock:
             await asyncio.sleep(self.renew_interval)
             try:
                 renewed = await self._try()
-            except (ApiError, OSError) as exc:
+            except (ApiError, httpx.HTTPError, OSError) as exc:
                 log.warning("could not renew Lease %s/%s: %s", self.namespace, self.name, exc)
                 renewed = False
             if renewed:
                 self._renewed_at = time.monotonic()
                 continue
             lease = None
-            with contextlib.suppress(ApiError, OSError):
+            with contextlib.suppress(ApiError, httpx.HTTPError, OSError):
                 lease = await self._read()
             taken = lease is not None and (lease.get("spec") or {}).get("holderIdentity") not in (
                 None,
@@ -193,6 +193,6 @@ class LeaseLock:
                 spec["leaseDurationSeconds"] = 1
                 lease["spec"] = spec
                 await self.client.replace(load(Lease, lease))
-        except (ApiError, OSError) as exc:
-            # It expires by itself within the lease duration.
-            raise DriverError(f"could not release Lease {self.namespace}/{self.name}: {exc}") from exc
+        except (ApiError, httpx.HTTPError, OSError) as exc:
+            # Not worth failing a shutdown for: it expires by itself within the lease duration.
+            log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, exc)
