@@ -20,9 +20,11 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+import httpx
 import pytest
 
 from devin_outposts.api.models import Outpost
@@ -40,6 +42,7 @@ WHEELHOUSE = TEST_HOSTS / "wheelhouse-py311"  # bookworm's python3 is 3.11
 BASE_IMAGE = "localhost/devin-outposts-k8s-base:bookworm"
 IMAGE_REPO = "localhost/devin-outposts-k8s-session"
 NAMESPACE = "outposts"
+NEVER = "Never"
 PODMAN = shutil.which("podman") or "podman"
 TAR = shutil.which("tar") or "/usr/bin/tar"
 
@@ -127,107 +130,196 @@ def _yaml(objects: list[dict[str, Any]]) -> str:
     return "\n---\n".join(json.dumps(obj) for obj in objects) + "\n"
 
 
-def _leftovers(pod: str, secret: str) -> dict[str, list[str]]:
-    return {
-        "pods": [p for p in podman("pod", "ps", "--format", "{{.Name}}").stdout.split() if p == pod],
-        "containers": [
-            c for c in podman("ps", "-a", "--format", "{{.Names}}").stdout.split() if c.startswith(pod)
-        ],
-        "secrets": [s for s in podman("secret", "ls", "--format", "{{.Name}}").stdout.split() if s == secret],
-    }
+def _names(*args: str) -> list[str]:
+    return podman(*args).stdout.split()
+
+
+@dataclass
+class Played:
+    """One session Pod running under podman, with what it was made from."""
+
+    pod: dict[str, Any]
+    manifest: Path
+    secret_name: str
+    volume: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+    @property
+    def container(self) -> str:
+        # podman names a kube Pod's containers <pod>-<container>.
+        return f"{self.name}-{self.pod['spec']['containers'][-1]['name']}"
+
+
+@dataclass
+class PodmanKube:
+    """Plays rendered session Pods; removes everything it made at the end, whatever happened."""
+
+    sim: SimHandle
+    outpost: Outpost
+    token: str
+    image: str
+    tmp: Path
+    played: list[Played] = field(default_factory=list)
+    volumes: set[str] = field(default_factory=set)
+
+    def play(self, sid: str, acceptor: str, **options: Any) -> Played:
+        claim = claim_session(self.sim.url, self.token, sid, acceptor)
+        assert claim.status.connect_token and claim.status.gateway_url
+        spec = SessionSpec(session_id=sid, outpost_id=self.outpost.outpost_id, acceptor_id=acceptor)
+        launch = WorkerLaunch(
+            session_id=sid,
+            connect_token=claim.status.connect_token.get_secret_value(),
+            gateway_url=claim.status.gateway_url,
+            static_base_url=self.sim.static_base_url,
+        )
+        objects = render_session_manifests(
+            spec,
+            launch,
+            options={
+                "namespace": NAMESPACE,
+                "image": self.image,
+                # A local image: never pulled.
+                "pod_template": {
+                    "spec": {"containers": [{"name": "devin-worker", "imagePullPolicy": "Never"}]}
+                },
+                **options,
+            },
+        )
+        secret, pod = objects[0], objects[-1]
+        assert (secret["kind"], pod["kind"]) == ("Secret", "Pod")
+        manifest = self.tmp / f"{pod['metadata']['name']}-{len(self.played)}.yaml"
+        manifest.write_text(_yaml([pod]))
+        played = Played(pod, manifest, secret["metadata"]["name"])
+        for volume in pod["spec"].get("volumes") or []:
+            if "persistentVolumeClaim" in volume:
+                # podman backs a persistentVolumeClaim with the named volume of the claim's name.
+                played.volume = volume["persistentVolumeClaim"]["claimName"]
+                self.volumes.add(played.volume)
+        self.played.append(played)
+        # The Secret becomes a podman secret holding the Secret's ``data`` as JSON (base64 values), which
+        # is what podman's secretKeyRef reads. Not through `kube play` itself: podman 4.3 (Debian 12)
+        # stores a Secret from a kube file as YAML and then cannot read it back (podman issue #16269,
+        # fixed in 4.4). The token goes through stdin, never argv.
+        podman("secret", "create", played.secret_name, "-", input_bytes=json.dumps(secret["data"]).encode())
+        # --network host: the worker reaches the simulator on 127.0.0.1.
+        podman("kube", "play", "--network", "host", str(manifest))
+        assert podman("pod", "exists", played.name, check=False).returncode == 0
+        return played
+
+    def exit_state(self, played: Played) -> Optional[list[str]]:
+        state = podman(
+            "inspect", played.container, "--format", "{{.State.Status}} {{.State.ExitCode}}", check=False
+        )
+        return state.stdout.split() if state.returncode == 0 and state.stdout.startswith("exited") else None
+
+    def down(self, played: Played) -> None:
+        """What teardown does: the Pod and its Secret go; a volume stays (it is the PVC)."""
+        podman("kube", "down", str(played.manifest))
+        podman("secret", "rm", played.secret_name)
+        self.played.remove(played)
+
+    def leftovers(self, played: Played) -> dict[str, list[str]]:
+        return {
+            "pods": [p for p in _names("pod", "ps", "--format", "{{.Name}}") if p == played.name],
+            "containers": [
+                c for c in _names("ps", "-a", "--format", "{{.Names}}") if c.startswith(played.name)
+            ],
+            "secrets": [
+                s for s in _names("secret", "ls", "--format", "{{.Name}}") if s == played.secret_name
+            ],
+            "volumes": [v for v in _names("volume", "ls", "--format", "{{.Name}}") if v == played.volume],
+        }
+
+    def cleanup(self) -> None:
+        for played in self.played:
+            podman("kube", "down", str(played.manifest), check=False)
+            podman("secret", "rm", played.secret_name, check=False)
+        for volume in self.volumes:
+            podman("volume", "rm", "--force", volume, check=False)
 
 
 @pytest.fixture
-def kube_files() -> Iterator[list[Path]]:
-    """Each manifest file the test plays is taken down afterwards, whatever happened."""
-    files: list[Path] = []
-    yield files
-    for path in files:
-        podman("kube", "down", str(path), check=False)
+def kube(
+    sim: SimHandle, outpost: Outpost, machine_token: str, session_image: str, tmp_path: Path
+) -> Iterator[PodmanKube]:
+    handle = PodmanKube(sim, outpost, machine_token, session_image, tmp_path)
+    try:
+        yield handle
+    finally:
+        handle.cleanup()
 
 
-@pytest.fixture
-def secrets() -> Iterator[list[str]]:
-    """Each podman secret the test makes is removed afterwards, whatever happened."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        podman("secret", "rm", name, check=False)
+def _run(sim: SimHandle, sid: str, command: str) -> dict[str, Any]:
+    calls = sim.admin.add_calls(sid, [tools.run(command)])
+    done = [c for c in sim.admin.wait_calls(sid, timeout=90) if c["id"] == calls[0]["id"]]
+    assert len(done) == 1 and done[0]["state"] == "done", done
+    result: dict[str, Any] = done[0]["result"]
+    return result
 
 
 @pytest.mark.timeout(300)  # the first run builds the image (about a minute on a quiet machine)
 def test_the_rendered_session_pod_serves_a_session_under_podman_kube_play(
-    sim: SimHandle,
-    outpost: Outpost,
-    machine_token: str,
-    session_image: str,
-    kube_files: list[Path],
-    secrets: list[str],
-    tmp_path: Path,
-    wait_until: Callable[..., Any],
+    sim: SimHandle, outpost: Outpost, kube: PodmanKube, wait_until: Callable[..., Any]
 ) -> None:
     sid = sim.admin.enqueue(outpost.outpost_id).session_id
     acceptor = "k8s-podman-proof"
-    claim = claim_session(sim.url, machine_token, sid, acceptor)
-    assert claim.status.connect_token and claim.status.gateway_url
-    spec = SessionSpec(session_id=sid, outpost_id=outpost.outpost_id, acceptor_id=acceptor)
-    launch = WorkerLaunch(
-        session_id=sid,
-        connect_token=claim.status.connect_token.get_secret_value(),
-        gateway_url=claim.status.gateway_url,
-        static_base_url=sim.static_base_url,
-    )
-    objects = render_session_manifests(
-        spec,
-        launch,
-        options={
-            "namespace": NAMESPACE,
-            "image": session_image,
-            # A local image: never pulled.
-            "pod_template": {"spec": {"containers": [{"name": "devin-worker", "imagePullPolicy": "Never"}]}},
-        },
-    )
-    assert [o["kind"] for o in objects] == ["Secret", "Pod"]
-    secret, pod = objects
-    pod_name = pod["metadata"]["name"]
-    manifest = tmp_path / "session.yaml"
-    manifest.write_text(_yaml([pod]))
-    kube_files.append(manifest)
-    # The Secret becomes a podman secret holding the Secret's ``data`` as JSON (base64 values), which is
-    # what podman's secretKeyRef reads. Not through `kube play` itself: podman 4.3 (Debian 12) stores a
-    # Secret from a kube file as YAML and then cannot read it back (podman issue #16269, fixed in 4.4).
-    # The token goes through stdin, never argv.
-    secret_name = secret["metadata"]["name"]
-    secrets.append(secret_name)
-    podman("secret", "create", secret_name, "-", input_bytes=json.dumps(secret["data"]).encode())
-
-    # --network host: the worker reaches the simulator on 127.0.0.1.
-    podman("kube", "play", "--network", "host", str(manifest))
-    assert podman("pod", "exists", pod_name, check=False).returncode == 0
+    played = kube.play(sid, acceptor)
 
     connection = sim.admin.wait_connection(sid, timeout=90)
     assert connection["acceptor_id"] == acceptor  # the claim whose token the stand-in used
     assert connection["cwd"] == "/var/lib/devin-worker/repos"
-    calls = sim.admin.add_calls(sid, [tools.run("echo served-in-a-pod; cat /proc/1/cgroup >/dev/null; pwd")])
-    done = sim.admin.wait_calls(sid, timeout=90)
-    assert [c["id"] for c in done] == [c["id"] for c in calls]
-    result = done[0]["result"]
+    assert "DEVIN_OUTPOSTS_TOKEN" not in connection["env"]
+    result = _run(sim, sid, "echo served-in-a-pod; pwd")
     assert result["exit_code"] == 0, result
-    assert "served-in-a-pod" in result["output"] and "/var/lib/devin-worker/repos" in result["output"]
+    assert result["output"].split() == ["served-in-a-pod", "/var/lib/devin-worker/repos"]
 
     sim.admin.end_session(sid, "terminated")
-    container = f"{pod_name}-{pod['spec']['containers'][0]['name']}"
-
-    def exited() -> Any:
-        state = podman("inspect", container, "--format", "{{.State.Status}} {{.State.ExitCode}}", check=False)
-        return state.stdout.split() if state.returncode == 0 and state.stdout.startswith("exited") else None
-
-    assert wait_until(exited, timeout=60) == ["exited", "0"]
+    assert wait_until(lambda: kube.exit_state(played), timeout=60) == ["exited", "0"]
     # The worker ran in direct-serve mode: the fleet API saw only the test's claim, no worker's claim.
     assert {c["acceptor_id"] for c in sim.admin.claims(session_id=sid)} == {acceptor}
 
-    podman("kube", "down", str(manifest))
-    kube_files.remove(manifest)
-    podman("secret", "rm", secret_name)
-    secrets.remove(secret_name)
-    assert _leftovers(pod_name, secret_name) == {"pods": [], "containers": [], "secrets": []}
+    kube.down(played)
+    assert kube.leftovers(played) == {"pods": [], "containers": [], "secrets": [], "volumes": []}
+
+
+@pytest.mark.timeout(300)
+def test_a_kept_state_volume_carries_the_repos_into_the_resumed_session_pod(
+    sim: SimHandle, outpost: Outpost, kube: PodmanKube, machine_token: str, wait_until: Callable[..., Any]
+) -> None:
+    sid = sim.admin.enqueue(outpost.outpost_id).session_id
+    acceptor = "k8s-podman-resume"
+    first = kube.play(sid, acceptor, state_volume=True)
+    assert first.volume.startswith("outpost-state-")
+    sim.admin.wait_connection(sid, timeout=90)
+    assert _run(sim, sid, "echo written-before-suspend > note.txt")["exit_code"] == 0
+
+    # Suspended: the worker exits 0, the Pod and Secret go, the volume (the kept PVC) stays.
+    sim.admin.end_session(sid, "suspended")
+    assert wait_until(lambda: kube.exit_state(first), timeout=60) == ["exited", "0"]
+    kube.down(first)
+    assert kube.leftovers(first)["volumes"] == [first.volume]
+    release = httpx.post(
+        f"{sim.url}/opbeta/outposts/devins/{sid}/release",
+        json={"acceptor_id": acceptor},
+        headers={"Authorization": f"Bearer {machine_token}"},
+        timeout=10,
+    )
+    assert release.status_code == 200, release.text
+
+    # The session comes back (kind=resume); its new Pod mounts the same claim name, so the same volume.
+    sim.admin.tombstone(sid)
+    sim.admin.enqueue(outpost.outpost_id, session_id=sid, kind="resume")
+    second = kube.play(sid, acceptor, state_volume=True)
+    assert second.volume == first.volume
+    sim.admin.wait_connection(sid, count=2, timeout=90)
+    result = _run(sim, sid, "cat note.txt; pwd")
+    assert result["output"].split() == ["written-before-suspend", "/var/lib/devin-worker/repos"], result
+
+    sim.admin.end_session(sid, "terminated")
+    assert wait_until(lambda: kube.exit_state(second), timeout=60) == ["exited", "0"]
+    kube.down(second)
+    podman("volume", "rm", second.volume)  # what teardown does to a PVC that is not kept
+    assert kube.leftovers(second) == {"pods": [], "containers": [], "secrets": [], "volumes": []}
