@@ -13,6 +13,7 @@ once and cached under a tag that is the hash of the wheel's sources, so a second
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -88,8 +89,15 @@ def _sources_hash() -> str:
 def session_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Our worker in the test-host root filesystem, built once per source hash."""
     image = f"{IMAGE_REPO}:{_sources_hash()}"
-    if podman("image", "exists", image, check=False).returncode == 0:
-        return image
+    # One build at a time on this machine (xdist workers, other checkouts): the others wait, then find it.
+    with open("/run/lock/devin-outposts-k8s-session-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if podman("image", "exists", image, check=False).returncode != 0:
+            _build(image, tmp_path_factory)
+    return image
+
+
+def _build(image: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0:
         tar = subprocess.Popen([TAR, "-C", str(ROOTFS), "-c", "."], stdout=subprocess.PIPE)
         imported = subprocess.run(
@@ -118,11 +126,13 @@ def session_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
     # Offline: everything comes from the wheelhouse.
     podman("build", "--network", "none", "--tag", image, str(context))
-    # Older builds of the image are only disk space now.
-    for line in podman("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_REPO).stdout.split():
+    # Builds from other sources are only disk space once they are a day old (a younger one may be
+    # another checkout's, in use right now).
+    old = podman("images", "--filter", f"reference={IMAGE_REPO}", "--filter", "until=24h",
+                 "--format", "{{.Repository}}:{{.Tag}}").stdout.split()  # fmt: skip
+    for line in old:
         if line != image:
             podman("rmi", line, check=False)
-    return image
 
 
 def _yaml(objects: list[dict[str, Any]]) -> str:
