@@ -9,8 +9,9 @@ NotFound, 409 AlreadyExists on a create of an existing name, 409 Conflict on a r
 
 Since no kubelet runs, a test sets a Pod's status itself (:meth:`FakeKube.set_pod_status`). There is no
 garbage collector either: owner references are stored, never acted on, so a test that finds a Secret
-gone knows the driver deleted it. ``hold_pod_deletions`` makes a deleted Pod linger as terminating until
-:meth:`finish_deletions`, like a Pod whose container is still stopping.
+gone knows the driver deleted it. ``hold_deletions`` makes deleted objects of those kinds linger as
+terminating (``deletionTimestamp`` set) until :meth:`finish_deletions`, like a Pod whose container is
+still stopping or a PVC held by its protection finalizer.
 
 It runs in a thread (stdlib ``ThreadingHTTPServer``), independent of the test's event loop.
 """
@@ -101,7 +102,7 @@ class FakeKube:
     store: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name)
     revision: int = 0
     requests: list[Request] = field(default_factory=list)
-    hold_pod_deletions: bool = False
+    hold_deletions: set[str] = field(default_factory=set)
     #: While set, every request is answered 503 (an API server that is away).
     outage: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -221,7 +222,7 @@ class FakeKube:
             if request.method == "GET":
                 return 200, copy.deepcopy(current)
             if request.method == "DELETE":
-                if kind == "Pod" and self.hold_pod_deletions:
+                if kind in self.hold_deletions:
                     current["metadata"].setdefault("deletionTimestamp", "2026-01-01T00:00:00Z")
                     self._bump(current)
                     return 200, copy.deepcopy(current)

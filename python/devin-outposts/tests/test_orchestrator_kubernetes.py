@@ -229,7 +229,7 @@ def test_provision_is_idempotent_and_start_replaces_the_pod(fake: FakeKube, tmp_
         assert again.ref == first.ref
         await driver.start(first, launch())
         uid1 = fake.objects("Pod", NS)[0]["metadata"]["uid"]
-        fake.hold_pod_deletions = True  # the old Pod terminates for a while, holding its name
+        fake.hold_deletions = {"Pod"}  # the old Pod terminates for a while, holding its name
         task = asyncio.create_task(driver.start(again, launch(token="fresh-token")))
         pod_path = f"/api/v1/namespaces/{NS}/pods/{first.ref}"
         deleted_at = len(fake.requests)
@@ -255,6 +255,47 @@ def test_provision_is_idempotent_and_start_replaces_the_pod(fake: FakeKube, tmp_
     assert "ownerReferences" not in pvc["metadata"]  # not owned by the Pod: it may outlive it
     creates = [r for r in fake.requests if r.method == "POST" and r.path.endswith("/persistentvolumeclaims")]
     assert len(creates) >= 2  # provision twice (and start): the conflicts were absorbed
+
+
+def test_a_terminating_state_volume_is_waited_for_not_reused(fake: FakeKube, tmp_path: Path) -> None:
+    driver = make_driver(fake, tmp_path, state_volume=True)
+
+    async def scenario() -> tuple[str, str]:
+        machine = await driver.provision(spec())
+        await driver.start(machine, launch())
+        old = fake.objects("PersistentVolumeClaim", NS)[0]["metadata"]["uid"]
+        fake.hold_deletions = {"PersistentVolumeClaim"}
+        await driver.teardown(machine)  # the PVC is terminating now
+        task = asyncio.create_task(driver.provision(spec()))
+        mark = len(fake.requests)
+        await until(lambda: len([r for r in fake.requests[mark:] if r.method == "GET"]) >= 3)
+        assert not task.done()
+        assert not any(r.method == "POST" for r in fake.requests[mark:])
+        fake.finish_deletions()
+        await task
+        await driver.aclose()
+        return old, fake.objects("PersistentVolumeClaim", NS)[0]["metadata"]["uid"]
+
+    old, new = run(scenario())
+    assert old != new
+
+
+def test_mapping_options_may_be_json_text(tmp_path: Path) -> None:
+    # --driver-opt overrides='{"labels": {"a": "b"}}' gives text, not a mapping.
+    driver = driver_class("kubernetes").from_options(
+        DriverContext(state_dir=tmp_path), {"image": IMAGE, "overrides": '{"labels": {"team": "a"}}'}
+    )
+    assert isinstance(driver, KubernetesDriver)
+    [pod] = [
+        o
+        for o in render_session_manifests(spec(), launch(), settings=driver.options.pod)
+        if o["kind"] == "Pod"
+    ]
+    assert pod["metadata"]["labels"]["team"] == "a"
+    with pytest.raises(DriverError, match="option overrides must be a mapping"):
+        driver_class("kubernetes").from_options(
+            DriverContext(state_dir=tmp_path), {"image": IMAGE, "overrides": "x"}
+        )
 
 
 def test_status_follows_the_pod(fake: FakeKube, tmp_path: Path) -> None:

@@ -231,19 +231,23 @@ class KubernetesDriver(Driver):
         return self._machine(spec)
 
     async def _ensure_pvc(self, spec: SessionSpec, *, fresh: bool) -> None:
-        """Create the state PVC if missing; with ``fresh``, a kept (snapshot) PVC makes way for a new one."""
+        """Create the state PVC if missing; with ``fresh``, a kept (snapshot) PVC makes way for a new one.
+
+        A PVC still terminating (a teardown just before) is waited for: a Pod mounting it would never
+        start, and creating one of that name meanwhile is a 409.
+        """
         name = pvc_name(spec.session_id)
-        if fresh:
-            current = await self._get(PersistentVolumeClaim, name)
-            if (
-                current is not None
-                and (current.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) == "true"
-            ):
+        current = await self._get(PersistentVolumeClaim, name)
+        if current is not None:
+            meta = current.get("metadata") or {}
+            kept = (meta.get("labels") or {}).get(LABEL_SNAPSHOT) == "true"
+            if fresh and kept:
                 log.info(
                     "session %s: snapshot %s was not restored; starting from an empty volume",
                     spec.session_id,
                     name,
                 )
+            if meta.get("deletionTimestamp") or (fresh and kept):
                 await self._delete(PersistentVolumeClaim, name, wait=True)
         body = render_pvc(self.namespace, spec, self._settings())
         try:

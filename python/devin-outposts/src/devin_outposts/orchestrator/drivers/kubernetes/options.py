@@ -7,6 +7,7 @@ bad value is a one-line :class:`DriverError` naming the key.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -52,6 +53,14 @@ def _seconds(key: str, value: Any) -> float:
 
 
 def _mapping(key: str, value: Any) -> Mapping[str, Any]:
+    if isinstance(value, str):
+        # --driver-opt KEY=VALUE gives text: a JSON object is accepted there.
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise DriverError(
+                f"kubernetes driver option {key} must be a mapping (a JSON object as text)"
+            ) from None
     if not isinstance(value, Mapping):
         raise DriverError(f"kubernetes driver option {key} must be a mapping, got {type(value).__name__}")
     return value
