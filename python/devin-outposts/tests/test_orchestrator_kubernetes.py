@@ -551,7 +551,8 @@ def test_the_driver_reports_an_unreachable_cluster_as_a_driver_error(tmp_path: P
 
 
 def test_leader_election_one_wins_and_the_other_takes_over(fake: FakeKube, tmp_path: Path) -> None:
-    options = {"lease_duration": 1.0, "lease_renew_interval": 0.2}
+    # A duration well above the renewal period, so a loaded machine does not make B take over early.
+    options = {"lease_duration": 3.0, "lease_renew_interval": 0.2}
     first = make_driver(fake, tmp_path, **options)
     second = make_driver(fake, tmp_path, **options)
 
