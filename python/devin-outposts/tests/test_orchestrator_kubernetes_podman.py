@@ -270,7 +270,7 @@ def _run(sim: SimHandle, sid: str, command: str) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.timeout(300)  # the first run builds the image (15 s here; the root filesystem import is most of it)
+@pytest.mark.timeout(300)  # the first run builds the image (about 15 s here)
 def test_the_rendered_session_pod_serves_a_session_under_podman_kube_play(
     sim: SimHandle, outpost: Outpost, kube: PodmanKube, wait_until: Callable[..., Any]
 ) -> None:
