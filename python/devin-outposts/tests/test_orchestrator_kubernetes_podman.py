@@ -1,0 +1,335 @@
+"""The session Pod the ``kubernetes`` driver renders, run for real with ``podman kube play``.
+
+No Kubernetes cluster can run here, but podman runs a Pod manifest with its Secret: this shows that the
+Pod and Secret :func:`render_session_manifests` produces start our worker in direct-serve mode, which
+serves a session claimed on the fleet simulator (the stand-in ``devin-remote`` connects to the gateway
+with the connect token from the Secret and runs the tool calls the test scripts), exits 0 when the session
+ends, and that ``podman kube down`` leaves nothing behind.
+
+The image is the Debian test-host root filesystem (scripts/test-hosts/build-images.sh) plus a venv with
+this checkout's ``devin-outposts`` wheel, installed offline from the test hosts' wheelhouse. It is built
+once and cached under a tag that is the hash of the wheel's sources, so a second run costs nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import httpx
+import pytest
+
+from devin_outposts.api.models import Outpost
+from devin_outposts.orchestrator.drivers.base import SessionSpec, WorkerLaunch
+from devin_outposts.orchestrator.drivers.kubernetes import render_session_manifests
+from devin_outposts_sim.remote import tools
+from devin_outposts_sim.testing import SimHandle
+from devin_outposts_sim.testing.remote import claim_session
+
+PACKAGE = Path(__file__).resolve().parents[1]
+# The cache scripts/test-hosts/build-images.sh writes (root-owned, as that script runs as root).
+TEST_HOSTS = Path(os.environ.get("DEVIN_OUTPOSTS_TEST_HOSTS", "/var/tmp/devin-outposts-test-hosts"))  # noqa: S108
+ROOTFS = TEST_HOSTS / "rootfs-bookworm"
+WHEELHOUSE = TEST_HOSTS / "wheelhouse-py311"  # bookworm's python3 is 3.11
+BASE_IMAGE = "localhost/devin-outposts-k8s-base:bookworm"
+IMAGE_REPO = "localhost/devin-outposts-k8s-session"
+NAMESPACE = "outposts"
+NEVER = "Never"
+PODMAN = shutil.which("podman") or "podman"
+TAR = shutil.which("tar") or "/usr/bin/tar"
+
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("podman") is None, reason="podman is not installed (apt-get install podman runc)"
+    ),
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="rootful podman: run as root (shared/reference/test-hosts.md, Recipe A)"
+    ),
+    pytest.mark.skipif(
+        not (ROOTFS / "usr/bin/python3").exists() or not WHEELHOUSE.is_dir(),
+        reason=f"no test-host root filesystem or wheelhouse under {TEST_HOSTS} "
+        "(scripts/test-hosts/build-images.sh makes them)",
+    ),
+]
+
+
+def podman(
+    *args: str, check: bool = True, input_bytes: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [PODMAN, *args], input=input_bytes.decode() if input_bytes else None,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} failed ({result.returncode}): {result.stderr[-2000:]}")
+    return result
+
+
+def _sources_hash() -> str:
+    digest = hashlib.sha256()
+    for path in sorted((PACKAGE / "src").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(PACKAGE)).encode())
+            digest.update(path.read_bytes())
+    digest.update((PACKAGE / "pyproject.toml").read_bytes())
+    digest.update("\n".join(sorted(p.name for p in WHEELHOUSE.iterdir())).encode())
+    return digest.hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def session_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Our worker in the test-host root filesystem, built once per source hash."""
+    image = f"{IMAGE_REPO}:{_sources_hash()}"
+    # One build at a time on this machine (xdist workers, other checkouts): the others wait, then find it.
+    with open("/run/lock/devin-outposts-k8s-session-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if podman("image", "exists", image, check=False).returncode != 0:
+            _build(image, tmp_path_factory)
+    return image
+
+
+def _build(image: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0:
+        tar = subprocess.Popen([TAR, "-C", str(ROOTFS), "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run(
+            [PODMAN, "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True, timeout=300
+        )
+        tar.wait()
+        assert imported.returncode == 0 and tar.returncode == 0, imported.stderr[-2000:]
+    context = tmp_path_factory.mktemp("session-image")
+    wheels = context / "wheels"
+    wheels.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+         "-w", str(wheels), str(PACKAGE)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    for wheel in WHEELHOUSE.glob("*.whl"):
+        shutil.copy2(wheel, wheels)
+    (context / "Containerfile").write_text(
+        f"FROM {BASE_IMAGE}\n"
+        "COPY wheels /tmp/wheels\n"
+        "RUN python3 -m venv /opt/devin-outposts"
+        " && /opt/devin-outposts/bin/pip install --quiet --no-index --find-links /tmp/wheels devin-outposts"
+        " && rm -rf /tmp/wheels\n"
+        "ENV PATH=/opt/devin-outposts/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        'CMD ["devin-outposts", "--help"]\n'
+    )
+    # Offline: everything comes from the wheelhouse.
+    podman("build", "--network", "none", "--tag", image, str(context))
+    # Builds from other sources are only disk space once they are a day old (a younger one may be
+    # another checkout's, in use right now).
+    old = podman("images", "--filter", f"reference={IMAGE_REPO}", "--filter", "until=24h",
+                 "--format", "{{.Repository}}:{{.Tag}}").stdout.split()  # fmt: skip
+    for line in old:
+        if line != image:
+            podman("rmi", line, check=False)
+
+
+def _yaml(objects: list[dict[str, Any]]) -> str:
+    # JSON documents are YAML documents.
+    return "\n---\n".join(json.dumps(obj) for obj in objects) + "\n"
+
+
+def _names(*args: str) -> list[str]:
+    return podman(*args).stdout.split()
+
+
+@dataclass
+class Played:
+    """One session Pod running under podman, with what it was made from."""
+
+    pod: dict[str, Any]
+    manifest: Path
+    secret_name: str
+    volume: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+    @property
+    def container(self) -> str:
+        # podman names a kube Pod's containers <pod>-<container>.
+        return f"{self.name}-{self.pod['spec']['containers'][-1]['name']}"
+
+
+@dataclass
+class PodmanKube:
+    """Plays rendered session Pods; removes everything it made at the end, whatever happened."""
+
+    sim: SimHandle
+    outpost: Outpost
+    token: str
+    image: str
+    tmp: Path
+    played: list[Played] = field(default_factory=list)
+    volumes: set[str] = field(default_factory=set)
+
+    def play(self, sid: str, acceptor: str, **options: Any) -> Played:
+        claim = claim_session(self.sim.url, self.token, sid, acceptor)
+        assert claim.status.connect_token and claim.status.gateway_url
+        spec = SessionSpec(session_id=sid, outpost_id=self.outpost.outpost_id, acceptor_id=acceptor)
+        launch = WorkerLaunch(
+            session_id=sid,
+            connect_token=claim.status.connect_token.get_secret_value(),
+            gateway_url=claim.status.gateway_url,
+            static_base_url=self.sim.static_base_url,
+        )
+        objects = render_session_manifests(
+            spec,
+            launch,
+            options={
+                "namespace": NAMESPACE,
+                "image": self.image,
+                # A local image: never pulled.
+                "pod_template": {
+                    "spec": {"containers": [{"name": "devin-worker", "imagePullPolicy": "Never"}]}
+                },
+                **options,
+            },
+        )
+        secret, pod = objects[0], objects[-1]
+        assert (secret["kind"], pod["kind"]) == ("Secret", "Pod")
+        manifest = self.tmp / f"{pod['metadata']['name']}-{len(self.played)}.yaml"
+        manifest.write_text(_yaml([pod]))
+        played = Played(pod, manifest, secret["metadata"]["name"])
+        for volume in pod["spec"].get("volumes") or []:
+            if "persistentVolumeClaim" in volume:
+                # podman backs a persistentVolumeClaim with the named volume of the claim's name.
+                played.volume = volume["persistentVolumeClaim"]["claimName"]
+                self.volumes.add(played.volume)
+        self.played.append(played)
+        # The Secret becomes a podman secret holding the Secret's ``data`` as JSON (base64 values), which
+        # is what podman's secretKeyRef reads. Not through `kube play` itself: podman 4.3 (Debian 12)
+        # stores a Secret from a kube file as YAML and then cannot read it back (podman issue #16269,
+        # fixed in 4.4). The token goes through stdin, never argv.
+        podman("secret", "create", played.secret_name, "-", input_bytes=json.dumps(secret["data"]).encode())
+        # --network host: the worker reaches the simulator on 127.0.0.1.
+        podman("kube", "play", "--network", "host", str(manifest))
+        assert podman("pod", "exists", played.name, check=False).returncode == 0
+        return played
+
+    def exit_state(self, played: Played) -> Optional[list[str]]:
+        state = podman(
+            "inspect", played.container, "--format", "{{.State.Status}} {{.State.ExitCode}}", check=False
+        )
+        return state.stdout.split() if state.returncode == 0 and state.stdout.startswith("exited") else None
+
+    def down(self, played: Played) -> None:
+        """What teardown does: the Pod and its Secret go; a volume stays (it is the PVC)."""
+        podman("kube", "down", str(played.manifest))
+        podman("secret", "rm", played.secret_name)
+        self.played.remove(played)
+
+    def leftovers(self, played: Played) -> dict[str, list[str]]:
+        return {
+            "pods": [p for p in _names("pod", "ps", "--format", "{{.Name}}") if p == played.name],
+            "containers": [
+                c for c in _names("ps", "-a", "--format", "{{.Names}}") if c.startswith(played.name)
+            ],
+            "secrets": [
+                s for s in _names("secret", "ls", "--format", "{{.Name}}") if s == played.secret_name
+            ],
+            "volumes": [v for v in _names("volume", "ls", "--format", "{{.Name}}") if v == played.volume],
+        }
+
+    def cleanup(self) -> None:
+        for played in self.played:
+            podman("kube", "down", str(played.manifest), check=False)
+            podman("secret", "rm", played.secret_name, check=False)
+        for volume in self.volumes:
+            podman("volume", "rm", "--force", volume, check=False)
+
+
+@pytest.fixture
+def kube(
+    sim: SimHandle, outpost: Outpost, machine_token: str, session_image: str, tmp_path: Path
+) -> Iterator[PodmanKube]:
+    handle = PodmanKube(sim, outpost, machine_token, session_image, tmp_path)
+    try:
+        yield handle
+    finally:
+        handle.cleanup()
+
+
+def _run(sim: SimHandle, sid: str, command: str) -> dict[str, Any]:
+    calls = sim.admin.add_calls(sid, [tools.run(command)])
+    done = [c for c in sim.admin.wait_calls(sid, timeout=90) if c["id"] == calls[0]["id"]]
+    assert len(done) == 1 and done[0]["state"] == "done", done
+    result: dict[str, Any] = done[0]["result"]
+    return result
+
+
+@pytest.mark.timeout(300)  # the first run builds the image (about 15 s here)
+def test_the_rendered_session_pod_serves_a_session_under_podman_kube_play(
+    sim: SimHandle, outpost: Outpost, kube: PodmanKube, wait_until: Callable[..., Any]
+) -> None:
+    sid = sim.admin.enqueue(outpost.outpost_id).session_id
+    acceptor = "k8s-podman-proof"
+    played = kube.play(sid, acceptor)
+
+    connection = sim.admin.wait_connection(sid, timeout=90)
+    assert connection["acceptor_id"] == acceptor  # the claim whose token the stand-in used
+    assert connection["cwd"] == "/var/lib/devin-worker/repos"
+    assert "DEVIN_OUTPOSTS_TOKEN" not in connection["env"]
+    result = _run(sim, sid, "echo served-in-a-pod; pwd")
+    assert result["exit_code"] == 0, result
+    assert result["output"].split() == ["served-in-a-pod", "/var/lib/devin-worker/repos"]
+
+    sim.admin.end_session(sid, "terminated")
+    assert wait_until(lambda: kube.exit_state(played), timeout=60) == ["exited", "0"]
+    # The worker ran in direct-serve mode: the fleet API saw only the test's claim, no worker's claim.
+    assert {c["acceptor_id"] for c in sim.admin.claims(session_id=sid)} == {acceptor}
+
+    kube.down(played)
+    assert kube.leftovers(played) == {"pods": [], "containers": [], "secrets": [], "volumes": []}
+
+
+@pytest.mark.timeout(300)
+def test_a_kept_state_volume_carries_the_repos_into_the_resumed_session_pod(
+    sim: SimHandle, outpost: Outpost, kube: PodmanKube, machine_token: str, wait_until: Callable[..., Any]
+) -> None:
+    sid = sim.admin.enqueue(outpost.outpost_id).session_id
+    acceptor = "k8s-podman-resume"
+    first = kube.play(sid, acceptor, state_volume=True)
+    assert first.volume.startswith("outpost-state-")
+    sim.admin.wait_connection(sid, timeout=90)
+    assert _run(sim, sid, "echo written-before-suspend > note.txt")["exit_code"] == 0
+
+    # Suspended: the worker exits 0, the Pod and Secret go, the volume (the kept PVC) stays.
+    sim.admin.end_session(sid, "suspended")
+    assert wait_until(lambda: kube.exit_state(first), timeout=60) == ["exited", "0"]
+    kube.down(first)
+    assert kube.leftovers(first)["volumes"] == [first.volume]
+    release = httpx.post(
+        f"{sim.url}/opbeta/outposts/devins/{sid}/release",
+        json={"acceptor_id": acceptor},
+        headers={"Authorization": f"Bearer {machine_token}"},
+        timeout=10,
+    )
+    assert release.status_code == 200, release.text
+
+    # The session comes back (kind=resume); its new Pod mounts the same claim name, so the same volume.
+    sim.admin.tombstone(sid)
+    sim.admin.enqueue(outpost.outpost_id, session_id=sid, kind="resume")
+    second = kube.play(sid, acceptor, state_volume=True)
+    assert second.volume == first.volume
+    sim.admin.wait_connection(sid, count=2, timeout=90)
+    result = _run(sim, sid, "cat note.txt; pwd")
+    assert result["output"].split() == ["written-before-suspend", "/var/lib/devin-worker/repos"], result
+
+    sim.admin.end_session(sid, "terminated")
+    assert wait_until(lambda: kube.exit_state(second), timeout=60) == ["exited", "0"]
+    kube.down(second)
+    podman("volume", "rm", second.volume)  # what teardown does to a PVC that is not kept
+    assert kube.leftovers(second) == {"pods": [], "containers": [], "secrets": [], "volumes": []}
