@@ -141,17 +141,33 @@ def test_the_role_is_namespaced_and_least_privilege(tmp_path: Path) -> None:
     objects = manifests(tmp_path)
     role, binding = objects["20-role.yml"], objects["30-rolebinding.yml"]
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "devin-outposts"
-    granted = {(group, resource): set(rule["verbs"])
-               for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
-    assert set(granted) == {("", "pods"), ("", "secrets"), ("", "persistentvolumeclaims"), ("", "configmaps"),
-                            ("coordination.k8s.io", "leases")}  # fmt: skip
-    for verbs in granted.values():
-        assert "*" not in verbs and "escalate" not in verbs and "bind" not in verbs
-    assert granted[("coordination.k8s.io", "leases")] == {"get", "create", "update"}
+    # Exactly the kubernetes driver's needs (docs/orchestrator-kubernetes.md, "RBAC").
+    assert granted_by(role) == {
+        ("", "pods"): {"get", "list", "create", "delete"},
+        ("", "secrets"): {"get", "list", "create", "delete", "patch"},
+        ("", "persistentvolumeclaims"): {"get", "list", "create", "delete", "patch"},
+        ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    }
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "devin-outposts-orchestrator"}  # fmt: skip
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "devin-outposts-orchestrator",
                                     "namespace": "devin-outposts"}]  # fmt: skip
+
+
+def granted_by(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    return {(group, resource): set(rule["verbs"])
+            for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def test_an_owner_deployment_without_uid_may_be_read_by_name_only(tmp_path: Path) -> None:
+    """The driver looks up an owner Deployment given without uid: the Role then grants get on that one."""
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "devin-outposts-orchestrator"}
+    assert render(tmp_path, {**BASE_VARS, "devin_outposts_orchestrator_driver_config": {"owner": owner}}).returncode == 0
+    objects = manifests(tmp_path)
+    assert_valid(objects)
+    rules = [r for r in objects["20-role.yml"]["rules"] if r["apiGroups"] == ["apps"]]
+    assert rules == [{"apiGroups": ["apps"], "resources": ["deployments"],
+                      "resourceNames": ["devin-outposts-orchestrator"], "verbs": ["get"]}]  # fmt: skip
 
 
 def test_every_option_still_renders_valid_objects(tmp_path: Path) -> None:
@@ -218,8 +234,10 @@ def test_a_broken_object_is_caught(tmp_path: Path) -> None:
         ({"devin_outposts_orchestrator_outpost": ""}, "no outpost: set devin_outposts_orchestrator_outpost"),
         ({"devin_outposts_orchestrator_validate_certs": False}, "the orchestrator always verifies TLS"),
         ({"devin_outposts_orchestrator_k8s_metrics_addr": "8080"}, "must be HOST:PORT"),
+        ({"devin_outposts_orchestrator_driver_config": {"namespace": "elsewhere"}}, "the Role only grants access there"),
     ],
-    ids=["no-image", "bad-namespace", "no-token", "no-outpost", "validate-certs-false", "bad-metrics-addr"],
+    ids=["no-image", "bad-namespace", "no-token", "no-outpost", "validate-certs-false", "bad-metrics-addr",
+         "other-namespace"],
 )
 def test_bad_inputs_are_refused_before_anything_is_written(tmp_path: Path, role_vars: dict[str, Any],
                                                            expected: str) -> None:
