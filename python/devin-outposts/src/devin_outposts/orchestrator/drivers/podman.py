@@ -345,12 +345,21 @@ class PodmanDriver(Driver):
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.command_timeout)
         except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+            await self._kill(proc)
             raise DriverError(f"podman did not {what} within {self.command_timeout:g} s") from None
+        except asyncio.CancelledError:
+            # The orchestrator gave up on this step (its provision timeout, a shutdown): no podman call
+            # may go on acting behind its back.
+            await asyncio.shield(self._kill(proc))
+            raise
         code = proc.returncode if proc.returncode is not None else -1
         return _Result(code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    @staticmethod
+    async def _kill(proc: asyncio.subprocess.Process) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
 
     async def _check(self, *args: str, what: str) -> _Result:
         result = await self._run(*args, what=what)
@@ -550,8 +559,8 @@ class PodmanDriver(Driver):
         found = await self._inspect("container", machine.name)
         if found is None:
             return WorkerStatus(WorkerState.MISSING, detail="container gone")
-        state = found.get("State") if isinstance(found.get("State"), dict) else {}
-        assert isinstance(state, dict)
+        raw_state = found.get("State")
+        state: Mapping[str, Any] = raw_state if isinstance(raw_state, dict) else {}
         status = str(state.get("Status", "")).lower()
         if status in ("created", "configured", "initialized"):
             return WorkerStatus(WorkerState.STARTING, detail=f"container {status}")
