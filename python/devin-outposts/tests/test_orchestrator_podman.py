@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +241,111 @@ def test_options_are_checked_when_the_driver_is_made(
         PodmanDriver.from_options(context, options)
     assert str(caught.value).startswith(message)
     assert "\n" not in str(caught.value)
+
+
+# --- against a fake podman: what the driver hands podman -------------------------------------------
+
+FAKE_PODMAN = """#!{python}
+import json, os, sys, time
+args = sys.argv[1:]
+record = {{"argv": args, "devin_env": sorted(k for k in os.environ if k.startswith("DEVIN_"))}}
+if "--env-file" in args:
+    path = args[args.index("--env-file") + 1]
+    record["env_file_mode"] = oct(os.stat(path).st_mode & 0o777)
+    record["env_file"] = open(path).read()
+with open(os.environ["FAKE_PODMAN_LOG"], "a") as log:
+    log.write(json.dumps(record) + "\\n")
+if os.environ.get("FAKE_PODMAN_SLEEP"):
+    time.sleep(float(os.environ["FAKE_PODMAN_SLEEP"]))
+if args[:2] == ["image", "exists"]:
+    sys.exit(1)
+if args[:2] == ["volume", "create"]:
+    sys.stderr.write("Error: creating volume: disk full\\nSee 'podman volume create --help'\\n")
+    sys.exit(125)
+if args[:2] == ["container", "inspect"] and os.environ.get("FAKE_PODMAN_EMPTY"):
+    sys.stderr.write("Error: inspecting object: no such container " + args[-1] + "\\n")
+    sys.exit(125)
+if args[:2] == ["container", "inspect"]:
+    labels = {{
+        "app.kubernetes.io/managed-by": "devin-outposts-orchestrator",
+        "outposts.devin.ai/kind": "machine",
+        "outposts.devin.ai/state-volume": "state-1",
+    }}
+    print(json.dumps([{{"Config": {{"Labels": labels}}, "State": {{"Status": "created"}}}}]))
+"""
+
+
+@pytest.fixture
+def fake_podman(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., PodmanDriver]:
+    script = tmp_path / "podman"
+    script.write_text(FAKE_PODMAN.format(python=sys.executable))
+    script.chmod(0o755)
+    monkeypatch.setenv("FAKE_PODMAN_LOG", str(tmp_path / "podman.log"))
+
+    def make(**options: Any) -> PodmanDriver:
+        context = DriverContext(state_dir=tmp_path / "orchestrator")
+        return PodmanDriver.from_options(context, {"podman": str(script), **options})
+
+    return make
+
+
+def fake_calls(tmp_path: Path) -> list[dict[str, Any]]:
+    log = tmp_path / "podman.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_the_launch_reaches_podman_in_a_0600_env_file_that_is_gone_after(
+    fake_podman: Callable[..., PodmanDriver], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEVIN_OUTPOSTS_TOKEN", "account-token-canary")
+    driver = fake_podman(cpus=2, memory="1g", pids_limit="64", network="host")
+    machine = Machine("outpost-worker-x", "devin-x", "outpost_env-1", "acceptor-1")
+    launch = WorkerLaunch(
+        "devin-x", "connect-token-canary", "ws://gateway.invalid/", static_base_url="http://s/"
+    )
+    run(driver.start(machine, launch))
+    calls = fake_calls(tmp_path)
+    assert [c["argv"][:2] for c in calls] == [
+        ["container", "inspect"], ["kill", "--signal"], ["rm", "--force"], ["create", "--name"],
+        ["start", "outpost-worker-x"],
+    ]  # fmt: skip
+    assert all(c["devin_env"] == [] for c in calls)  # the account token never reaches podman
+    assert not any("canary" in arg for c in calls for arg in c["argv"])
+    [create] = [c for c in calls if c["argv"][0] == "create"]
+    assert create["env_file_mode"] == "0o600"
+    assert "DEVIN_REMOTE_SESSION_TOKEN=connect-token-canary\n" in create["env_file"]
+    assert "DEVIN_OUTPOST_GATEWAY_URL=ws://gateway.invalid/\n" in create["env_file"]
+    assert "DEVIN_WORKER_CACHE_DIR=/var/lib/devin-worker/worker/cache\n" in create["env_file"]
+    assert "account-token-canary" not in create["env_file"]
+    argv = create["argv"]
+    assert argv[argv.index("--cpus") + 1 :][:1] == ["2"]
+    assert argv[argv.index("--memory") + 1 :][:1] == ["1g"]
+    assert argv[argv.index("--pids-limit") + 1 :][:1] == ["64"]
+    assert argv[argv.index("--network") + 1 :][:1] == ["host"]
+    assert argv[argv.index("--volume") + 1 :][:1] == ["state-1:/var/lib/devin-worker"]
+    assert argv[argv.index("--entrypoint") + 1 :] == [
+        '["devin-outposts"]', driver.image, "worker", "start", "--session", "devin-x",
+    ]  # fmt: skip
+    assert [p for p in (tmp_path / "orchestrator").rglob("*") if p.is_file()] == []
+
+
+def test_podman_failures_are_one_line_driver_errors(
+    fake_podman: Callable[..., PodmanDriver], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    driver = fake_podman(image="localhost/missing:1")
+    with pytest.raises(DriverError, match=r"^podman image localhost/missing:1 not found"):
+        run(driver.check())
+    monkeypatch.setenv("FAKE_PODMAN_EMPTY", "1")
+    with pytest.raises(DriverError) as caught:
+        run(driver.provision(SessionSpec("devin-y", "outpost_env-1", "acceptor-1")))
+    assert re.fullmatch(
+        r"Could not create volume outpost-state-devin-y-\w+-\w+: creating volume: disk full",
+        str(caught.value),
+    )
+    monkeypatch.setenv("FAKE_PODMAN_SLEEP", "30")
+    slow = fake_podman(command_timeout="0.5")
+    with pytest.raises(DriverError, match=r"^podman did not report its version within 0.5 s$"):
+        run(slow.check())
 
 
 # --- against podman --------------------------------------------------------------------------------
