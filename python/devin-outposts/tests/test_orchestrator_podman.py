@@ -544,6 +544,41 @@ def test_exit_codes_snapshots_and_orphans_without_a_session(
 
 
 @needs_podman
+def test_start_replaces_a_running_worker_on_the_same_volume(pod: Podman) -> None:
+    """A re-claim starts the worker again: the running one is stopped and replaced, the machine (its name,
+    volume, creation time, labels) stays."""
+    sleeper = PodmanDriver.from_options(
+        DriverContext(state_dir=pod.state_dir.parent),
+        {
+            "image": pod.driver.image,
+            "network": "none",
+            "worker_command": "sh -c 'sleep 600'",
+            "stop_grace": 2,
+        },
+    )
+    spec = pod.spec("devin-podman-restart")
+    machine = run(sleeper.provision(spec))
+    launch = WorkerLaunch(spec.session_id, "first-token", "ws://127.0.0.1:9/")
+    run(sleeper.start(machine, launch))
+    first = inspect_container(machine.name)
+    assert run(sleeper.status(machine)).state is WorkerState.RUNNING
+    run(sleeper.start(machine, WorkerLaunch(spec.session_id, "second-token", "ws://127.0.0.1:9/")))
+    second = inspect_container(machine.name)
+    assert second["Id"] != first["Id"]
+    assert run(sleeper.status(machine)).state is WorkerState.RUNNING
+    assert "DEVIN_REMOTE_SESSION_TOKEN=second-token" in second["Config"]["Env"]
+    assert (
+        [m["Name"] for m in second["Mounts"]]
+        == [m["Name"] for m in first["Mounts"]]
+        == [machine.details["volume"]]
+    )
+    assert spec.labels().items() <= second["Config"]["Labels"].items()
+    assert run(sleeper.list_owned(pod.acceptor, pod.outpost.outpost_id)) == [machine]
+    run(sleeper.teardown(machine))
+    assert pod.leftovers() == {"containers": [], "volumes": [], "files": []}
+
+
+@needs_podman
 def test_nothing_it_did_not_make_is_touched(pod: Podman) -> None:
     """A container of the session's name that is not ours is refused, and left alone by teardown."""
     spec = pod.spec("devin-podman-not-ours")
