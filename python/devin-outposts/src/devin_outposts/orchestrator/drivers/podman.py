@@ -441,7 +441,7 @@ class PodmanDriver(Driver):
             labels = _labels_of(existing)
             if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or labels.get(LABEL_KIND) != KIND_MACHINE:
                 raise DriverError(f"container {name} exists and is not one of ours")
-            return self._machine(name, labels)
+            return self._machine(name, labels, str(existing.get("ImageName") or self.image))
         created = round(time.time(), 3)  # what the label keeps
         ids = _ids_label(spec.session_id, spec.outpost_id, spec.acceptor_id)
         common = {**spec.labels(), LABEL_IDS: ids, LABEL_CREATED: f"{created:.3f}"}
@@ -459,7 +459,7 @@ class PodmanDriver(Driver):
             raise
         return self._machine(name, labels)
 
-    def _machine(self, name: str, labels: Mapping[str, str]) -> Machine:
+    def _machine(self, name: str, labels: Mapping[str, str], image: Optional[str] = None) -> Machine:
         ids = _ids(labels)
         return Machine(
             name=name,
@@ -468,7 +468,8 @@ class PodmanDriver(Driver):
             acceptor_id=ids["acceptor_id"],
             created_at=_created(labels),
             ref=name,
-            details={"volume": labels.get(LABEL_STATE_VOLUME, ""), "image": self.image},
+            # The image the container was made from: after an upgrade it may differ from the option.
+            details={"volume": labels.get(LABEL_STATE_VOLUME, ""), "image": image or self.image},
         )
 
     async def _create_volume(self, name: str, labels: Mapping[str, str]) -> None:
@@ -617,7 +618,7 @@ class PodmanDriver(Driver):
             names = item.get("Names") or []
             if not _owned_by(labels, acceptor_id, outpost_id, KIND_MACHINE) or not names:
                 continue
-            machine = self._machine(str(names[0]), labels)
+            machine = self._machine(str(names[0]), labels, str(item.get("Image") or self.image))
             if not machine.created_at:
                 with contextlib.suppress(TypeError, ValueError):
                     machine.created_at = float(item.get("Created", 0))
