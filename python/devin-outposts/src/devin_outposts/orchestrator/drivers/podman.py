@@ -104,7 +104,8 @@ BUILTIN_NETWORKS = ("bridge", "host", "none", "private", "slirp4netns", "pasta")
 _MEMORY = re.compile(r"[0-9]+(\.[0-9]+)?\s*([kmgt]i?b?|b)?", re.IGNORECASE)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-#: podman's exit code for "no such container/volume" in inspect and exists.
+#: What podman writes to stderr when the container or volume asked for does not exist (its exit code,
+#: 125, is the one of every other failure too).
 _NOT_FOUND_TEXT = ("no such container", "no such volume", "no such object", "not found")
 
 
@@ -331,6 +332,8 @@ class PodmanDriver(Driver):
 
     async def _run(self, *args: str, what: str) -> _Result:
         """``podman <args>`` without a shell; ``what`` names the operation in errors."""
+        # No argv of ours holds a secret (the token travels in the env file), so it can be logged.
+        log.debug("podman %s", shlex.join(args))
         try:
             proc = await asyncio.create_subprocess_exec(
                 self.podman,
@@ -536,12 +539,11 @@ class PodmanDriver(Driver):
             make_private_dir(self.root)
             make_private_dir(self.env_dir)
             path = self.env_dir / f"{name}.{secrets.token_hex(4)}.env"
+            # Created 0600 and exclusive: never a file someone else made, never readable by others.
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             self._env_files_in_use.add(path)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
         except OSError as exc:
             raise DriverError(f"cannot write the worker's env file for {name}: {exc}") from exc
         return path
