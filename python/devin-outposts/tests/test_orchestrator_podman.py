@@ -596,3 +596,23 @@ def test_nothing_it_did_not_make_is_touched(pod: Podman) -> None:
         assert run(pod.driver.list_owned(pod.acceptor, pod.outpost.outpost_id)) == []
     finally:
         podman("rm", "--force", name, check=False)
+    # Another orchestrator's machine for the session (another acceptor id) is not adopted either.
+    theirs = run(pod.driver.provision(SessionSpec(spec.session_id, spec.outpost_id, f"{pod.acceptor}-other")))
+    try:
+        with pytest.raises(
+            DriverError, match=f"container {name} belongs to acceptor {pod.acceptor}-other on"
+        ):
+            run(pod.driver.provision(spec))
+    finally:
+        run(pod.driver.teardown(theirs))
+    assert (
+        podman(
+            "volume",
+            "ls",
+            "--filter",
+            f"label={LABEL_ACCEPTOR}={pod.acceptor}-other",
+            "--format",
+            "{{.Name}}",
+        ).stdout
+        == ""
+    )

@@ -444,6 +444,14 @@ class PodmanDriver(Driver):
             labels = _labels_of(existing)
             if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or labels.get(LABEL_KIND) != KIND_MACHINE:
                 raise DriverError(f"container {name} exists and is not one of ours")
+            owner = _ids(labels)
+            if (owner["acceptor_id"], owner["outpost_id"]) != (spec.acceptor_id, spec.outpost_id):
+                # Another orchestrator's machine for this session (names are per host, not per acceptor):
+                # never adopted here, as its worker may still serve the session with that one's token.
+                raise DriverError(
+                    f"container {name} belongs to acceptor {owner['acceptor_id']} on outpost "
+                    f"{owner['outpost_id']}"
+                )
             return self._machine(name, labels, str(existing.get("ImageName") or self.image))
         created = round(time.time(), 3)  # what the label keeps
         ids = _ids_label(spec.session_id, spec.outpost_id, spec.acceptor_id)
