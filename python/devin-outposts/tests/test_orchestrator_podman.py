@@ -578,6 +578,51 @@ def test_start_replaces_a_running_worker_on_the_same_volume(pod: Podman) -> None
     assert pod.leftovers() == {"containers": [], "volumes": [], "files": []}
 
 
+ORCHESTRATOR_STAND_IN = """
+import asyncio, json, sys, time
+from pathlib import Path
+from devin_outposts.orchestrator.drivers.base import DriverContext, SessionSpec, WorkerLaunch
+from devin_outposts.orchestrator.drivers.podman import PodmanDriver
+
+state_dir, image, session_id, outpost_id, acceptor_id = sys.argv[1:]
+options = {"image": image, "network": "none", "worker_command": "sh -c 'sleep 600'", "stop_grace": 2}
+driver = PodmanDriver.from_options(DriverContext(state_dir=Path(state_dir)), options)
+
+async def main():
+    machine = await driver.provision(SessionSpec(session_id, outpost_id, acceptor_id))
+    await driver.start(machine, WorkerLaunch(session_id, "a-token", "ws://127.0.0.1:9/"))
+    print(json.dumps({"name": machine.name}), flush=True)
+
+asyncio.run(main())
+time.sleep(600)
+"""
+
+
+@needs_podman
+def test_a_worker_outlives_a_killed_orchestrator_and_is_found_again(pod: Podman) -> None:
+    """kill -9 of the process that started a machine: the container keeps running (conmon is not its
+    child), and a new driver finds it by label and reads its state."""
+    sid = "devin-podman-adopt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ORCHESTRATOR_STAND_IN, str(pod.state_dir.parent), pod.driver.image, sid,
+         pod.outpost.outpost_id, pod.acceptor],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        started = json.loads(proc.stdout.readline() or "{}")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -9
+    [machine] = run(pod.driver.list_owned(pod.acceptor, pod.outpost.outpost_id))
+    assert (machine.name, machine.session_id) == (started["name"], sid)
+    assert pod.status(machine).state is WorkerState.RUNNING
+    assert inspect_container(machine.name)["State"]["Running"] is True
+    run(pod.driver.teardown(machine))
+    assert pod.leftovers() == {"containers": [], "volumes": [], "files": []}
+
+
 @needs_podman
 def test_nothing_it_did_not_make_is_touched(pod: Podman) -> None:
     """A container of the session's name that is not ours is refused, and left alone by teardown."""
