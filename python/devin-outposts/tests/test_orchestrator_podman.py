@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -152,7 +152,7 @@ class Podman:
     acceptor: str
     sim: SimHandle
     outpost: Outpost
-    token: str
+    token: str = field(repr=False)
 
     def leftovers(self) -> dict[str, list[str]]:
         """Every container and volume labelled with this test's acceptor id, and every file under the
