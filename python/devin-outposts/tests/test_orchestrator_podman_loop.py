@@ -9,6 +9,7 @@ test's acceptor label (sampled while the sessions run), and the files the sessio
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ import pytest
 from test_orchestrator_podman import needs_podman, podman, session_image
 
 from devin_outposts.api.models import Outpost
-from devin_outposts.orchestrator.drivers.base import LABEL_ACCEPTOR
+from devin_outposts.orchestrator.drivers.base import LABEL_ACCEPTOR, DriverContext, SessionSpec
+from devin_outposts.orchestrator.drivers.podman import PodmanDriver
 from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle, run_sim
 
@@ -175,3 +177,14 @@ def test_after_kill_9_a_restarted_orchestrator_adopts_the_running_containers(loo
     h.wait(lambda: not h.containers() and not h.volumes(), "everything removed", timeout=60)
     for sid in sessions:
         assert len(h.sim.admin.connections(sid)) == 1, sid  # kept serving; never started again
+
+
+@needs_podman
+def test_a_leaked_container_of_a_gone_session_is_collected(loop: Loop) -> None:
+    h = loop
+    driver = PodmanDriver.from_options(DriverContext(state_dir=h.tmp / "other"), {"image": h.image})
+    leaked = asyncio.run(driver.provision(SessionSpec("devin-long-gone", h.outpost.outpost_id, h.acceptor)))
+    assert h.containers() == [leaked.name]
+    h.orchestrator()
+    h.wait(lambda: not h.containers() and not h.volumes(), "the leaked machine to be collected")
+    assert "collected machine " + leaked.name in h.processes[0].log()
