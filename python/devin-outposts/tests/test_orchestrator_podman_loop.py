@@ -21,7 +21,7 @@ import pytest
 from test_orchestrator_podman import needs_podman, podman, session_image
 
 from devin_outposts.api.models import Outpost
-from devin_outposts.orchestrator.drivers.base import LABEL_ACCEPTOR, DriverContext, SessionSpec
+from devin_outposts.orchestrator.drivers.base import LABEL_ACCEPTOR, DriverContext, SessionSpec, machine_name
 from devin_outposts.orchestrator.drivers.podman import PodmanDriver
 from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle, run_sim
@@ -188,3 +188,19 @@ def test_a_leaked_container_of_a_gone_session_is_collected(loop: Loop) -> None:
     h.orchestrator()
     h.wait(lambda: not h.containers() and not h.volumes(), "the leaked machine to be collected")
     assert "collected machine " + leaked.name in h.processes[0].log()
+
+
+@needs_podman
+def test_a_failed_provision_releases_the_claim_at_once(loop: Loop) -> None:
+    h = loop
+    sid = f"devin-in-the-way-{os.urandom(3).hex()}"
+    name = machine_name("outpost-worker", sid)
+    # A container that is not ours holds the machine's name: provisioning fails, and must not touch it.
+    podman("create", "--name", name, "--label", f"{LABEL_ACCEPTOR}={h.acceptor}", h.image)
+    h.orchestrator()
+    h.sim.admin.enqueue(h.outpost.outpost_id, session_id=sid)
+    h.wait(lambda: h.released(sid), "the claim to be released")
+    assert h.sim.admin.connections(sid) == []  # no worker ever ran
+    assert h.sim.admin.session(sid)["entry"]["status"]["phase"] == "pending"
+    assert "provisioning failed" in h.processes[0].log()
+    assert h.containers() == [name]  # the stranger is still there, untouched
