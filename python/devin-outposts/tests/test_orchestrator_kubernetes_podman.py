@@ -6,20 +6,16 @@ serves a session claimed on the fleet simulator (the stand-in ``devin-remote`` c
 with the connect token from the Secret and runs the tool calls the test scripts), exits 0 when the session
 ends, and that ``podman kube down`` leaves nothing behind.
 
-The image is the Debian test-host root filesystem (scripts/test-hosts/build-images.sh) plus a venv with
-this checkout's ``devin-outposts`` wheel, installed offline from the test hosts' wheelhouse. It is built
-once and cached under a tag that is the hash of the wheel's sources, so a second run costs nothing.
+The image is the podman driver's session image (scripts/test-hosts/build-session-image.sh: the Debian
+test-host root filesystem plus this checkout's ``devin-outposts`` wheel, built offline and cached by a
+hash of its inputs), which is also what python/devin-outposts/Containerfile builds for users.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import httpx
 import pytest
+from test_orchestrator_podman import IN_CI, WHY_NOT, session_image
 
 from devin_outposts.api.models import Outpost
 from devin_outposts.orchestrator.drivers.base import SessionSpec, WorkerLaunch
@@ -36,30 +33,17 @@ from devin_outposts_sim.testing import SimHandle
 from devin_outposts_sim.testing.remote import claim_session
 
 PACKAGE = Path(__file__).resolve().parents[1]
-# The cache scripts/test-hosts/build-images.sh writes (root-owned, as that script runs as root).
-TEST_HOSTS = Path(os.environ.get("DEVIN_OUTPOSTS_TEST_HOSTS", "/var/tmp/devin-outposts-test-hosts"))  # noqa: S108
-ROOTFS = TEST_HOSTS / "rootfs-bookworm"
-WHEELHOUSE = TEST_HOSTS / "wheelhouse-py311"  # bookworm's python3 is 3.11
-BASE_IMAGE = "localhost/devin-outposts-k8s-base:bookworm"
-IMAGE_REPO = "localhost/devin-outposts-k8s-session"
 NAMESPACE = "outposts"
 NEVER = "Never"
 PODMAN = shutil.which("podman") or "podman"
-TAR = shutil.which("tar") or "/usr/bin/tar"
 
+# The podman driver's tests own the checks and the image: skipped without podman or root on a developer's
+# machine, failed in CI; the image is scripts/test-hosts/build-session-image.sh's (built once, cached).
 pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("podman") is None, reason="podman is not installed (apt-get install podman runc)"
-    ),
-    pytest.mark.skipif(
-        os.geteuid() != 0, reason="rootful podman: run as root (shared/reference/test-hosts.md, Recipe A)"
-    ),
-    pytest.mark.skipif(
-        not (ROOTFS / "usr/bin/python3").exists() or not WHEELHOUSE.is_dir(),
-        reason=f"no test-host root filesystem or wheelhouse under {TEST_HOSTS} "
-        "(scripts/test-hosts/build-images.sh makes them)",
-    ),
+    pytest.mark.skipif(WHY_NOT is not None and not IN_CI, reason=WHY_NOT or ""),
+    pytest.mark.timeout(300),
 ]
+__all__ = ["session_image"]
 
 
 def podman(
@@ -72,67 +56,6 @@ def podman(
     if check and result.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} failed ({result.returncode}): {result.stderr[-2000:]}")
     return result
-
-
-def _sources_hash() -> str:
-    digest = hashlib.sha256()
-    for path in sorted((PACKAGE / "src").rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(PACKAGE)).encode())
-            digest.update(path.read_bytes())
-    digest.update((PACKAGE / "pyproject.toml").read_bytes())
-    digest.update("\n".join(sorted(p.name for p in WHEELHOUSE.iterdir())).encode())
-    return digest.hexdigest()[:16]
-
-
-@pytest.fixture(scope="module")
-def session_image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Our worker in the test-host root filesystem, built once per source hash."""
-    image = f"{IMAGE_REPO}:{_sources_hash()}"
-    # One build at a time on this machine (xdist workers, other checkouts): the others wait, then find it.
-    with open("/run/lock/devin-outposts-k8s-session-image.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if podman("image", "exists", image, check=False).returncode != 0:
-            _build(image, tmp_path_factory)
-    return image
-
-
-def _build(image: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0:
-        tar = subprocess.Popen([TAR, "-C", str(ROOTFS), "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run(
-            [PODMAN, "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True, timeout=300
-        )
-        tar.wait()
-        assert imported.returncode == 0 and tar.returncode == 0, imported.stderr[-2000:]
-    context = tmp_path_factory.mktemp("session-image")
-    wheels = context / "wheels"
-    wheels.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-         "-w", str(wheels), str(PACKAGE)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    for wheel in WHEELHOUSE.glob("*.whl"):
-        shutil.copy2(wheel, wheels)
-    (context / "Containerfile").write_text(
-        f"FROM {BASE_IMAGE}\n"
-        "COPY wheels /tmp/wheels\n"
-        "RUN python3 -m venv /opt/devin-outposts"
-        " && /opt/devin-outposts/bin/pip install --quiet --no-index --find-links /tmp/wheels devin-outposts"
-        " && rm -rf /tmp/wheels\n"
-        "ENV PATH=/opt/devin-outposts/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
-        'CMD ["devin-outposts", "--help"]\n'
-    )
-    # Offline: everything comes from the wheelhouse.
-    podman("build", "--network", "none", "--tag", image, str(context))
-    # Builds from other sources are only disk space once they are a day old (a younger one may be
-    # another checkout's, in use right now).
-    old = podman("images", "--filter", f"reference={IMAGE_REPO}", "--filter", "until=24h",
-                 "--format", "{{.Repository}}:{{.Tag}}").stdout.split()  # fmt: skip
-    for line in old:
-        if line != image:
-            podman("rmi", line, check=False)
 
 
 def _yaml(objects: list[dict[str, Any]]) -> str:

@@ -143,6 +143,9 @@ class Orchestrator:
         #: Machines found at start-up, by session, until recovery has taken back its claims.
         self.adoptable: dict[str, Machine] = {}
         self.results: list[SessionResult] = []
+        #: The driver's leader election was lost: the run ends non-zero (a supervisor restarts it).
+        self.lost_lead = False
+        self._lead_watch: Optional[asyncio.Task[None]] = None
         self._ssl: Optional[ssl.SSLContext] = None
 
     def _tls(self) -> ssl.SSLContext:
@@ -275,19 +278,24 @@ class Orchestrator:
             metrics_server = await self._serve_metrics()
             platform.current().install_stop_handler(loop, self.on_signal)
             self.client = self._client_factory(self.config)
-            self.queue = OrchestratorQueue(self, self.client)
-            self.sweeper = Sweeper(self)
-            sweep_task = asyncio.ensure_future(self.sweeper.run())
-            if self.pool.draining:
-                self.queue.stop_feed()
-            try:
-                await self.queue.run()
-            except FleetAuthError as exc:
-                raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
-            except FleetError as exc:
-                raise WorkerExit(EXIT_ERROR, str(exc)) from exc
+            async with contextlib.AsyncExitStack() as stack:
+                if not await self._lead(stack):
+                    return EXIT_OK  # stopped while waiting to lead
+                self.queue = OrchestratorQueue(self, self.client)
+                self.sweeper = Sweeper(self)
+                sweep_task = asyncio.ensure_future(self.sweeper.run())
+                if self.pool.draining:
+                    self.queue.stop_feed()
+                try:
+                    await self.queue.run()
+                except FleetAuthError as exc:
+                    raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
+                except FleetError as exc:
+                    raise WorkerExit(EXIT_ERROR, str(exc)) from exc
             if self.pool.fatal is not None:
                 raise WorkerExit(EXIT_AUTH, f"{self.pool.fatal} {AUTH_HINT}")
+            if self.lost_lead:
+                raise WorkerExit(EXIT_ERROR, "lost the leader election; sessions were left to the new leader")
             return EXIT_OK
         finally:
             platform.current().remove_stop_handler(loop)
@@ -303,6 +311,33 @@ class Orchestrator:
                 with contextlib.suppress(Exception):
                     await self.driver.aclose()
             lock.release()
+
+    async def _lead(self, stack: contextlib.AsyncExitStack) -> bool:
+        """Take the driver's lead when it elects one; False when stopped before leading."""
+        assert self.driver is not None
+        leadership = self.driver.leadership(self.acceptor_id)
+        if leadership is None:
+            return True
+        log.info("waiting to lead acceptor id %s (another orchestrator may hold it)", self.acceptor_id)
+        acquire = asyncio.ensure_future(stack.enter_async_context(leadership))
+        while not acquire.done():
+            if self.pool.draining:
+                acquire.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await acquire
+                return False
+            await asyncio.wait({acquire}, timeout=0.5)
+        acquire.result()  # a failure to reach the cluster ends the run here
+        log.info("leading acceptor id %s", self.acceptor_id)
+        self._lead_watch = asyncio.ensure_future(self._watch_lead(leadership.lost))
+        stack.callback(self._lead_watch.cancel)
+        return True
+
+    async def _watch_lead(self, lost: asyncio.Event) -> None:
+        await lost.wait()
+        self.lost_lead = True
+        log.error("lost the leader election: no more claims; running sessions are left to the new leader")
+        self.stop()
 
     async def _serve_metrics(self) -> Optional[MetricsServer]:
         addr = self.config.metrics_addr
