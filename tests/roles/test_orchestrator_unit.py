@@ -1,0 +1,103 @@
+"""The orchestrator role's systemd unit and environment file, rendered by Ansible from the role's templates
+with its defaults and private vars (no host needed); the Molecule ``orchestrator`` scenario runs them for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "orchestrator"
+TOKEN = "unit-test-token-61be0f"
+
+
+@pytest.fixture(autouse=True)
+def _collection_link() -> None:
+    if not (ROOT / ".cache/collections/ansible_collections/devin/outposts").exists():
+        pytest.fail("run through scripts/test.sh (scripts/lib.sh links the checkout into .cache/collections)")
+
+
+def render(tmp_path: Path, role_vars: dict[str, Any]) -> dict[str, str]:
+    """The unit and the env file for ``role_vars`` (over the role's defaults and vars/main.yml)."""
+    play = [{
+        "name": "Render the orchestrator's unit and environment file", "hosts": "localhost",
+        "connection": "local", "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+        "tasks": [{"name": "Render", "ansible.builtin.copy": {
+            "content": "{{ {'unit': lookup('ansible.builtin.template', '" + str(ROLE / "templates" /
+                       "devin-outposts-orchestrator.service.j2") + "'), 'env': lookup('ansible.builtin.template', '"
+                       + str(ROLE / "templates" / "orchestrator.env.j2") + "')} | to_json }}",
+            "dest": str(tmp_path / "out.json"), "mode": "0600"}, "no_log": True}],
+    }]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play), encoding="utf-8")
+    (tmp_path / "vars.json").write_text(json.dumps(role_vars), encoding="utf-8")
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("DEVIN_OUTPOSTS_TOKEN", "DEVIN_API_URL")},
+        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".cache" / "collections"),
+        "ANSIBLE_LOCALHOST_WARNING": "False",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
+         str(tmp_path / "play.yml")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert TOKEN not in done.stdout + done.stderr
+    rendered: dict[str, str] = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    return rendered
+
+
+def directives(unit: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+
+
+BASE = {"devin_outposts_orchestrator_outpost": "build-pool", "devin_outposts_orchestrator_token": TOKEN}
+
+
+def test_the_unit_has_no_argument_and_no_secret_and_keeps_sessions_on_restart(tmp_path: Path) -> None:
+    out = render(tmp_path, BASE)
+    unit = directives(out["unit"])
+    assert unit["ExecStart"] == "/opt/devin-outposts-orchestrator/venv/bin/devin-outposts orchestrate"
+    assert unit["KillMode"] == "process"
+    assert unit["EnvironmentFile"] == "/etc/devin-outposts-orchestrator/orchestrator.env"
+    assert unit["NoNewPrivileges"] == "true" and unit["ProtectControlGroups"] == "true"
+    assert TOKEN not in out["unit"]
+
+
+def test_the_env_file_carries_every_option_quoted_and_the_token_last(tmp_path: Path) -> None:
+    role_vars = {
+        **BASE,
+        "devin_outposts_orchestrator_driver": "kubernetes",
+        "devin_outposts_orchestrator_driver_config": {"namespace": "x"},
+        "devin_outposts_orchestrator_snapshot_ttl": 0,
+        "devin_outposts_orchestrator_metrics_addr": "127.0.0.1:9464",
+        "devin_outposts_orchestrator_env": {"EXTRA": 'a "quoted" \\ value', "DEVIN_API_URL": "http://ignored"},
+        "devin_outposts_orchestrator_api_url": "https://api.example.com",
+    }
+    lines = [line for line in render(tmp_path, role_vars)["env"].splitlines() if not line.startswith("#")]
+    env = dict(line.split("=", 1) for line in lines)
+    assert env["DEVIN_ORCHESTRATOR_DRIVER"] == '"kubernetes"'
+    assert env["DEVIN_ORCHESTRATOR_DRIVER_CONFIG"] == '"/etc/devin-outposts-orchestrator/driver.json"'
+    assert env["DEVIN_ORCHESTRATOR_METRICS_ADDR"] == '"127.0.0.1:9464"'
+    assert "DEVIN_ORCHESTRATOR_SNAPSHOT_TTL" not in env  # 0: keep until terminated, the command's default
+    assert "DEVIN_ORCHESTRATOR_ACCEPTOR_ID" not in env  # empty: generated and kept in the state dir
+    assert env["EXTRA"] == '"a \\"quoted\\" \\\\ value"'
+    assert env["DEVIN_API_URL"] == '"https://api.example.com"'  # devin_outposts_orchestrator_env cannot replace it
+    assert env["DEVIN_OUTPOSTS_TOKEN"] == f'"{TOKEN}"'
+
+
+def test_the_podman_driver_leaves_out_what_would_stop_podman(tmp_path: Path) -> None:
+    unit = directives(render(tmp_path, {**BASE, "devin_outposts_orchestrator_driver": "podman"})["unit"])
+    conflicts = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_devin_outposts_orchestrator_podman_conflicts"]
+    assert not set(conflicts) & set(unit), sorted(set(conflicts) & set(unit))
+    assert unit["KillMode"] == "process" and unit["UMask"] == "0027"
