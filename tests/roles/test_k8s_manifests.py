@@ -80,6 +80,13 @@ def render(tmp_path: Path, role_vars: dict[str, Any]) -> subprocess.CompletedPro
     return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.fixture(scope="module")
+def default_render(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One rendering with the base variables, shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("default")
+    return out, render(out, BASE_VARS)
+
+
 def manifests(tmp_path: Path) -> dict[str, dict[str, Any]]:
     out = tmp_path / "out"
     return {p.name: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted(out.glob("*.yml"))}
@@ -94,8 +101,8 @@ def assert_valid(objects: dict[str, dict[str, Any]]) -> None:
                 pytest.fail(f"{name} is not valid Kubernetes {version}: {exc.message} at {list(exc.path)}")
 
 
-def test_the_default_objects_are_valid_and_keep_the_token_in_the_secret(tmp_path: Path) -> None:
-    done = render(tmp_path, BASE_VARS)
+def test_the_default_objects_are_valid_and_keep_the_token_in_the_secret(default_render: tuple[Path, Any]) -> None:
+    tmp_path, done = default_render
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert TOKEN not in out  # -vv, and still nowhere in the play's output
@@ -115,8 +122,9 @@ def test_the_default_objects_are_valid_and_keep_the_token_in_the_secret(tmp_path
     assert TOKEN not in json.dumps(facts)
 
 
-def test_the_deployment_runs_orchestrate_with_the_token_from_the_secret(tmp_path: Path) -> None:
-    assert render(tmp_path, BASE_VARS).returncode == 0
+def test_the_deployment_runs_orchestrate_with_the_token_from_the_secret(default_render: tuple[Path, Any]) -> None:
+    tmp_path, done = default_render
+    assert done.returncode == 0
     deployment = manifests(tmp_path)["50-deployment.yml"]
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -136,8 +144,9 @@ def test_the_deployment_runs_orchestrate_with_the_token_from_the_secret(tmp_path
     assert deployment["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_the_role_is_namespaced_and_least_privilege(tmp_path: Path) -> None:
-    assert render(tmp_path, BASE_VARS).returncode == 0
+def test_the_role_is_namespaced_and_least_privilege(default_render: tuple[Path, Any]) -> None:
+    tmp_path, done = default_render
+    assert done.returncode == 0
     objects = manifests(tmp_path)
     role, binding = objects["20-role.yml"], objects["30-rolebinding.yml"]
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "devin-outposts"
@@ -212,9 +221,10 @@ def test_every_option_still_renders_valid_objects(tmp_path: Path) -> None:
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
 
 
-def test_a_broken_object_is_caught(tmp_path: Path) -> None:
+def test_a_broken_object_is_caught(default_render: tuple[Path, Any]) -> None:
     """The validation can fail: a misspelt field and a wrong type are both reported."""
-    assert render(tmp_path, BASE_VARS).returncode == 0
+    tmp_path, done = default_render
+    assert done.returncode == 0
     deployment = manifests(tmp_path)["50-deployment.yml"]
     deployment["spec"]["replica"] = 1
     with pytest.raises(kubernetes_validate.ValidationError):
