@@ -248,10 +248,16 @@ async def _wait(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeo
 
 
 async def _stop_group(proc: asyncio.subprocess.Process) -> None:
-    for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, STOP_GRACE)):
-        if proc.returncode is not None:
-            return
+    """SIGTERM to the run's process group, SIGKILL after :data:`STOP_GRACE` seconds."""
+    if sys.platform == "win32":  # ansible has no Windows controller; this keeps the module importable there
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), wait)
+            proc.kill()
+        await proc.wait()
+    else:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if proc.returncode is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), STOP_GRACE)
