@@ -1,10 +1,11 @@
-"""The orchestrator's ``ansible`` driver, for real: docs/examples/orchestrator/'s playbooks make a systemd-nspawn
-host for a claimed session, the worker role's one-session mode serves the session there, and the host is
-destroyed. The session's connect token (and the account token in the orchestrator's environment) must appear in
-no runner artifact and no job event.
+"""The orchestrator's ``ansible`` driver, for real: docs/examples/orchestrator/'s playbooks make a
+systemd-nspawn host for a claimed session, the worker role's one-session mode serves the session there, and
+the host is destroyed. The session's connect token (and the account token in the orchestrator's environment)
+must appear in no runner artifact and no job event.
 
-Needs root, systemd-nspawn and the test-host images (scripts/test-hosts/build-images.sh): scripts/stages/molecule.sh
-runs this file right after it builds them. Without them the test is skipped, or fails when CI=true.
+Needs root, systemd-nspawn and the test-host images (scripts/test-hosts/build-images.sh):
+scripts/stages/molecule.sh runs this file right after it builds them. Without them the test is skipped, or
+fails when CI=true.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from devin_outposts_sim.testing.remote import claim_session
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "orchestrator"
-CACHE = Path(os.environ.get("DEVIN_OUTPOSTS_TEST_HOSTS", "/var/tmp/devin-outposts-test-hosts"))
+# The test-host cache: the same default as scripts/test-hosts/*.sh.
+CACHE = Path(os.environ.get("DEVIN_OUTPOSTS_TEST_HOSTS", "/var/tmp/devin-outposts-test-hosts"))  # noqa: S108
 
 
 def _missing() -> str:
@@ -38,10 +40,13 @@ def _missing() -> str:
     for tool in ("systemd-nspawn", "nsenter", "socat", "ssh"):
         if shutil.which(tool) is None:
             return f"needs {tool}"
-    for path in (CACHE / "rootfs-bookworm" / ".devin-outposts-rootfs", CACHE / "ssh" / "id_ed25519",
-                 CACHE / "wheelhouse-py311"):
+    for path in (
+        CACHE / "rootfs-bookworm" / ".devin-outposts-rootfs",
+        CACHE / "ssh" / "id_ed25519",
+        CACHE / "wheelhouse-py311",
+    ):
         if not path.exists():
-            return f"needs the test-host images ({path} is missing): run scripts/test-hosts/build-images.sh bookworm"
+            return f"needs the test-host images ({path} is missing): run scripts/test-hosts/build-images.sh"
     try:
         import ansible_runner  # noqa: F401
     except ImportError:
@@ -76,10 +81,20 @@ def _leader_processes(name: str) -> list[int]:
 def _journal(host_dir: Path, sid: str) -> str:
     """The session unit's journal and state on the host, for a failure message."""
     leader = (host_dir / "leader.pid").read_text().strip()
-    out = subprocess.run(  # noqa: S603
-        ["nsenter", "-t", leader, "-a", "sh", "-c",
-         f"systemctl status --no-pager devin-outposts-session@{sid}.service; journalctl --no-pager -n 60"],
-        capture_output=True, text=True, timeout=30, check=False,
+    out = subprocess.run(  # noqa: S603 - a fixed command
+        [
+            str(shutil.which("nsenter")),
+            "-t",
+            leader,
+            "-a",
+            "sh",
+            "-c",
+            f"systemctl status --no-pager devin-outposts-session@{sid}.service; journalctl --no-pager -n 60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     return out.stdout + out.stderr
 
@@ -113,7 +128,8 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
     acceptor = f"orch-test-{secrets.token_hex(4)}"
     claimed = claim_session(sim.url, machine_token, sid, acceptor)
     connect_token = claimed.connect_token_value()
-    assert connect_token and claimed.status.gateway_url
+    assert connect_token
+    assert claimed.status.gateway_url
 
     # Short: the relays' unix sockets live under it, and a socket path has at most 107 bytes.
     run_dir = Path(tempfile.mkdtemp(prefix="do-", dir="/tmp"))
@@ -152,12 +168,14 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
         static_base_url=sim.static_base_url,
     )
 
-    async def serve() -> tuple[str, list[Any], Any, Any, list[Any]]:
+    async def serve() -> tuple[str, dict[str, Any], list[Any], Any, Any, list[Any]]:
         await driver.check()
         machine = await driver.provision(spec)
         try:
             assert [m.name for m in await driver.list_owned(acceptor, outpost.outpost_id)] == [machine.name]
-            assert _leader_processes(machine.name), "the provision playbook reported a host that is not running"
+            assert _leader_processes(machine.name), (
+                "the provision playbook reported a host that is not running"
+            )
             await driver.start(machine, launch)
             try:
                 connection = await asyncio.to_thread(sim.admin.wait_connection, sid, timeout=120)
@@ -174,11 +192,22 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
                 await asyncio.sleep(1)
         finally:
             await driver.teardown(machine)
-        return machine.name, calls, running, ended, await driver.list_owned(acceptor, outpost.outpost_id)
+        return (
+            machine.name,
+            connection,
+            calls,
+            running,
+            ended,
+            await driver.list_owned(acceptor, outpost.outpost_id),
+        )
 
-    name, calls, running, ended, owned_after = asyncio.run(serve())
+    name, connection, calls, running, ended, owned_after = asyncio.run(serve())
 
-    # The stand-in devin-remote connected with the session's token and ran the call on the nspawn host.
+    # The stand-in devin-remote connected with the session's token from the session's working directory on
+    # the host (the worker keeps its own token variable out of the remote's environment), and ran the call
+    # there: the host's name, that directory.
+    assert connection["cwd"] == f"/srv/devin-outposts/session-{sid}", connection
+    assert "DEVIN_REMOTE_SESSION_TOKEN" not in connection["env"], sorted(connection["env"])
     assert calls[0]["state"] == "done", calls
     output = calls[0]["result"]["output"].split()
     assert output == [name, f"/srv/devin-outposts/session-{sid}"], calls[0]["result"]
