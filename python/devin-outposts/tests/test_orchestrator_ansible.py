@@ -340,3 +340,28 @@ def test_snapshots_are_refused(tmp_path: Path, playbooks: dict[str, Path]) -> No
         assert (await driver.status(machine)).state is WorkerState.MISSING
 
     asyncio.run(scenario())
+
+
+def test_leftovers_of_a_killed_orchestrator_are_swept(tmp_path: Path, playbooks: dict[str, Path]) -> None:
+    driver = _driver(tmp_path, playbooks)
+    secrets_dir = tmp_path / "state" / "ansible" / "secrets"
+    runs_dir = tmp_path / "state" / "ansible" / "runs"
+    secrets_dir.mkdir(parents=True)
+    (runs_dir / "20261204T000000-start-abc123-x").mkdir(parents=True)
+    old = secrets_dir / "devin-m.0001.token"
+    old.write_text(CONNECT_TOKEN)
+    os.utime(old, (1, 1))
+    fresh = secrets_dir / "devin-n.0002.token"
+    fresh.write_text(CONNECT_TOKEN)
+
+    async def scenario() -> tuple[int, list[str]]:
+        # A periodic sweep spares files as young as a run in flight; the start-up check removes everything.
+        swept = await driver.sweep_orphans("orch-1", "outpost_env-1", set())
+        left = sorted(p.name for p in secrets_dir.iterdir())
+        await driver.check()
+        return swept, left
+
+    swept, left = asyncio.run(scenario())
+    assert (swept, left) == (1, ["devin-n.0002.token"])
+    assert list(secrets_dir.iterdir()) == []
+    assert list(runs_dir.iterdir()) == []

@@ -219,6 +219,9 @@ class AnsibleDriver(Driver):
 
     async def check(self) -> None:
         self._private_dir(self.root)
+        # What a killed orchestrator left: token files of starts that never reached their `finally`, and
+        # private data directories of runs. No run of this process has begun yet.
+        self._sweep_files(0.0)
         for path in (self.provision_playbook, self.teardown_playbook):
             if not path.is_file():
                 raise DriverError(f"the ansible driver's playbook {path} is not a file")
@@ -375,6 +378,25 @@ class AnsibleDriver(Driver):
         self._unreachable.pop(machine.name, None)
         if not self.keep_artifacts:
             shutil.rmtree(self.artifact_dir / machine.name, ignore_errors=True)
+
+    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
+        """Token files and run directories older than the longest run (a start in flight is younger)."""
+        return self._sweep_files(max(self.timeouts.values()) + 2 * _run.STOP_GRACE + 60.0)
+
+    def _sweep_files(self, older_than: float) -> int:
+        removed = 0
+        now = time.time()
+        for directory in (self.root / "secrets", self.root / "runs"):
+            for path in directory.iterdir() if directory.is_dir() else ():
+                with contextlib.suppress(FileNotFoundError):
+                    if now - path.stat().st_mtime < older_than:
+                        continue
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink()
+                    removed += 1
+        return removed
 
     async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
         directory = self.root / "machines"
