@@ -99,6 +99,30 @@ def _journal(host_dir: Path, sid: str) -> str:
     return out.stdout + out.stderr
 
 
+def _on_host(host_dir: Path, sid: str) -> dict[str, str]:
+    """What the host shows of the session's worker, place by place (read as root through nsenter)."""
+    leader = (host_dir / "leader.pid").read_text().strip()
+    unit = f"devin-outposts-session@{sid}.service"
+    places = {
+        "env file": f"cat /etc/devin-outposts/session-{sid}.env",
+        "env file mode": f"stat -c '%a %U' /etc/devin-outposts/session-{sid}.env",
+        "systemctl show": f"systemctl show {unit}",
+        "systemctl cat": f"systemctl cat {unit}",
+        "ps": "ps -eo args",
+        "journal": "journalctl --no-pager -o verbose",
+    }
+    return {
+        place: subprocess.run(  # noqa: S603 - a fixed command
+            [str(shutil.which("nsenter")), "-t", leader, "-a", "sh", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        for place, command in places.items()
+    }
+
+
 def _files_containing(root: Path, needles: list[str]) -> list[str]:
     hits = []
     for path in root.rglob("*"):
@@ -168,7 +192,7 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
         static_base_url=sim.static_base_url,
     )
 
-    async def serve() -> tuple[str, dict[str, Any], list[Any], Any, Any, list[Any]]:
+    async def serve() -> tuple[str, dict[str, Any], dict[str, str], list[Any], Any, Any, list[Any]]:
         await driver.check()
         machine = await driver.provision(spec)
         try:
@@ -182,6 +206,7 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
             except Exception as exc:
                 pytest.fail(f"no remote connection: {exc}\n{_journal(run_dir / machine.name, sid)}")
             running = await driver.status(machine)
+            on_host = _on_host(run_dir / machine.name, sid)
             sim.admin.add_calls(sid, [tools.run("hostname; pwd")])
             calls = await asyncio.to_thread(sim.admin.wait_calls, sid, 60)
             sim.admin.end_session(sid)
@@ -195,13 +220,14 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
         return (
             machine.name,
             connection,
+            on_host,
             calls,
             running,
             ended,
             await driver.list_owned(acceptor, outpost.outpost_id),
         )
 
-    name, connection, calls, running, ended, owned_after = asyncio.run(serve())
+    name, connection, on_host, calls, running, ended, owned_after = asyncio.run(serve())
 
     # The stand-in devin-remote connected with the session's token from the session's working directory on
     # the host (the worker keeps its own token variable out of the remote's environment), and ran the call
@@ -212,6 +238,12 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
     output = calls[0]["result"]["output"].split()
     assert output == [name, f"/srv/devin-outposts/session-{sid}"], calls[0]["result"]
     assert running.state is WorkerState.RUNNING, running
+    # On the host the token is in the 0600 root env file only: not in the unit, systemctl show, argv or the
+    # journal.
+    assert on_host["env file mode"] == "600 root"
+    assert connect_token in on_host["env file"]
+    leaks = [place for place, text in on_host.items() if place != "env file" and connect_token in text]
+    assert leaks == []
     assert (ended.state, ended.exit_code) == (WorkerState.EXITED, 0), ended
     # Nothing is left: no host or relay process, no host files, no record, no token file.
     assert owned_after == []
