@@ -365,3 +365,36 @@ def test_leftovers_of_a_killed_orchestrator_are_swept(tmp_path: Path, playbooks:
     assert (swept, left) == (1, ["devin-n.0002.token"])
     assert list(secrets_dir.iterdir()) == []
     assert list(runs_dir.iterdir()) == []
+
+
+@pytest.mark.timeout(300)
+def test_an_unreachable_host_is_an_error_then_missing(tmp_path: Path, playbooks: dict[str, Path]) -> None:
+    # A host on a closed local port: ssh fails at once, as for a machine destroyed behind our back.
+    unreachable = _write(
+        tmp_path / "unreachable.yml",
+        PROVISION.replace(
+            'vars: {ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}"}',
+            "vars: {ansible_host: 127.0.0.1, ansible_port: 1}",
+        ),
+    )
+    driver = _driver(tmp_path, playbooks, provision_playbook=str(unreachable))
+    launch = WorkerLaunch(
+        session_id="devin/../x", connect_token=CONNECT_TOKEN, gateway_url="wss://gw.example"
+    )
+
+    async def scenario() -> tuple[list[str], Any]:
+        machine = await driver.provision(SPEC)
+        with pytest.raises(DriverError, match=r"session id 'devin/\.\./x' cannot name a systemd unit"):
+            await driver.start(machine, launch)
+        errors = []
+        for dummy in range(2):
+            with pytest.raises(DriverError) as caught:
+                await driver.status(machine)
+            errors.append(str(caught.value))
+        return errors, await driver.status(machine)
+
+    errors, third = asyncio.run(scenario())
+    assert all("unreachable on devin-devin-0a1b2c-" in e for e in errors), errors
+    assert third.state is WorkerState.MISSING, third
+    # The bad id was refused before any token file was written.
+    assert not (tmp_path / "state" / "ansible" / "secrets").exists()
