@@ -230,6 +230,12 @@ class StandinRemote:
     def returncode(self) -> Optional[int]:
         return self.proc.returncode
 
+    def describe(self) -> str:
+        return f"stand-in {self.pid}"
+
+    async def wait_exit(self) -> int:
+        return await self.proc.wait()
+
     async def wait(self) -> int:
         return await self.proc.wait()
 

@@ -3,7 +3,9 @@
 #
 #   scripts/bootstrap.sh          # idempotent; about a second when nothing changed
 #
-# 1. Debian packages (git, rsync, python3-venv, shellcheck), installed only when missing.
+# 1. Debian packages (git, rsync, python3-venv, shellcheck; podman, runc and catatonit for the podman
+#    orchestrator driver's tests), installed only when missing, and podman's configuration for machines
+#    like ours (a drop-in, see podman_config below).
 # 2. .venv with Python 3.11 (override with OUTPOSTS_PYTHON=/path/to/python3.11).
 # 3. requirements-dev.txt installed into it, skipped when the stamp of the requirements hash matches.
 #
@@ -15,7 +17,19 @@ VENV="$ROOT/.venv"
 PY_DIR="$ROOT/python"
 STAMP="$VENV/.devin-outposts-requirements.sha256"
 PYTHON="${OUTPOSTS_PYTHON:-python3.11}"
-APT_PACKAGES=(git rsync python3-venv shellcheck)
+# runc and catatonit by name: apt would pick crun for podman's "crun | runc", and catatonit (podman
+# --init, which the podman driver uses) is only a recommendation.
+APT_PACKAGES=(git rsync python3-venv shellcheck podman runc catatonit)
+# shared/reference/test-hosts.md, Recipe A: podman's default ulimits exceed the hard limits of our machines
+# (setrlimit fails), and crun refuses their hybrid cgroup layout. A drop-in, so that a containers.conf of
+# the machine's own stays as it is; podman reads containers.conf.d since 4.x.
+PODMAN_DROPIN=/etc/containers/containers.conf.d/50-devin-outposts.conf
+PODMAN_CONFIG='# Written by devin.outposts scripts/bootstrap.sh (shared/reference/test-hosts.md, Recipe A).
+[containers]
+default_ulimits = ["nofile=10000:10000", "nproc=10000:10000"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"'
 
 log() { printf 'bootstrap: %s\n' "$*"; }
 die() { printf 'bootstrap: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -38,6 +52,20 @@ install_apt_packages() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+podman_config() {
+    [[ "${OUTPOSTS_SKIP_APT:-0}" == 1 ]] && return 0
+    command -v podman >/dev/null 2>&1 || return 0
+    [[ -f "$PODMAN_DROPIN" && "$(cat "$PODMAN_DROPIN")" == "$PODMAN_CONFIG" ]] && return 0
+    local sudo=()
+    if [[ $(id -u) -ne 0 ]]; then
+        command -v sudo >/dev/null 2>&1 || { log "WARNING: cannot write $PODMAN_DROPIN without root"; return 0; }
+        sudo=(sudo -n)
+    fi
+    log "writing $PODMAN_DROPIN"
+    "${sudo[@]}" mkdir -p "$(dirname "$PODMAN_DROPIN")"
+    printf '%s\n' "$PODMAN_CONFIG" | "${sudo[@]}" tee "$PODMAN_DROPIN" >/dev/null
+}
+
 requirements_hash() {
     {
         "$VENV/bin/python" -c 'import sys; print(sys.version)'
@@ -53,6 +81,7 @@ venv_is_usable() {
 main() {
     cd "$ROOT"
     install_apt_packages
+    podman_config
 
     mkdir -p "$ROOT/.cache"
     # Two stages started at once must not install into the same venv concurrently.

@@ -690,7 +690,9 @@ def test_exit_zero_confirmed_terminated_then_release(tmp_path: Path) -> None:
     remote.default("exit:0")
     fleet = FakeFleet()
     fleet.statuses["devin-1"] = "terminated"
-    result = serve_once(tmp_path, fleet, remote)[0]
+    # No status poll while the remote runs: a poll that saw "terminated" first would stop the remote
+    # before a loaded machine had even started it, and this test is about the exit and its confirmation.
+    result = serve_once(tmp_path, fleet, remote, poll_interval=60.0)[0]
     assert result.outcome == SERVED
     assert result.session_status == "terminated"
     assert len(remote.runs("devin-1")) == 1

@@ -211,21 +211,24 @@ def wait_for(
 
 
 class WorkerProcess:
-    """``devin-outposts worker start`` in a subprocess (own process group), stopped at the end of the test."""
+    """``devin-outposts worker start`` (or another ``command``, e.g. ``orchestrate``) in a subprocess (own
+    process group), stopped at the end of the test."""
 
     def __init__(
         self,
         args: list[str],
         env: Mapping[str, str],
         log_path: Path,
+        command: tuple[str, ...] = ("worker", "start"),
     ) -> None:
         self.args = args
         self.env = dict(env)
         self.log_path = log_path
+        self.command = command
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
     def start(self) -> WorkerProcess:
-        argv = [sys.executable, "-m", "devin_outposts", "worker", "start", *self.args]
+        argv = [sys.executable, "-m", "devin_outposts", *self.command, *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True

@@ -44,6 +44,7 @@ from devin_outposts.api.errors import (
     FleetError,
     FleetNotFound,
     FleetProtocolError,
+    FleetRedirect,
     error_for_status,
 )
 from devin_outposts.api.limits import (
@@ -275,7 +276,7 @@ class FleetClient:
                 if 300 <= response.status_code < 400:
                     # Never followed: the token must not travel to wherever a redirect points.
                     location = response.headers.get("Location") or "another URL"
-                    raise FleetProtocolError(
+                    raise FleetRedirect(
                         operation,
                         f"redirected to {location}; set api_url to the API's base URL",
                         response.status_code,

@@ -49,6 +49,11 @@ class FleetProtocolError(FleetError):
     """The server answered something that does not match the contract."""
 
 
+class FleetRedirect(FleetError):
+    """A 3xx answer. Never followed (the token would travel to wherever it points) and never retried:
+    it means ``api_url`` is not the API's base URL, which waiting does not fix."""
+
+
 def error_for_status(status: int) -> type[FleetError]:
     """The exception class for an HTTP error status."""
     if status in (401, 403):

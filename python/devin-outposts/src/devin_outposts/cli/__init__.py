@@ -3,7 +3,8 @@
 Each verb group lives in its own module and registers itself through ``add_parser(subparsers)``:
 
 * ``outpost`` (create/delete/list) mirrors ``devin worker outpost ...``;
-* ``worker`` mirrors ``devin worker start`` and ``devin worker outpost ...``.
+* ``worker`` mirrors ``devin worker start`` and ``devin worker outpost ...``;
+* ``orchestrate`` claims sessions and runs each on a fresh machine through a driver.
 
 Only the module of the verb group being run is imported, so a long-running ``worker start`` never loads
 the outpost verbs' code. The simulator has its own command, ``devin-outposts-sim``.
@@ -26,6 +27,7 @@ from devin_outposts.cli.common import EXIT_USAGE
 _VERB_MODULES = {
     "outpost": "devin_outposts.cli.outpost",
     "worker": "devin_outposts.cli.worker",
+    "orchestrate": "devin_outposts.cli.orchestrate",
 }
 
 

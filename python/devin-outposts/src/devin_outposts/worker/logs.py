@@ -15,7 +15,10 @@ import threading
 import time
 from typing import Any, Optional, TextIO
 
-CONTEXT_FIELDS = ("session_id", "outpost", "acceptor_id", "slot", "pid", "sha", "exit_code", "attempt")
+CONTEXT_FIELDS = (
+    "session_id", "outpost", "acceptor_id", "slot", "pid", "sha", "exit_code", "attempt", "machine",
+    "error_kind",
+)
 _secrets: set[str] = set()
 _secrets_lock = threading.Lock()
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,43 @@ GAUGES = {
 }
 
 
+class Histogram:
+    """Cumulative buckets, a sum and a count: the Prometheus histogram."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(sorted(buckets))
+        self.counts = [0] * len(self.buckets)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+        for index, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[index] += 1
+
+
 class Metrics:
-    def __init__(self, labels: Optional[dict[str, str]] = None) -> None:
-        self.counters = dict.fromkeys(COUNTERS, 0)
-        self.gauges = dict.fromkeys(GAUGES, 0.0)
+    """Counters, gauges and histograms of one process. The worker's names are the default; the
+    orchestrator passes its own tables and prefix. A name outside the tables is counted but not shown."""
+
+    def __init__(
+        self,
+        labels: Optional[dict[str, str]] = None,
+        *,
+        prefix: str = PREFIX,
+        counters: Mapping[str, str] = COUNTERS,
+        gauges: Mapping[str, str] = GAUGES,
+        histograms: Optional[Mapping[str, tuple[str, Sequence[float]]]] = None,
+    ) -> None:
+        self.prefix = prefix
+        self.counter_help = dict(counters)
+        self.gauge_help = dict(gauges)
+        self.histogram_help = {name: text for name, (text, _) in (histograms or {}).items()}
+        self.counters = dict.fromkeys(counters, 0)
+        self.gauges = dict.fromkeys(gauges, 0.0)
+        self.histograms = {name: Histogram(buckets) for name, (_, buckets) in (histograms or {}).items()}
         self.labels = dict(labels or {})
 
     def inc(self, name: str, value: int = 1) -> None:
@@ -48,28 +82,47 @@ class Metrics:
     def set(self, name: str, value: float) -> None:
         self.gauges[name] = value
 
+    def observe(self, name: str, value: float) -> None:
+        self.histograms[name].observe(value)
+
     def _label_text(self) -> str:
         if not self.labels:
             return ""
         body = ",".join(f'{key}="{value}"'.replace("\n", " ") for key, value in sorted(self.labels.items()))
         return "{" + body + "}"
 
+    def _with_le(self, bound: str) -> str:
+        """The label set plus a histogram bucket's ``le`` label."""
+        body = self._label_text()[1:-1]
+        extra = 'le="' + bound + '"'
+        return "{" + (f"{body},{extra}" if body else extra) + "}"
+
     def render(self) -> str:
         labels = self._label_text()
         lines: list[str] = []
-        for name, help_text in COUNTERS.items():
-            full = f"{PREFIX}{name}_total"
+        for name, help_text in self.counter_help.items():
+            full = f"{self.prefix}{name}_total"
             lines += [
                 f"# HELP {full} {help_text}",
                 f"# TYPE {full} counter",
                 f"{full}{labels} {self.counters[name]}",
             ]
-        for name, help_text in GAUGES.items():
-            full = f"{PREFIX}{name}"
+        for name, help_text in self.gauge_help.items():
+            full = f"{self.prefix}{name}"
             lines += [
                 f"# HELP {full} {help_text}",
                 f"# TYPE {full} gauge",
                 f"{full}{labels} {self.gauges[name]:g}",
+            ]
+        for name, help_text in self.histogram_help.items():
+            full, histogram = f"{self.prefix}{name}", self.histograms[name]
+            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} histogram"]
+            for bound, count in zip(histogram.buckets, histogram.counts):
+                lines.append(f"{full}_bucket{self._with_le(f'{bound:g}')} {count}")
+            lines += [
+                f"{full}_bucket{self._with_le('+Inf')} {histogram.count}",
+                f"{full}_sum{labels} {histogram.total:g}",
+                f"{full}_count{labels} {histogram.count}",
             ]
         return "\n".join(lines) + "\n"
 

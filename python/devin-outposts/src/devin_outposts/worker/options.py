@@ -155,6 +155,12 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+#: The value parsers other option tables (the orchestrator's) build on.
+number, boolean, choice, url, api_url, static_url, path, sha, acceptor, stripped, text = (
+    _number, _bool, _choice, _url, _api_url, _static_url, _path, _sha, _acceptor, _stripped, _text
+)
+
+
 # --- the table -------------------------------------------------------------------------------------------
 
 
@@ -309,15 +315,7 @@ class WorkerConfig:
 def add_start_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``worker start`` flags, from :data:`OPTIONS`. Every default is ``None``, so that
     :func:`build_config` can tell "not given" from a value and fall back to the environment."""
-    groups = {key: parser.add_argument_group(title) for key, title in _GROUPS.items()}
-    for option in OPTIONS:
-        help_text = f"{option.help} (env {option.env})" if option.env else option.help
-        kwargs: dict[str, Any] = {"dest": option.name, "default": None, "help": help_text}
-        if option.switch:
-            kwargs["action"] = argparse.BooleanOptionalAction if option.negatable else "store_true"
-        elif option.choices:
-            kwargs["choices"] = option.choices
-        groups[option.group].add_argument(*option.flags, **kwargs)
+    add_table_arguments(parser, OPTIONS, _GROUPS)
 
 
 def _raw(option: Option, args: argparse.Namespace, environ: Mapping[str, str]) -> Optional[Any]:
@@ -332,11 +330,28 @@ def _raw(option: Option, args: argparse.Namespace, environ: Mapping[str, str]) -
     return None
 
 
-def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> WorkerConfig:
-    """Resolve flags, environment and defaults into a validated :class:`WorkerConfig`."""
-    env = os.environ if environ is None else environ
+def add_table_arguments(
+    parser: argparse.ArgumentParser, table: Sequence[Option], groups: Mapping[str, str]
+) -> None:
+    """Flags from an option table. Every default is ``None``, so that :func:`resolve_table` can tell
+    "not given" from a value and fall back to the environment."""
+    sections = {key: parser.add_argument_group(title) for key, title in groups.items()}
+    for option in table:
+        help_text = f"{option.help} (env {option.env})" if option.env else option.help
+        kwargs: dict[str, Any] = {"dest": option.name, "default": None, "help": help_text}
+        if option.switch:
+            kwargs["action"] = argparse.BooleanOptionalAction if option.negatable else "store_true"
+        elif option.choices:
+            kwargs["choices"] = option.choices
+        sections[option.group].add_argument(*option.flags, **kwargs)
+
+
+def resolve_table(
+    table: Sequence[Option], args: argparse.Namespace, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """Each option of ``table`` given as a flag or in the environment, parsed (flag first)."""
     values: dict[str, Any] = {}
-    for option in OPTIONS:
+    for option in table:
         raw = _raw(option, args, env)
         if raw is None:
             continue
@@ -344,6 +359,13 @@ def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
             values[option.name] = raw
         else:
             values[option.name] = option.parse(option.flag, str(raw))
+    return values
+
+
+def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> WorkerConfig:
+    """Resolve flags, environment and defaults into a validated :class:`WorkerConfig`."""
+    env = os.environ if environ is None else environ
+    values = resolve_table(OPTIONS, args, env)
     for name, (variable, parse) in ENV_ONLY.items():
         text = env.get(variable)
         if text:

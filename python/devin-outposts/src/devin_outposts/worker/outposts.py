@@ -46,8 +46,12 @@ async def resolve_outpost(client: FleetClient, wanted: Optional[str]) -> Outpost
     raise WorkerExit(EXIT_USAGE, f"--outpost is required: the account has several outposts ({names})")
 
 
-def check_platform(outpost: Optional[Outpost], entry: Optional[QueueEntry] = None) -> None:
-    here = host_os()
+def check_platform(
+    outpost: Optional[Outpost], entry: Optional[QueueEntry] = None, *, here: Optional[str] = None
+) -> None:
+    """Exit 6 when the outpost (or, for a default-platform outpost, the entry) wants another platform
+    than ``here`` (this machine's OS by default; the orchestrator passes its driver's platform)."""
+    here = here or host_os()
     platform = outpost.spec.platform if outpost is not None else None
     if platform is None and entry is not None:
         platform = entry.spec.platform
@@ -60,9 +64,9 @@ def check_platform(outpost: Optional[Outpost], entry: Optional[QueueEntry] = Non
         )
 
 
-def entry_platform_ok(entry: QueueEntry) -> bool:
+def entry_platform_ok(entry: QueueEntry, here: Optional[str] = None) -> bool:
     platform = entry.spec.platform
-    return platform is None or platform.value == host_os()
+    return platform is None or platform.value == (here or host_os())
 
 
 def _prompt_outpost(outposts: list[Outpost]) -> Outpost:

@@ -2,7 +2,8 @@
 
 Every mode drives one :class:`SessionPool`: queue mode fills its slots from the queue, ``--session`` and
 direct-serve mode start one session in it. The pool knows nothing of the queue or the fleet API; it runs
-:class:`~devin_outposts.worker.session.SessionServer` objects, which do.
+:class:`~devin_outposts.worker.serving.ClaimedSession` objects (the worker's local remotes, the
+orchestrator's machines), which do.
 
 The wake-up event is the pool's alone. Anything that may change what the owner of the pool should do
 next calls :meth:`SessionPool.wake` (a session finished, the queue changed, a signal came); the owner's
@@ -22,7 +23,7 @@ from typing import Callable, Optional
 from devin_outposts.api.errors import FleetAuthError
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionResult, SessionServer
+from devin_outposts.worker.serving import FAILED, LOST, SERVED, ClaimedSession, SessionResult
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ HARD_STOP_GRACE = 0.5
 
 @dataclass
 class _Running:
-    server: SessionServer
+    server: ClaimedSession
     task: asyncio.Task[SessionResult]
     slot: int
 
@@ -104,7 +105,7 @@ class SessionPool:
         """The sessions running here (the queue must not offer them again)."""
         return self.running.keys()
 
-    def start(self, server: SessionServer) -> None:
+    def start(self, server: ClaimedSession) -> None:
         """Run ``server`` in its slot; the pool wakes when it finishes."""
         task = asyncio.ensure_future(server.serve())
         task.add_done_callback(lambda t: self.wake())

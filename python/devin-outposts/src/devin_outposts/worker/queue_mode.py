@@ -27,7 +27,8 @@ import enum
 import logging
 import random
 import time
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Optional, Protocol
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
@@ -35,11 +36,10 @@ from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.worker.binary import host_os
 from devin_outposts.worker.feed import QueueFeed, oldest_first
 from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.outposts import check_platform, entry_platform_ok, resolve_outpost
 from devin_outposts.worker.pool import SessionPool
 from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
-from devin_outposts.worker.session import FAILED, LOST, SessionResult, SessionServer, release_claim
+from devin_outposts.worker.serving import FAILED, LOST, ClaimedSession, SessionResult, release_claim
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ CONFLICT_PAUSE_CAP = 0.4
 FAILED_SESSION_COOLDOWN = 60.0
 
 #: Makes the server for a claimed session in a slot.
-ServerFactory = Callable[[QueueEntry, int], SessionServer]
+ServerFactory = Callable[[QueueEntry, int], ClaimedSession]
 
 
 def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> float:
@@ -70,17 +70,60 @@ class ClaimOutcome(str, enum.Enum):
     FATAL = "fatal"  # the token was refused: stop
 
 
+class QueueSettings(Protocol):
+    """What queue mode reads of its owner's config (the worker's, or the orchestrator's)."""
+
+    @property
+    def outpost(self) -> Optional[str]:
+        """The outpost to serve, by name or id."""
+
+    @property
+    def watch(self) -> bool:
+        """Watch the queue (else poll it)."""
+
+    @property
+    def poll_interval(self) -> float:
+        """Seconds between polls."""
+
+    @property
+    def backoff_max(self) -> float:
+        """Longest retry backoff."""
+
+    @property
+    def claim_spread(self) -> bool:
+        """Spread claims over the outpost's coordinators."""
+
+    @property
+    def once(self) -> bool:
+        """Stop claiming after the first claim."""
+
+    @property
+    def max_sessions(self) -> int:
+        """Slots."""
+
+    @property
+    def workdir(self) -> Path:
+        """Where sessions' files go (for the start-up line)."""
+
+
 class QueueMode:
     def __init__(
         self,
-        config: WorkerConfig,
+        config: QueueSettings,
         client: FleetClient,
         pool: SessionPool,
         metrics: Metrics,
         acceptor_id: str,
         server_for: ServerFactory,
+        *,
+        machine_platform: Optional[str] = None,
+        check_platforms: bool = True,
     ) -> None:
         self.config = config
+        #: The OS sessions run on: this machine's, or the orchestrator driver's machines'.
+        self.machine_platform = machine_platform or host_os()
+        #: False when the machines' platform is not known (the ansible driver): nothing is refused.
+        self.check_platforms = check_platforms
         self.client = client
         self.pool = pool
         self.metrics = metrics
@@ -113,7 +156,8 @@ class QueueMode:
             )
         except Stopped:
             return False
-        check_platform(outpost)
+        if self.check_platforms:
+            check_platform(outpost, here=self.machine_platform)
         self._announce(outpost)
         recovery = Backoff(cap=self.config.backoff_max)
         while not self.pool.draining:
@@ -302,12 +346,12 @@ class QueueMode:
                 return ClaimOutcome.DEFER
             entry = choice.entry
             sid = entry.session_id
-            if not entry_platform_ok(entry):
+            if self.check_platforms and not entry_platform_ok(entry, self.machine_platform):
                 log.warning(
-                    "not claiming session %s: it wants platform %s, this machine runs %s",
+                    "not claiming session %s: it wants platform %s, its machine would run %s",
                     sid,
                     entry.spec.platform,
-                    host_os(),
+                    self.machine_platform,
                     extra={"session_id": sid},
                 )
                 feed.penalize(sid, 3600)

@@ -168,6 +168,12 @@ class RemoteProcess:
     def returncode(self) -> Optional[int]:
         return self.proc.returncode
 
+    def describe(self) -> str:
+        return f"pid {self.pid}"
+
+    async def wait_exit(self) -> int:
+        return await self.proc.wait()
+
     async def wait(self) -> int:
         code = await self.proc.wait()
         self._signal_group(kill=True)  # leftovers of a finished session

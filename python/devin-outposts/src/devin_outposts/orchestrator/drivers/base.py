@@ -24,6 +24,7 @@ orchestrator counts those as infrastructure errors, apart from session failures.
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 import hashlib
 import re
@@ -31,7 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Protocol
 
 #: Where a session machine's worker keeps its state, relative to the machine's root. Snapshots keep
 #: exactly these two: the worker data dir (per-session state dir, binary cache) and the repos workdir.
@@ -213,6 +214,21 @@ def option_text(options: Mapping[str, Any], key: str, default: Optional[str] = N
     return str(value)
 
 
+class Leadership(Protocol):
+    """Leader election for orchestrators that share an acceptor id across hosts (a Kubernetes Lease).
+
+    ``async with`` waits until this process leads and keeps leading in the background; :attr:`lost` is set
+    when the lead is lost, and the orchestrator must stop acting at once."""
+
+    lost: asyncio.Event
+
+    async def __aenter__(self) -> Any:
+        """Wait until leading."""
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Give the lead up."""
+
+
 class Driver(abc.ABC):
     """Makes, starts, watches and destroys session machines. Subclasses set :attr:`name`.
 
@@ -226,6 +242,9 @@ class Driver(abc.ABC):
     #: OnFailure``): the orchestrator then counts :attr:`WorkerStatus.restarts` instead of calling
     #: :meth:`start` again after a non-zero exit.
     restarts_in_place: ClassVar[bool] = False
+    #: The OS of the machines this driver makes (``None``: whatever the user's playbook makes). Only
+    #: sessions and outposts of this platform are claimed.
+    platform: Optional[str] = "linux"
 
     @classmethod
     @abc.abstractmethod
@@ -277,6 +296,10 @@ class Driver(abc.ABC):
         """Remove what this driver made besides machines and snapshots (per-session secrets) for sessions
         not in ``live_sessions``; returns how many. Drivers that make nothing else keep this default."""
         return 0
+
+    def leadership(self, acceptor_id: str) -> Optional[Leadership]:
+        """Leader election beyond the state-dir lock, or None (the default: one host, one lock)."""
+        return None
 
     async def aclose(self) -> None:
         """Release the driver's own resources (clients, connections). Machines are left as they are."""

@@ -1,0 +1,49 @@
+"""``devin-outposts orchestrate``: claim sessions and run each on a fresh machine (docs/orchestrator.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from devin_outposts.cli.common import EXIT_USAGE, fail
+
+log = logging.getLogger("devin_outposts.orchestrator")
+
+
+def _orchestrate(args: argparse.Namespace) -> int:
+    # Imported here so that other verbs do not pay for the orchestrator's modules.
+    from devin_outposts.orchestrator.options import build_config
+    from devin_outposts.orchestrator.runner import Orchestrator
+    from devin_outposts.worker.exits import WorkerExit
+    from devin_outposts.worker.logs import setup_logging
+    from devin_outposts.worker.options import ConfigError
+
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    setup_logging(config.log_format, config.log_level)
+    orchestrator = Orchestrator(config)
+    try:
+        return asyncio.run(orchestrator.run())
+    except WorkerExit as exc:
+        log.error("%s", exc)
+        return fail(str(exc), exc.code)
+    except KeyboardInterrupt:  # a signal before the handlers were installed
+        return 130
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from devin_outposts.orchestrator.options import add_arguments
+
+    parser = subparsers.add_parser(
+        "orchestrate",
+        help="claim sessions and run each on a fresh machine (process, podman, kubernetes, ansible)",
+        description="Watch an outpost's queue, claim sessions oldest first up to --max-concurrent, "
+        "provision a machine for each through the driver, start the worker there in direct-serve mode "
+        "with the session's connect token, and tear the machine down when the session ends. The API "
+        "token comes from DEVIN_OUTPOSTS_TOKEN only.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(handler=_orchestrate)

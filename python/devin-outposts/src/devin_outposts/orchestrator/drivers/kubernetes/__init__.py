@@ -1,0 +1,31 @@
+"""The ``kubernetes`` driver: a Pod and a Secret per session, as Cognition's operator makes them.
+
+:mod:`.manifests` renders the objects and needs no client library, so :func:`render_session_manifests`
+works where ``lightkube`` (the ``kubernetes`` extra) is not installed; :class:`KubernetesDriver` and
+:class:`LeaseLock` load it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from devin_outposts.orchestrator.drivers.kubernetes.manifests import PodSettings
+from devin_outposts.orchestrator.drivers.kubernetes.render import render_session_manifests
+
+if TYPE_CHECKING:
+    from devin_outposts.orchestrator.drivers.kubernetes.driver import KubernetesDriver
+    from devin_outposts.orchestrator.drivers.kubernetes.lease import LeaseLock
+
+__all__ = ["KubernetesDriver", "LeaseLock", "PodSettings", "render_session_manifests"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KubernetesDriver":
+        from devin_outposts.orchestrator.drivers.kubernetes.driver import KubernetesDriver
+
+        return KubernetesDriver
+    if name == "LeaseLock":
+        from devin_outposts.orchestrator.drivers.kubernetes.lease import LeaseLock
+
+        return LeaseLock
+    raise AttributeError(name)

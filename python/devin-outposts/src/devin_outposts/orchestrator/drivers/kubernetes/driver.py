@@ -1,0 +1,513 @@
+"""The ``kubernetes`` driver: a Pod and a Secret per session (and a PVC for the ``snapshot`` policy).
+
+What each method does to the cluster:
+
+* :meth:`provision` makes the state PVC (``state_volume``) and nothing else: the Pod needs the connect
+  token, which only :meth:`start` gets;
+* :meth:`start` replaces the Pod: deletes one already there and waits until it is gone (the name is
+  deterministic, and a terminating Pod still holds it), recreates the Secret with the fresh token, creates
+  the Pod, then makes the Pod the Secret's owner. The Secret is recreated rather than updated so that it
+  has a new uid: the cluster's garbage collector may still be about to delete the old one for the old
+  Pod, and it deletes by uid;
+* :meth:`status` reads the Pod: ``restartPolicy: OnFailure`` makes the kubelet restart a failed worker
+  in place (``restarts`` is the container's ``restartCount``); ``Succeeded`` is exit 0 and ``Failed``
+  the container's exit code;
+* :meth:`snapshot` labels the PVC as kept; :meth:`teardown` deletes the Pod, the Secret and any PVC not
+  kept; :meth:`restore` unlabels the kept PVC, which the new Pod then mounts (it has the same name).
+  A kept PVC that is not restored before :meth:`start` is replaced by an empty one: that session starts
+  fresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar, Optional
+
+import httpx
+from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod, Secret
+from lightkube.types import PatchType
+
+from devin_outposts.orchestrator.drivers.base import (
+    LABEL_ACCEPTOR,
+    LABEL_MANAGED_BY,
+    LABEL_OUTPOST,
+    LABEL_SESSION,
+    MANAGED_BY,
+    Driver,
+    DriverContext,
+    DriverError,
+    Machine,
+    SessionSpec,
+    Snapshot,
+    WorkerLaunch,
+    WorkerState,
+    WorkerStatus,
+    label_value,
+    machine_name,
+)
+from devin_outposts.orchestrator.drivers.kubernetes.lease import LeaseLock, load
+from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
+    ANNOTATION_ACCEPTOR,
+    ANNOTATION_OUTPOST,
+    ANNOTATION_SESSION,
+    ANNOTATION_SUSPENDED_AT,
+    LABEL_SNAPSHOT,
+    PodSettings,
+    owner_reference,
+    pod_name,
+    pvc_name,
+    render_pod,
+    render_pvc,
+    render_secret,
+    secret_name,
+)
+from devin_outposts.orchestrator.drivers.kubernetes.options import KubernetesOptions, parse_options
+
+log = logging.getLogger(__name__)
+_POLL = 0.5  # seconds between reads while waiting for a deleted object to be gone
+
+
+def _parse_time(text: Any) -> float:
+    if isinstance(text, datetime.datetime):
+        return text.timestamp()
+    if isinstance(text, str):
+        try:
+            return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    return time.time()
+
+
+def _not_found(exc: ApiError) -> bool:
+    return exc.status.code == 404
+
+
+class KubernetesDriver(Driver):
+    name: ClassVar[str] = "kubernetes"
+    restarts_in_place: ClassVar[bool] = True
+
+    def __init__(self, context: DriverContext, options: KubernetesOptions) -> None:
+        self.context = context
+        self.options = options
+        self._client: Optional[AsyncClient] = None
+        self._namespace: Optional[str] = options.namespace
+        self._owner = options.pod.owner
+
+    @classmethod
+    def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> KubernetesDriver:
+        return cls(context, parse_options(options, tuple(context.worker_command)))
+
+    # -- client -------------------------------------------------------------------------------------
+
+    def _config(self) -> KubeConfig:
+        try:
+            if self.options.kubeconfig:
+                return KubeConfig.from_file(self.options.kubeconfig)
+            return KubeConfig.from_env()  # in-cluster first, then $KUBECONFIG, then ~/.kube/config
+        except (ConfigError, OSError) as exc:
+            raise DriverError(f"kubernetes driver: no usable cluster configuration: {exc}") from exc
+
+    @property
+    def client(self) -> AsyncClient:
+        if self._client is None:
+            try:
+                config = self._config().get(context_name=self.options.context)
+            except ConfigError as exc:
+                raise DriverError(f"kubernetes driver: {exc}") from exc
+            if config is None:
+                raise DriverError("kubernetes driver: the kubeconfig has no current context")
+            if self._namespace is None:
+                self._namespace = config.namespace or "default"
+            self._client = AsyncClient(
+                config,
+                namespace=self._namespace,
+                timeout=httpx.Timeout(self.options.request_timeout, connect=10.0),
+                field_manager=MANAGED_BY,
+            )
+        return self._client
+
+    @property
+    def namespace(self) -> str:
+        _ = self.client  # the namespace comes with the configuration
+        assert self._namespace is not None
+        return self._namespace
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def _fail(self, action: str, obj: str, exc: Exception) -> DriverError:
+        if isinstance(exc, ApiError):
+            reason = f"{exc.status.code} {exc.status.reason or ''} {exc.status.message or ''}".strip()
+        else:
+            reason = f"{type(exc).__name__}: {exc}"
+        return DriverError(
+            f"Could not {action} {obj} in namespace {self._namespace}: {' '.join(reason.split())}"
+        )
+
+    # -- start-up -----------------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """The cluster answers and we may list Pods; an owner without a uid is looked up (Deployments)."""
+        try:
+            async for dummy in self.client.list(
+                Pod, namespace=self.namespace, labels={LABEL_MANAGED_BY: MANAGED_BY}, chunk_size=1
+            ):
+                break
+        except (ApiError, httpx.HTTPError) as exc:
+            raise self._fail("list", "pods", exc) from exc
+        owner = self._owner
+        if owner and not owner.get("uid"):
+            if owner["kind"] != "Deployment" or not owner["apiVersion"].startswith("apps/"):
+                raise DriverError(
+                    "kubernetes driver option owner needs a uid unless it is an apps/v1 Deployment"
+                )
+            try:
+                deployment = await self.client.get(Deployment, owner["name"], namespace=self.namespace)
+            except (ApiError, httpx.HTTPError) as exc:
+                raise self._fail("read the owner", f"deployment {owner['name']}", exc) from exc
+            assert deployment.metadata is not None
+            self._owner = {**owner, "uid": str(deployment.metadata.uid)}
+
+    def _settings(self) -> PodSettings:
+        if self._owner is not None and not self._owner.get("uid"):
+            raise DriverError("kubernetes driver: the owner's uid is unknown (check() was not run)")
+        return dataclasses.replace(self.options.pod, owner=self._owner)
+
+    # -- leader election ----------------------------------------------------------------------------
+
+    def leadership(self, acceptor_id: str) -> Optional[LeaseLock]:
+        """A Lease lock for ``acceptor_id`` (``async with``; watch :attr:`LeaseLock.lost`), or None when
+        the ``leader_election`` option is off. The identity is this Pod's name (downward API
+        ``POD_NAME``) or the host name, plus a random suffix, so two processes never share it."""
+        if not self.options.leader_election:
+            return None
+        name = self.options.lease_name or machine_name("devin-outposts-leader", acceptor_id)
+        base = os.environ.get("POD_NAME") or socket.gethostname()
+        identity = f"{base}-{uuid.uuid4().hex[:8]}"
+        return LeaseLock(
+            self.client,
+            self.namespace,
+            name,
+            identity,
+            duration=self.options.lease_duration,
+            renew_interval=self.options.lease_renew_interval,
+        )
+
+    # -- machines -----------------------------------------------------------------------------------
+
+    def _machine(self, spec: SessionSpec, created_at: Optional[float] = None, **details: Any) -> Machine:
+        name = pod_name(spec.session_id)
+        return Machine(
+            name=name,
+            session_id=spec.session_id,
+            outpost_id=spec.outpost_id,
+            acceptor_id=spec.acceptor_id,
+            created_at=created_at if created_at is not None else time.time(),
+            ref=name,
+            details={"namespace": self.namespace, **details},
+        )
+
+    @staticmethod
+    def _spec(machine: Machine) -> SessionSpec:
+        return SessionSpec(
+            session_id=machine.session_id, outpost_id=machine.outpost_id, acceptor_id=machine.acceptor_id
+        )
+
+    async def provision(self, spec: SessionSpec) -> Machine:
+        if self.options.pod.state_volume:
+            await self._ensure_pvc(spec, fresh=False)
+        return self._machine(spec)
+
+    async def _ensure_pvc(self, spec: SessionSpec, *, fresh: bool) -> None:
+        """Create the state PVC if missing; with ``fresh``, a kept (snapshot) PVC makes way for a new one.
+
+        A PVC still terminating (a teardown just before) is waited for: a Pod mounting it would never
+        start, and creating one of that name meanwhile is a 409.
+        """
+        name = pvc_name(spec.session_id)
+        current = await self._get(PersistentVolumeClaim, name)
+        if current is not None:
+            meta = current.get("metadata") or {}
+            kept = (meta.get("labels") or {}).get(LABEL_SNAPSHOT) == "true"
+            if fresh and kept:
+                log.info(
+                    "session %s: snapshot %s was not restored; starting from an empty volume",
+                    spec.session_id,
+                    name,
+                )
+            if meta.get("deletionTimestamp") or (fresh and kept):
+                await self._delete(PersistentVolumeClaim, name, wait=True)
+        body = render_pvc(self.namespace, spec, self._settings())
+        try:
+            await self.client.create(load(PersistentVolumeClaim, body))
+        except ApiError as exc:
+            if exc.status.code != 409:  # 409: it exists already (provision is idempotent)
+                raise self._fail("create", f"persistentvolumeclaim {name}", exc) from exc
+        except httpx.HTTPError as exc:
+            raise self._fail("create", f"persistentvolumeclaim {name}", exc) from exc
+
+    async def _get(self, kind: Any, name: str) -> Optional[dict[str, Any]]:
+        try:
+            obj = await self.client.get(kind, name, namespace=self.namespace)
+        except ApiError as exc:
+            if _not_found(exc):
+                return None
+            raise self._fail("read", f"{kind.__name__.lower()} {name}", exc) from exc
+        except httpx.HTTPError as exc:
+            raise self._fail("read", f"{kind.__name__.lower()} {name}", exc) from exc
+        data: dict[str, Any] = obj.to_dict()
+        return data
+
+    async def _delete(self, kind: Any, name: str, *, wait: bool = False) -> bool:
+        """Delete; True when it existed. With ``wait``, return only once it is gone (a Pod terminates)."""
+        what = f"{kind.__name__.lower()} {name}"
+        try:
+            await self.client.delete(kind, name, namespace=self.namespace)
+            existed = True
+        except ApiError as exc:
+            if not _not_found(exc):
+                raise self._fail("delete", what, exc) from exc
+            existed = False
+        except httpx.HTTPError as exc:
+            raise self._fail("delete", what, exc) from exc
+        if wait and existed:
+            deadline = time.monotonic() + self.options.delete_timeout
+            while await self._get(kind, name) is not None:
+                if time.monotonic() > deadline:
+                    raise DriverError(
+                        f"Could not delete {what}: still there after {self.options.delete_timeout:g} s"
+                    )
+                await asyncio.sleep(_POLL)
+        return existed
+
+    async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
+        spec = self._spec(machine)
+        restored = bool(machine.details.get("restored"))
+        settings = self._settings()
+        pod_body = render_pod(self.namespace, spec, launch, settings)
+        await self._delete(Pod, machine.ref, wait=True)
+        if settings.state_volume:
+            await self._ensure_pvc(spec, fresh=not restored)
+        secret = secret_name(spec.session_id)
+        await self._delete(Secret, secret)
+        try:
+            await self.client.create(
+                load(Secret, render_secret(self.namespace, spec, launch.connect_token)),
+            )
+        except (ApiError, httpx.HTTPError) as exc:
+            raise self._fail("create", f"secret {secret}", exc) from exc
+        try:
+            pod = await self.client.create(load(Pod, pod_body))
+        except (ApiError, httpx.HTTPError) as exc:
+            raise self._fail("create", f"pod {machine.ref}", exc) from exc
+        assert pod.metadata is not None
+        owner = {"apiVersion": "v1", "kind": "Pod", "name": machine.ref, "uid": str(pod.metadata.uid)}
+        try:
+            await self.client.patch(
+                Secret,
+                secret,
+                {"metadata": {"ownerReferences": [owner_reference(owner)]}},
+                namespace=self.namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except (ApiError, httpx.HTTPError) as exc:
+            # The Pod runs; the Secret is still deleted by teardown or swept by sweep_orphans.
+            log.warning("%s", self._fail("set the owner of", f"secret {secret}", exc))
+        machine.details["started"] = True
+        machine.details["uid"] = str(pod.metadata.uid)
+
+    async def status(self, machine: Machine) -> WorkerStatus:
+        pod = await self._get(Pod, machine.ref)
+        if pod is None:
+            if not machine.details.get("started") and not machine.details.get("adopted"):
+                return WorkerStatus(WorkerState.STARTING, detail="not started")
+            return WorkerStatus(WorkerState.MISSING, detail=f"pod {machine.ref} not found")
+        status = pod.get("status") or {}
+        phase = status.get("phase") or "Pending"
+        ours: dict[str, Any] = next(
+            (
+                c
+                for c in status.get("containerStatuses") or []
+                if c.get("name") == self.options.pod.container_name
+            ),
+            {},
+        )
+        restarts = int(ours.get("restartCount") or 0)
+        state = ours.get("state") or {}
+        waiting = (state.get("waiting") or {}).get("reason") or ""
+        if phase == "Succeeded":
+            return WorkerStatus(WorkerState.EXITED, exit_code=0, restarts=restarts, detail=phase)
+        if phase == "Failed":
+            terminated = state.get("terminated") or (ours.get("lastState") or {}).get("terminated") or {}
+            code = terminated.get("exitCode")
+            reason = terminated.get("reason") or status.get("reason") or ""
+            # A Pod failed without a container exit (evicted, deadline exceeded) still failed.
+            return WorkerStatus(
+                WorkerState.EXITED,
+                exit_code=int(code) if code is not None else 1,
+                restarts=restarts,
+                detail=f"{phase} {reason}".strip(),
+            )
+        if phase == "Running" or phase == "Unknown":
+            return WorkerStatus(WorkerState.RUNNING, restarts=restarts, detail=f"{phase} {waiting}".strip())
+        return WorkerStatus(WorkerState.STARTING, restarts=restarts, detail=f"{phase} {waiting}".strip())
+
+    async def teardown(self, machine: Machine) -> None:
+        await self._delete(Pod, machine.ref)
+        await self._delete(Secret, secret_name(machine.session_id))
+        pvc = await self._get(PersistentVolumeClaim, pvc_name(machine.session_id))
+        if pvc is not None and (pvc.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) != "true":
+            await self._delete(PersistentVolumeClaim, pvc_name(machine.session_id))
+
+    def _selector(self, acceptor_id: str, outpost_id: str, **extra: str) -> dict[str, Any]:
+        return {
+            LABEL_MANAGED_BY: MANAGED_BY,
+            LABEL_ACCEPTOR: label_value(acceptor_id),
+            LABEL_OUTPOST: label_value(outpost_id),
+            **extra,
+        }
+
+    async def _list(self, kind: Any, labels: dict[str, Any]) -> list[dict[str, Any]]:
+        try:
+            return [
+                obj.to_dict() async for obj in self.client.list(kind, namespace=self.namespace, labels=labels)
+            ]
+        except (ApiError, httpx.HTTPError) as exc:
+            raise self._fail("list", f"{kind.__name__.lower()}s", exc) from exc
+
+    @staticmethod
+    def _identity(obj: dict[str, Any]) -> Optional[SessionSpec]:
+        meta = obj.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        labels = meta.get("labels") or {}
+        session = notes.get(ANNOTATION_SESSION)
+        outpost = notes.get(ANNOTATION_OUTPOST)
+        acceptor = notes.get(ANNOTATION_ACCEPTOR)
+        if not (session and outpost and acceptor):
+            return None
+        spec = SessionSpec(session_id=session, outpost_id=outpost, acceptor_id=acceptor)
+        # The labels were selected on; annotations someone edited must not name another session.
+        if labels.get(LABEL_SESSION) != label_value(session):
+            return None
+        return spec
+
+    async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
+        machines = []
+        for pod in await self._list(Pod, self._selector(acceptor_id, outpost_id)):
+            spec = self._identity(pod)
+            meta = pod.get("metadata") or {}
+            if spec is None or spec.acceptor_id != acceptor_id or spec.outpost_id != outpost_id:
+                continue
+            if meta.get("name") != pod_name(spec.session_id):
+                continue
+            machines.append(
+                self._machine(
+                    spec, _parse_time(meta.get("creationTimestamp")), adopted=True, uid=meta.get("uid")
+                )
+            )
+        return machines
+
+    # -- snapshots (the state PVC kept past its Pod) ---------------------------------------------------
+
+    async def snapshot(self, machine: Machine) -> Snapshot:
+        name = pvc_name(machine.session_id)
+        if not self.options.pod.state_volume:
+            raise DriverError(
+                f"Could not snapshot session {machine.session_id}: the snapshot policy needs the kubernetes "
+                "driver's state_volume option"
+            )
+        now = time.time()
+        patch = {
+            "metadata": {
+                "labels": {LABEL_SNAPSHOT: "true"},
+                "annotations": {
+                    ANNOTATION_SUSPENDED_AT: datetime.datetime.fromtimestamp(
+                        now, datetime.timezone.utc
+                    ).strftime("%Y-%m-%dT%H:%M:%SZ")
+                },
+            }
+        }
+        try:
+            await self.client.patch(
+                PersistentVolumeClaim, name, patch, namespace=self.namespace, patch_type=PatchType.MERGE
+            )
+        except (ApiError, httpx.HTTPError) as exc:
+            raise self._fail("keep", f"persistentvolumeclaim {name} as a snapshot", exc) from exc
+        return Snapshot(machine.session_id, machine.outpost_id, machine.acceptor_id, now, name)
+
+    async def restore(self, machine: Machine, snapshot: Snapshot) -> None:
+        name = pvc_name(machine.session_id)
+        if snapshot.ref != name or snapshot.session_id != machine.session_id:
+            # The Pod mounts the PVC by its deterministic name: another session's volume cannot be mounted.
+            raise DriverError(
+                f"Could not restore snapshot {snapshot.ref} into session {machine.session_id}: it belongs to "
+                f"session {snapshot.session_id}"
+            )
+        pvc = await self._get(PersistentVolumeClaim, name)
+        if pvc is None or (pvc.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) != "true":
+            raise DriverError(
+                f"Could not restore snapshot {name}: no kept persistentvolumeclaim of that name"
+            )
+        try:
+            # merge patch: null removes the label, so the PVC is the machine's again (no longer a snapshot).
+            await self.client.patch(
+                PersistentVolumeClaim,
+                name,
+                {"metadata": {"labels": {LABEL_SNAPSHOT: None}}},
+                namespace=self.namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except (ApiError, httpx.HTTPError) as exc:
+            raise self._fail("restore", f"persistentvolumeclaim {name}", exc) from exc
+        machine.details["restored"] = True
+
+    async def list_snapshots(self, acceptor_id: str, outpost_id: str) -> list[Snapshot]:
+        snapshots = []
+        for pvc in await self._list(
+            PersistentVolumeClaim, self._selector(acceptor_id, outpost_id, **{LABEL_SNAPSHOT: "true"})
+        ):
+            spec = self._identity(pvc)
+            if spec is None or spec.acceptor_id != acceptor_id or spec.outpost_id != outpost_id:
+                continue
+            meta = pvc["metadata"]
+            kept = (meta.get("annotations") or {}).get(ANNOTATION_SUSPENDED_AT) or meta.get(
+                "creationTimestamp"
+            )
+            snapshots.append(
+                Snapshot(spec.session_id, spec.outpost_id, spec.acceptor_id, _parse_time(kept), meta["name"])
+            )
+        return snapshots
+
+    async def delete_snapshot(self, snapshot: Snapshot) -> None:
+        pvc = await self._get(PersistentVolumeClaim, snapshot.ref)
+        # Only while it is still a snapshot: a restored PVC is a live session's volume.
+        if pvc is not None and (pvc.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) == "true":
+            await self._delete(PersistentVolumeClaim, snapshot.ref)
+
+    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
+        """Token Secrets, and state PVCs that are not snapshots, of sessions not live."""
+        removed = 0
+        selector = self._selector(acceptor_id, outpost_id)
+        for kind in (Secret, PersistentVolumeClaim):
+            for obj in await self._list(kind, selector):
+                spec = self._identity(obj)
+                meta = obj["metadata"]
+                if spec is None or spec.session_id in live_sessions:
+                    continue
+                if kind is PersistentVolumeClaim and (meta.get("labels") or {}).get(LABEL_SNAPSHOT) == "true":
+                    continue  # snapshots have their own lifetime (list_snapshots / delete_snapshot)
+                if await self._delete(kind, meta["name"]):
+                    removed += 1
+        return removed

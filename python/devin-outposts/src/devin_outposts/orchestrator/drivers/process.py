@@ -1,0 +1,359 @@
+"""The ``process`` driver: each session's worker is a local process in a directory of its own.
+
+For tests, demos and single machines: no isolation beyond a directory and a process group, so run it
+only where every session may see every other. A machine is ``<root>/machines/<name>/``:
+
+* ``machine.json``: its labels (session, outpost, acceptor id) and creation time, so a restarted
+  orchestrator finds it again;
+* ``worker/``: the worker's data dir (its ``cache/`` and the session's state dir) and ``repos/``, its
+  working directory: the two things a snapshot keeps;
+* ``worker.pid``: the process group leader's pid and start time (a reused pid is never signalled);
+  ``worker.exit``: its exit code, written by the group leader (``sh``), so that an orchestrator that did
+  not start the worker (it restarted meanwhile) still learns how it ended; ``worker.log``: its output.
+
+The worker runs ``<worker_command> worker start --session <id>`` in direct-serve mode. Its environment is
+built from scratch: ``PATH HOME USER LOGNAME LANG TZ TMPDIR`` and the launch's variables; the connect
+token is in the environment only, never in argv. Each worker leads its own session (``setsid``), so it
+outlives an orchestrator that is stopped or killed; teardown stops it (SIGTERM twice: the worker then
+stops its ``devin-remote`` at once; SIGKILL after the grace) and removes the directory.
+
+Snapshots move ``worker/`` and ``repos/`` to ``<root>/snapshots/<name>/``; restore moves them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from devin_outposts.orchestrator.drivers.base import (
+    MACHINE_DATA_DIR,
+    MACHINE_WORKDIR,
+    Driver,
+    DriverContext,
+    DriverError,
+    Machine,
+    SessionSpec,
+    Snapshot,
+    WorkerLaunch,
+    WorkerState,
+    WorkerStatus,
+    machine_name,
+    option_text,
+)
+from devin_outposts.worker import platform
+from devin_outposts.worker.paths import make_private_dir
+from devin_outposts.worker.spawn import process_alive, reap_stale_remote
+
+META = "machine.json"
+PIDFILE = "worker.pid"
+EXITFILE = "worker.exit"
+LOGFILE = "worker.log"
+SNAPSHOT_META = "snapshot.json"
+#: What a worker's environment may take from ours (the rest is the launch's own variables).
+PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")
+#: The group leader: runs the worker, then records its exit code atomically.
+WRAPPER = (
+    '"$@"; code=$?; printf "%s" "$code" > worker.exit.tmp && mv worker.exit.tmp worker.exit; exit "$code"'
+)
+OPTIONS = ("root", "worker_command", "stop_grace")
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _runnable(command: str) -> bool:
+    return shutil.which(command) is not None or os.path.isfile(command)
+
+
+class ProcessDriver(Driver):
+    name = "process"
+
+    def __init__(self, root: Path, worker_command: tuple[str, ...], *, stop_grace: float = 10.0) -> None:
+        self.root = root
+        self.machines_dir = root / "machines"
+        self.snapshots_dir = root / "snapshots"
+        self.worker_command = worker_command
+        self.stop_grace = stop_grace
+        #: Workers this process started, so that they are reaped (no zombies) when they exit.
+        self._children: dict[str, asyncio.subprocess.Process] = {}
+
+    @classmethod
+    def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> ProcessDriver:
+        if os.name == "nt":  # not sys.platform: mypy's win32 pass would call the rest unreachable
+            raise DriverError("the process driver needs a POSIX host (process groups, sh)")
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise DriverError(f"unknown process driver option {unknown[0]}; known: {', '.join(OPTIONS)}")
+        root_text = option_text(options, "root")
+        root = Path(root_text).expanduser().absolute() if root_text else context.state_dir / cls.name
+        command_text = option_text(options, "worker_command")
+        command = (
+            tuple(shlex.split(command_text)) if command_text else (sys.executable, "-m", "devin_outposts")
+        )
+        grace_text = option_text(options, "stop_grace", "10")
+        try:
+            grace = float(grace_text or "10")
+        except ValueError:
+            raise DriverError(
+                f"process driver option stop_grace must be a number, got {grace_text!r}"
+            ) from None
+        return cls(root, command, stop_grace=grace)
+
+    async def check(self) -> None:
+        try:
+            make_private_dir(self.root)
+            make_private_dir(self.machines_dir)
+            make_private_dir(self.snapshots_dir)
+        except OSError as exc:
+            raise DriverError(f"cannot use {self.root}: {exc}") from exc
+        if not _runnable(self.worker_command[0]):
+            raise DriverError(f"the worker command {self.worker_command[0]!r} is not found")
+
+    # --- machines ------------------------------------------------------------------------------------
+
+    def _dir(self, name: str) -> Path:
+        return self.machines_dir / name
+
+    async def provision(self, spec: SessionSpec) -> Machine:
+        name = machine_name("outpost-worker", spec.session_id)
+        path = self._dir(name)
+        meta = _read_json(path / META)
+        if meta is not None:
+            return self._machine(name, meta)
+        try:
+            make_private_dir(self.machines_dir)
+            path.mkdir(mode=0o700, exist_ok=True)
+            (path / MACHINE_DATA_DIR).mkdir(mode=0o700, exist_ok=True)
+            (path / MACHINE_WORKDIR).mkdir(mode=0o700, exist_ok=True)
+            meta = {
+                "labels": spec.labels(),
+                "session_id": spec.session_id,
+                "outpost_id": spec.outpost_id,
+                "acceptor_id": spec.acceptor_id,
+                "created_at": time.time(),
+            }
+            _write_json(path / META, meta)
+        except OSError as exc:
+            raise DriverError(f"cannot make machine directory {path}: {exc}") from exc
+        return self._machine(name, meta)
+
+    def _machine(self, name: str, meta: Mapping[str, Any]) -> Machine:
+        return Machine(
+            name=name,
+            session_id=str(meta.get("session_id", "")),
+            outpost_id=str(meta.get("outpost_id", "")),
+            acceptor_id=str(meta.get("acceptor_id", "")),
+            created_at=float(meta.get("created_at", 0.0)),
+            ref=str(self._dir(name)),
+        )
+
+    def _environment(self, path: Path, launch: WorkerLaunch) -> dict[str, str]:
+        env = {key: os.environ[key] for key in PASSTHROUGH if os.environ.get(key)}
+        env.update(launch.environment())
+        # Each machine has its own data dir (a shared one would be locked by the first worker).
+        env["DEVIN_WORKER_CACHE_DIR"] = str(path / MACHINE_DATA_DIR / "cache")
+        env["DEVIN_WORKER_WORKDIR"] = str(path / MACHINE_WORKDIR)
+        return env
+
+    async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
+        path = self._dir(machine.name)
+        if not (path / META).is_file():
+            raise DriverError(f"machine {machine.name} does not exist")
+        await self._stop_worker(path)
+        for stale in (EXITFILE, PIDFILE):
+            with contextlib.suppress(FileNotFoundError):
+                (path / stale).unlink()
+        argv = ["/bin/sh", "-c", WRAPPER, "worker", *self.worker_command, *launch.arguments()]
+        try:
+            log_fd = os.open(path / LOGFILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=str(path),
+                    env=self._environment(path, launch),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log_fd,
+                    stderr=log_fd,
+                    start_new_session=True,
+                )
+            finally:
+                os.close(log_fd)
+        except OSError as exc:
+            raise DriverError(f"cannot start the worker in {machine.name}: {exc}") from exc
+        self._children[machine.name] = proc
+        _write_json(
+            path / PIDFILE, {"pid": proc.pid, "started": platform.current().process_start_time(proc.pid)}
+        )
+
+    def _leader(self, path: Path) -> Optional[int]:
+        """The worker's group leader when it still runs (same pid, same start time)."""
+        record = _read_json(path / PIDFILE)
+        if record is None:
+            return None
+        try:
+            pid = int(record["pid"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        self._reap(path.name)
+        if not process_alive(pid):
+            return None
+        started = record.get("started")
+        if started is not None and platform.current().process_start_time(pid) != started:
+            return None  # the pid was reused
+        return pid
+
+    def _reap(self, name: str) -> None:
+        """Forget a worker this process started once it ended (asyncio's child watcher reaps it)."""
+        proc = self._children.get(name)
+        if proc is not None and proc.returncode is not None:
+            del self._children[name]
+
+    async def status(self, machine: Machine) -> WorkerStatus:
+        path = self._dir(machine.name)
+        if not (path / META).is_file():
+            return WorkerStatus(WorkerState.MISSING, detail="machine directory gone")
+        exit_text = None
+        with contextlib.suppress(OSError):
+            exit_text = (path / EXITFILE).read_text().strip()
+        if exit_text:
+            try:
+                return WorkerStatus(WorkerState.EXITED, exit_code=int(exit_text))
+            except ValueError:
+                return WorkerStatus(WorkerState.EXITED, exit_code=1, detail=f"bad exit record {exit_text!r}")
+        if self._leader(path) is not None:
+            return WorkerStatus(WorkerState.RUNNING)
+        if (path / PIDFILE).exists():  # started, gone, and no exit record: it was killed
+            return WorkerStatus(WorkerState.EXITED, exit_code=128 + 9, detail="killed (no exit record)")
+        return WorkerStatus(WorkerState.STARTING, detail="no worker started yet")
+
+    async def _stop_worker(self, path: Path) -> None:
+        pid = self._leader(path)
+        if pid is not None:
+            # Twice: the worker's first signal drains, the second stops its devin-remote at once.
+            for _ in range(2):
+                platform.current().signal_group(None, pid, kill=False)
+                await asyncio.sleep(0.05)
+            deadline = time.monotonic() + self.stop_grace
+            while process_alive(pid) and time.monotonic() < deadline:
+                self._reap(path.name)
+                await asyncio.sleep(0.05)
+            platform.current().signal_group(None, pid, kill=True)
+            self._reap(path.name)
+        # A devin-remote the worker could not stop (it was killed) runs in its own group.
+        sessions = path / MACHINE_DATA_DIR / "sessions"
+        if sessions.is_dir():
+            for state_dir in sessions.iterdir():
+                if state_dir.is_dir() and not state_dir.is_symlink():
+                    await asyncio.to_thread(reap_stale_remote, state_dir)
+
+    async def teardown(self, machine: Machine) -> None:
+        path = self._dir(machine.name)
+        if not path.exists():
+            return
+        await self._stop_worker(path)
+        try:
+            await asyncio.to_thread(shutil.rmtree, path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise DriverError(f"cannot remove machine directory {path}: {exc}") from exc
+
+    async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
+        if not self.machines_dir.is_dir():
+            return []
+        found = []
+        for path in sorted(self.machines_dir.iterdir()):
+            meta = _read_json(path / META)
+            if meta and meta.get("acceptor_id") == acceptor_id and meta.get("outpost_id") == outpost_id:
+                found.append(self._machine(path.name, meta))
+        return found
+
+    # --- snapshots -----------------------------------------------------------------------------------
+
+    async def snapshot(self, machine: Machine) -> Snapshot:
+        path = self._dir(machine.name)
+        await self._stop_worker(path)
+        target = self.snapshots_dir / machine.name
+        try:
+            make_private_dir(self.snapshots_dir)
+            if target.exists():  # an older snapshot of this session: the newer state wins
+                await asyncio.to_thread(shutil.rmtree, target)
+            target.mkdir(mode=0o700)
+            for part in (MACHINE_DATA_DIR, MACHINE_WORKDIR):
+                if (path / part).exists():
+                    os.replace(path / part, target / part)
+            created = time.time()
+            _write_json(
+                target / SNAPSHOT_META,
+                {
+                    "session_id": machine.session_id,
+                    "outpost_id": machine.outpost_id,
+                    "acceptor_id": machine.acceptor_id,
+                    "created_at": created,
+                },
+            )
+        except OSError as exc:
+            raise DriverError(f"cannot keep a snapshot of {machine.name}: {exc}") from exc
+        return Snapshot(machine.session_id, machine.outpost_id, machine.acceptor_id, created, str(target))
+
+    def _ours(self, source: Path) -> bool:
+        return source.parent == self.snapshots_dir and source.is_dir() and not source.is_symlink()
+
+    async def restore(self, machine: Machine, snapshot: Snapshot) -> None:
+        source, path = Path(snapshot.ref), self._dir(machine.name)
+        if not self._ours(source):
+            raise DriverError(f"snapshot {snapshot.ref} is not one of ours")
+        try:
+            for part in (MACHINE_DATA_DIR, MACHINE_WORKDIR):
+                if (source / part).exists():
+                    if (path / part).exists():
+                        await asyncio.to_thread(shutil.rmtree, path / part)
+                    os.replace(source / part, path / part)
+            await asyncio.to_thread(shutil.rmtree, source)
+        except OSError as exc:
+            raise DriverError(f"cannot restore snapshot {snapshot.ref}: {exc}") from exc
+
+    async def list_snapshots(self, acceptor_id: str, outpost_id: str) -> list[Snapshot]:
+        if not self.snapshots_dir.is_dir():
+            return []
+        found = []
+        for path in sorted(self.snapshots_dir.iterdir()):
+            meta = _read_json(path / SNAPSHOT_META)
+            if meta and meta.get("acceptor_id") == acceptor_id and meta.get("outpost_id") == outpost_id:
+                found.append(
+                    Snapshot(
+                        str(meta["session_id"]),
+                        outpost_id,
+                        acceptor_id,
+                        float(meta.get("created_at", 0.0)),
+                        str(path),
+                    )
+                )
+        return found
+
+    async def delete_snapshot(self, snapshot: Snapshot) -> None:
+        path = Path(snapshot.ref)
+        if path.parent != self.snapshots_dir:  # never remove a path the server or a file named
+            raise DriverError(f"snapshot {snapshot.ref} is not one of ours")
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(shutil.rmtree, path)

@@ -1,0 +1,333 @@
+"""One session on one machine: provision (or adopt), start the worker, watch it, snapshot, tear down.
+
+:class:`MachineSession` is a :class:`~devin_outposts.worker.serving.ClaimedSession`: the claim is
+renewed, the session's status watched, a worker exit confirmed and restarts counted exactly as the
+worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). Its three hooks:
+
+* :meth:`~MachineSession.prepare` adopts the machine a previous run of the orchestrator left for this
+  session, or provisions one within ``--provision-timeout`` (a failure or a timeout ends the session as
+  an infrastructure error: the claim is released at once); a ``kind=resume`` session with the
+  ``snapshot`` policy gets its kept state restored;
+* :meth:`~MachineSession.launch` starts ``devin-outposts worker start --session <id>`` in the machine in
+  direct-serve mode with the claim's connect token (the account token never enters a machine). A
+  platform that restarts failed workers itself (a Pod) is only re-attached to;
+* :meth:`~MachineSession.finish` snapshots a suspended session (``snapshot`` policy), then tears the
+  machine down; a failed snapshot keeps the machine, so no state is lost (the sweep removes it once the
+  session is terminated).
+
+A :class:`MachineRun` turns the driver's status reads into what serving waits on: an exit code, or a
+:class:`~devin_outposts.worker.serving.LaunchError` when the worker never came up within
+``--boot-timeout`` or the machine vanished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, ClassVar, Optional
+
+from devin_outposts.api.models import QueueEntry, SessionKind, SessionStatus
+from devin_outposts.orchestrator.drivers.base import (
+    Driver,
+    DriverError,
+    Machine,
+    SessionSpec,
+    Snapshot,
+    WorkerLaunch,
+    WorkerState,
+    WorkerStatus,
+)
+from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.worker.metrics import Metrics
+from devin_outposts.worker.serving import FAILED, ClaimedSession, LaunchError, SessionFleet, SessionResult
+
+log = logging.getLogger(__name__)
+
+#: Status reads that may fail in a row before the machine counts as lost.
+STATUS_FAILURES = 5
+
+
+def session_spec(claim: QueueEntry, acceptor_id: str) -> SessionSpec:
+    spec = claim.spec
+    return SessionSpec(
+        session_id=claim.session_id,
+        outpost_id=claim.metadata.outpost_id or "",
+        acceptor_id=acceptor_id,
+        platform=spec.platform.value if spec.platform is not None else None,
+        kind=spec.kind.value if spec.kind is not None else SessionKind.NEW.value,
+        network_policy=spec.network_policy.model_dump(mode="json") if spec.network_policy else None,
+        remote_binary_sha=spec.remote_binary_sha,
+    )
+
+
+class MachineRun:
+    """One start of the worker in a machine, as serving sees it (see
+    :class:`~devin_outposts.worker.serving.Run`)."""
+
+    def __init__(self, session: MachineSession, *, base_restarts: int = 0) -> None:
+        self.session = session
+        self.driver = session.driver
+        assert session.machine is not None
+        self.machine = session.machine
+        self.started = time.monotonic()
+        self.base_restarts = base_restarts
+        self.returncode: Optional[int] = None
+        #: The platform restarted the worker itself (so the next launch only re-attaches).
+        self.restarted_in_place = False
+        self.last: Optional[WorkerStatus] = None
+        self._error: Optional[LaunchError] = None
+
+    def describe(self) -> str:
+        return f"{self.driver.name} machine {self.machine.name}"
+
+    async def _read(self) -> WorkerStatus:
+        failures = 0
+        while True:
+            try:
+                return await self.driver.status(self.machine)
+            except DriverError as exc:
+                failures += 1
+                if failures >= STATUS_FAILURES:
+                    raise LaunchError(f"cannot read machine {self.machine.name}: {exc}") from exc
+                log.warning("%s; reading again", exc, extra=self.session.log_extra)
+                await asyncio.sleep(self.session.config.status_interval)
+
+    async def wait_exit(self) -> int:
+        config = self.session.config
+        try:
+            while True:
+                status = self.last = await self._read()
+                if status.state is WorkerState.RUNNING:
+                    self.session.worker_running()
+                    if status.restarts > self.base_restarts:  # the platform restarted a failed worker
+                        self.restarted_in_place = True
+                        self.returncode = status.exit_code if status.exit_code else 1
+                        return self.returncode
+                elif status.state is WorkerState.EXITED:
+                    self.returncode = status.exit_code if status.exit_code is not None else 1
+                    return self.returncode
+                elif status.state is WorkerState.MISSING:
+                    raise LaunchError(f"machine {self.machine.name} vanished ({status.detail or 'gone'})")
+                elif time.monotonic() - self.started > config.boot_timeout:
+                    raise LaunchError(
+                        f"the worker in machine {self.machine.name} did not come up within "
+                        f"{config.boot_timeout:g}s ({status.detail or status.state})"
+                    )
+                await asyncio.sleep(config.status_interval)
+        except LaunchError as exc:
+            self._error = exc
+            self.returncode = -1
+            return -1
+
+    async def wait(self) -> int:
+        if self._error is not None:
+            raise self._error
+        if self.returncode is None:
+            await self.wait_exit()
+            if self._error is not None:
+                raise self._error
+        assert self.returncode is not None
+        return self.returncode
+
+    async def stop(self, grace: float) -> int:
+        """Stopping a machine's worker is destroying the machine (teardown is idempotent)."""
+        await self.session.teardown()
+        if self.returncode is None:
+            self.returncode = -1
+        return self.returncode
+
+
+class MachineSession(ClaimedSession):
+    """Serves one claimed session on a machine of ``driver``."""
+
+    RESTART_METRIC: ClassVar[str] = "worker_restarts"
+    WHAT: ClassVar[str] = "worker"
+
+    def __init__(
+        self,
+        config: OrchestratorConfig,
+        *,
+        driver: Driver,
+        claim: QueueEntry,
+        acceptor_id: str,
+        metrics: Metrics,
+        fleet: SessionFleet,
+        slot: int,
+        adopt: Optional[Machine] = None,
+        on_started: Optional[Callable[[MachineSession], None]] = None,
+    ) -> None:
+        super().__init__(
+            config,
+            session_id=claim.session_id,
+            acceptor_id=acceptor_id,
+            metrics=metrics,
+            fleet=fleet,
+            claim=claim,
+            slot=slot,
+        )
+        self.config = config
+        self.driver = driver
+        self.spec = session_spec(claim, acceptor_id)
+        self.machine: Optional[Machine] = adopt
+        self.adopted = adopt is not None
+        self.on_started = on_started
+        #: The worker in the machine has been seen running (at least once).
+        self.started_once = False
+        #: The worker is running now, as of the last status read.
+        self.running_now = False
+        self.claimed_at = time.monotonic()
+        self.phases: dict[str, float] = {}
+        self._torn_down = False
+
+    @property
+    def log_extra(self) -> dict[str, object]:
+        return dict(self._extra)
+
+    def _phase(self, name: str) -> None:
+        self.phases.setdefault(name, time.monotonic() - self.claimed_at)
+
+    def worker_running(self) -> None:
+        self.running_now = True
+        if not self.started_once:
+            self.started_once = True
+            self._phase("started")
+            if self.on_started is not None:
+                self.on_started(self)
+
+    # --- the hooks -----------------------------------------------------------------------------------
+
+    async def prepare(self) -> Optional[SessionResult]:
+        if self.machine is not None:
+            log.info(
+                "adopting machine %s", self.machine.name, extra={**self._extra, "machine": self.machine.name}
+            )
+            return None
+        try:
+            self.machine = await asyncio.wait_for(
+                self.driver.provision(self.spec), timeout=self.config.provision_timeout
+            )
+        except asyncio.TimeoutError:
+            return self._infrastructure(f"provisioning took longer than {self.config.provision_timeout:g}s")
+        except DriverError as exc:
+            return self._infrastructure(f"provisioning failed: {exc}")
+        self._phase("provisioned")
+        log.info(
+            "provisioned machine %s", self.machine.name, extra={**self._extra, "machine": self.machine.name}
+        )
+        if self.spec.kind == SessionKind.RESUME.value and self.config.resume_policy == "snapshot":
+            return await self._restore()
+        return None
+
+    def _infrastructure(self, detail: str) -> SessionResult:
+        """A failure of the machine, not of the session (counted by the orchestrator when it ends)."""
+        return SessionResult(self.session_id, FAILED, detail, infrastructure=True)
+
+    def _log_result(self, result: SessionResult) -> None:
+        """One progress line per session: how it ended, and how long each step took."""
+        steps = ", ".join(f"{name} after {seconds:.1f}s" for name, seconds in self.phases.items())
+        took = time.monotonic() - self.claimed_at
+        kind = (
+            "infrastructure" if result.infrastructure else ("session" if result.outcome == FAILED else None)
+        )
+        level = logging.WARNING if result.outcome == FAILED else logging.INFO
+        log.log(
+            level,
+            "session %s %s after %.1fs%s: %s%s",
+            self.session_id,
+            result.outcome,
+            took,
+            f" ({steps})" if steps else "",
+            result.detail,
+            " [infrastructure error]" if result.infrastructure else "",
+            extra={**self._extra, **({"error_kind": kind} if kind else {})},
+        )
+
+    async def _restore(self) -> Optional[SessionResult]:
+        assert self.machine is not None
+        try:
+            kept = [
+                s
+                for s in await self.driver.list_snapshots(self.acceptor_id, self.spec.outpost_id)
+                if s.session_id == self.session_id
+            ]
+        except DriverError as exc:
+            return self._infrastructure(f"listing snapshots failed: {exc}")
+        if not kept:
+            log.info("no snapshot kept for this resume; starting fresh", extra=self._extra)
+            return None
+        snapshot: Snapshot = max(kept, key=lambda s: s.created_at)
+        try:
+            await self.driver.restore(self.machine, snapshot)
+        except DriverError as exc:  # the snapshot stays: a later attempt may restore it
+            return self._infrastructure(f"restoring snapshot {snapshot.ref} failed: {exc}")
+        log.info("restored snapshot %s", snapshot.ref, extra=self._extra)
+        return None
+
+    def _launch_spec(self, token: str, gateway_url: str) -> WorkerLaunch:
+        return WorkerLaunch(
+            session_id=self.session_id,
+            connect_token=token,
+            gateway_url=gateway_url,
+            remote_binary_sha=self.spec.remote_binary_sha or self.config.remote_binary_sha,
+            static_base_url=self.config.static_base_url,
+            cache_dir=self.config.cache_dir,
+            log_format=self.config.log_format,
+        )
+
+    async def launch(self, token: str, gateway_url: str) -> MachineRun:
+        assert self.machine is not None
+        previous = self.run if isinstance(self.run, MachineRun) else None
+        if self.adopted and previous is None:  # the worker a previous run started is still there
+            return MachineRun(self, base_restarts=await self._restarts())
+        if previous is not None and previous.restarted_in_place:
+            return MachineRun(self, base_restarts=previous.last.restarts if previous.last else 0)
+        try:
+            await self.driver.start(self.machine, self._launch_spec(token, gateway_url))
+        except DriverError as exc:
+            raise LaunchError(f"starting the worker in machine {self.machine.name} failed: {exc}") from exc
+        self.running_now = False
+        return MachineRun(self, base_restarts=await self._restarts())
+
+    async def _restarts(self) -> int:
+        if not self.driver.restarts_in_place:
+            return 0
+        assert self.machine is not None
+        try:
+            return (await self.driver.status(self.machine)).restarts
+        except DriverError:
+            return 0
+
+    async def finish(self, result: SessionResult) -> None:
+        if self.machine is None:
+            return
+        suspended = result.session_status == SessionStatus.SUSPENDED.value
+        if suspended and self.config.resume_policy == "snapshot":
+            try:
+                snapshot = await self.driver.snapshot(self.machine)
+            except DriverError as exc:
+                self.metrics.inc("infrastructure_errors")
+                log.error(
+                    "snapshot of machine %s failed (%s); keeping the machine so nothing is lost",
+                    self.machine.name,
+                    exc,
+                    extra={**self._extra, "error_kind": "infrastructure"},
+                )
+                return
+            log.info("kept snapshot %s for the resume", snapshot.ref, extra=self._extra)
+        await self.teardown()
+
+    async def teardown(self) -> None:
+        if self.machine is None or self._torn_down:
+            return
+        try:
+            await self.driver.teardown(self.machine)
+        except DriverError as exc:  # the sweep collects it later
+            self.metrics.inc("infrastructure_errors")
+            log.error("tearing down machine %s failed: %s", self.machine.name, exc, extra=self._extra)
+            return
+        self._torn_down = True
+        self.running_now = False
+        log.info(
+            "tore down machine %s", self.machine.name, extra={**self._extra, "machine": self.machine.name}
+        )

@@ -1,0 +1,42 @@
+"""The orchestrator's metrics: the names of Cognition's operator (prefix ``outposts_``), plus ours.
+
+The operator's six (``sessions_claimed``, ``claim_conflicts``, ``active_workers``, ``workers_given_up``,
+``reconciliations``, ``reconcile_failures``) keep their names and meaning, labelled ``pool_id`` (the
+outpost), so a dashboard built for the operator reads ours too.
+"""
+
+from __future__ import annotations
+
+from devin_outposts.worker.metrics import Metrics
+
+PREFIX = "outposts_"
+COUNTERS = {
+    "sessions_claimed": "Sessions claimed from the queue (restart adoptions included)",
+    "claim_conflicts": "Claims answered 409 (another coordinator won)",
+    "workers_given_up": "Sessions given up after the worker failed past the restart limit",
+    "reconciliations": "Garbage-collection sweeps",
+    "reconcile_failures": "Sweeps that failed (the driver or the fleet API)",
+    "infrastructure_errors": "Machines that could not be made, started, snapshotted or torn down",
+    "sessions_served": "Sessions that ended (suspended, terminated or gone) and were released",
+    "sessions_failed": "Sessions that failed: given up, infrastructure errors, claims lost",
+    "worker_restarts": "Worker restarts after an exit while the session was live",
+    "renewals": "Successful claim renewals",
+    "renewal_failures": "Claim renewals that failed and were retried",
+    "watch_reconnects": "Queue watch reconnections",
+    "api_errors": "Fleet API errors in the claim loop (retried with backoff)",
+    "machines_collected": "Machines removed by the sweep (session gone, over, elsewhere, never booted)",
+    "snapshots_collected": "Snapshots removed by the sweep (session terminated or gone, TTL passed)",
+}
+GAUGES = {
+    "active_workers": "Sessions with a machine now",
+    "max_concurrent": "Configured concurrent sessions",
+    "draining": "1 after SIGTERM/SIGINT: no new claims",
+}
+START_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+HISTOGRAMS = {
+    "session_start_seconds": ("Seconds from a session's enqueue to its worker running", START_BUCKETS),
+}
+
+
+def orchestrator_metrics() -> Metrics:
+    return Metrics(prefix=PREFIX, counters=COUNTERS, gauges=GAUGES, histograms=HISTOGRAMS)

@@ -1,0 +1,351 @@
+"""The orchestrator: claim first, then a fresh machine per session, through one driver.
+
+:class:`Orchestrator` is the worker's queue mode with machines instead of local remotes
+(docs/orchestrator.md):
+
+1. start-up: the state dir (private) and its lock (two orchestrators on one state dir never both act;
+   the ``kubernetes`` driver adds a Lease for replicas on different nodes), the acceptor id (generated
+   once and kept there), the driver (its options checked, its tool or cluster reached);
+2. the outpost is resolved and its platform checked against the driver's machines;
+3. recovery: the sessions this acceptor holds (``phase=claimed&acceptor_id=<mine>``) are taken back by
+   re-claiming, each with the machine the driver finds for it adopted as it is; sessions no slot can hold
+   are released, and machines nobody holds any more are left to the first sweep;
+4. the queue is followed and claimed oldest first up to ``--max-concurrent``
+   (:class:`~devin_outposts.worker.queue_mode.QueueMode`); each claim becomes a
+   :class:`~devin_outposts.orchestrator.machine.MachineSession` in the
+   :class:`~devin_outposts.worker.pool.SessionPool`;
+5. every ``--gc-interval`` seconds a sweep (:mod:`devin_outposts.orchestrator.sweep`) removes machines
+   no session of ours runs on, expired or finished snapshots and orphaned secrets, and warns when every
+   slot is taken but no worker is running;
+6. SIGTERM/SIGINT: no more claims; running sessions keep their machines and claims (they are
+   *detached*) and the orchestrator exits; the next start adopts them. A second signal is the same.
+
+Exit codes are the worker's: 2 bad options, 3 token refused, 4 outpost not found, 6 platform mismatch,
+8 state dir locked by another orchestrator, 1 anything else (a driver that cannot start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+import time
+from typing import Callable, Optional
+
+import httpx
+
+from devin_outposts.api.client import FleetClient
+from devin_outposts.api.errors import FleetAuthError, FleetError
+from devin_outposts.api.models import Outpost, QueueEntry
+from devin_outposts.orchestrator.drivers import driver_class
+from devin_outposts.orchestrator.drivers.base import Driver, DriverContext, DriverError, Machine
+from devin_outposts.orchestrator.machine import MachineSession
+from devin_outposts.orchestrator.metrics import orchestrator_metrics
+from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.orchestrator.sweep import Sweeper
+from devin_outposts.worker import platform
+from devin_outposts.worker.exits import EXIT_AUTH, EXIT_ERROR, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, WorkerExit
+from devin_outposts.worker.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
+from devin_outposts.worker.logs import register_secret
+from devin_outposts.worker.metrics import MetricsServer
+from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
+from devin_outposts.worker.pool import SessionPool
+from devin_outposts.worker.queue_mode import QueueMode
+from devin_outposts.worker.serving import FAILED, SessionResult
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "orchestrator.lock"
+AUTH_HINT = "(check DEVIN_OUTPOSTS_TOKEN and its scopes)"
+#: The pool's drain timeout: never reached, since a stopping orchestrator detaches its sessions.
+DETACH_DRAIN = 3600.0
+
+
+class OrchestratorQueue(QueueMode):
+    """Queue mode whose restart recovery adopts the machines a previous run left."""
+
+    def __init__(self, orchestrator: Orchestrator, client: FleetClient) -> None:
+        config = orchestrator.config
+        driver = orchestrator.driver
+        assert driver is not None
+        super().__init__(
+            config,
+            client,
+            orchestrator.pool,
+            orchestrator.metrics,
+            orchestrator.acceptor_id,
+            orchestrator.session_for,
+            machine_platform=driver.platform,
+            check_platforms=driver.platform is not None,
+        )
+        self.orchestrator = orchestrator
+        self.outpost: Optional[Outpost] = None
+
+    def _announce(self, outpost: Outpost) -> None:
+        self.outpost = outpost
+        self.orchestrator.outpost_id = outpost.outpost_id
+        assert self.orchestrator.driver is not None
+        log.info(
+            "orchestrator %s serving outpost %s (%s) with the %s driver: up to %d sessions, resume policy %s",
+            self.acceptor_id,
+            outpost.name,
+            outpost.outpost_id,
+            self.orchestrator.driver.name,
+            self.config.max_sessions,
+            self.orchestrator.config.resume_policy,
+            extra={"outpost": outpost.outpost_id, "acceptor_id": self.acceptor_id},
+        )
+        self.metrics.labels["pool_id"] = outpost.outpost_id
+
+    async def recover(self, outpost_id: str) -> None:
+        """Find the machines a previous run left, then take back our claims with them."""
+        assert self.orchestrator.driver is not None
+        try:
+            machines = await self.orchestrator.driver.list_owned(self.acceptor_id, outpost_id)
+        except DriverError as exc:  # without the list, a held session could get a second machine
+            raise FleetError("list this orchestrator's machines", str(exc)) from exc
+        self.orchestrator.adoptable = {
+            m.session_id: m for m in machines if m.session_id not in self.pool.held
+        }
+        try:
+            await super().recover(outpost_id)
+        finally:
+            self.orchestrator.adoptable.clear()
+
+    def _finished(self, result: SessionResult) -> None:
+        super()._finished(result)
+        self.orchestrator.finished(result)
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        config: OrchestratorConfig,
+        *,
+        client_factory: Optional[Callable[[OrchestratorConfig], FleetClient]] = None,
+        driver: Optional[Driver] = None,
+    ) -> None:
+        self.config = config
+        self._client_factory = client_factory or (
+            lambda c: FleetClient(c.api_url, c.token, verify=self._tls())
+        )
+        self.driver = driver
+        self.metrics = orchestrator_metrics()
+        self.metrics.set("max_concurrent", config.max_concurrent)
+        self.pool = SessionPool(config.max_concurrent, self.metrics, drain_timeout=DETACH_DRAIN)
+        self.acceptor_id = config.acceptor_id or ""
+        self.outpost_id: Optional[str] = None
+        self.queue: Optional[OrchestratorQueue] = None
+        self.client: Optional[FleetClient] = None
+        self.sweeper: Optional[Sweeper] = None
+        #: Machines found at start-up, by session, until recovery has taken back its claims.
+        self.adoptable: dict[str, Machine] = {}
+        self.results: list[SessionResult] = []
+        #: The driver's leader election was lost: the run ends non-zero (a supervisor restarts it).
+        self.lost_lead = False
+        self._lead_watch: Optional[asyncio.Task[None]] = None
+        self._ssl: Optional[ssl.SSLContext] = None
+
+    def _tls(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            bundle = os.environ.get("DEVIN_CA_BUNDLE") or True
+            self._ssl = httpx.create_ssl_context(verify=bundle, trust_env=True)
+        return self._ssl
+
+    # --- what /healthz, the tests and the benchmark read ----------------------------------------------
+
+    @property
+    def following(self) -> Optional[OrchestratorQueue]:
+        return self.queue
+
+    @property
+    def sessions(self) -> list[MachineSession]:
+        return [r.server for r in self.pool.running.values() if isinstance(r.server, MachineSession)]
+
+    def health(self) -> tuple[bool, str]:
+        if self.pool.fatal is not None:
+            return False, "unauthorized"
+        if self.queue is not None and self.queue.feed_stopped:
+            return False, "queue feed stopped"
+        if self.pool.draining:
+            return True, "draining"
+        return True, "ok" if self.queue is not None and self.queue.ready else "starting"
+
+    # --- sessions ------------------------------------------------------------------------------------
+
+    def session_for(self, claim: QueueEntry, slot: int) -> MachineSession:
+        assert self.driver is not None
+        assert self.client is not None
+        adopt = self.adoptable.pop(claim.session_id, None)
+        session = MachineSession(
+            self.config,
+            driver=self.driver,
+            claim=claim,
+            acceptor_id=self.acceptor_id,
+            metrics=self.metrics,
+            fleet=self.client,
+            slot=slot,
+            adopt=adopt,
+            on_started=self._worker_started,
+        )
+        self.metrics.set("active_workers", len(self.pool.running) + 1)
+        return session
+
+    def _worker_started(self, session: MachineSession) -> None:
+        created = session.claim.metadata.created_at if session.claim else None
+        if created is not None and not session.adopted:
+            self.metrics.observe("session_start_seconds", max(0.0, time.time() - created))
+        log.info(
+            "session %s: worker running on %s",
+            session.session_id,
+            session.machine.name if session.machine else "?",
+            extra={"session_id": session.session_id},
+        )
+
+    def finished(self, result: SessionResult) -> None:
+        self.results.append(result)
+        self.metrics.set("active_workers", len(self.pool.running))
+        if result.infrastructure:
+            self.metrics.inc("infrastructure_errors")
+        elif result.outcome == FAILED and "giving up" in result.detail:
+            self.metrics.inc("workers_given_up")
+
+    # --- signals -------------------------------------------------------------------------------------
+
+    def on_signal(self, signum: int) -> None:
+        name = platform.current().signal_name(signum)
+        log.info(
+            "%s: no new claims; %d running session(s) keep their machines for the next start",
+            name,
+            len(self.pool.running),
+        )
+        self.stop()
+
+    def stop(self) -> None:
+        """No more claims; detach every running session (machines and claims stay)."""
+        for running in self.pool.running.values():
+            running.server.request_detach()
+        self.pool.start_drain()
+        if self.queue is not None:
+            self.queue.stop_feed()
+
+    # --- the run -------------------------------------------------------------------------------------
+
+    def _make_driver(self) -> Driver:
+        if self.driver is not None:
+            return self.driver
+        try:
+            cls = driver_class(self.config.driver)
+            context = DriverContext(
+                state_dir=self.config.state_dir,
+                worker_command=("devin-outposts",),
+                boot_timeout=self.config.boot_timeout,
+            )
+            return cls.from_options(context, self.config.driver_options)
+        except DriverError as exc:
+            raise WorkerExit(EXIT_USAGE, str(exc)) from exc
+
+    def _lock(self) -> FileLock:
+        try:
+            make_private_dir(self.config.state_dir)
+            lock = FileLock(self.config.state_dir / LOCK_FILE, "the orchestrator state directory")
+            lock.acquire()
+            if not self.acceptor_id:
+                self.acceptor_id = load_or_create_acceptor_id(self.config.state_dir)
+        except LockedError as exc:
+            raise WorkerExit(EXIT_LOCKED, str(exc)) from exc
+        except (IdentityError, SharedDirectoryError) as exc:
+            raise WorkerExit(EXIT_USAGE, str(exc)) from exc
+        except OSError as exc:
+            raise WorkerExit(EXIT_ERROR, f"Could not prepare {self.config.state_dir}: {exc}") from exc
+        return lock
+
+    async def run(self) -> int:
+        register_secret(self.config.token)
+        loop = asyncio.get_running_loop()
+        lock = self._lock()
+        metrics_server: Optional[MetricsServer] = None
+        sweep_task: Optional[asyncio.Task[None]] = None
+        try:
+            self.driver = self._make_driver()
+            try:
+                await self.driver.check()
+            except DriverError as exc:
+                raise WorkerExit(EXIT_ERROR, f"the {self.driver.name} driver cannot start: {exc}") from exc
+            self.metrics.labels = {}
+            metrics_server = await self._serve_metrics()
+            platform.current().install_stop_handler(loop, self.on_signal)
+            self.client = self._client_factory(self.config)
+            async with contextlib.AsyncExitStack() as stack:
+                if not await self._lead(stack):
+                    return EXIT_OK  # stopped while waiting to lead
+                self.queue = OrchestratorQueue(self, self.client)
+                self.sweeper = Sweeper(self)
+                sweep_task = asyncio.ensure_future(self.sweeper.run())
+                if self.pool.draining:
+                    self.queue.stop_feed()
+                try:
+                    await self.queue.run()
+                except FleetAuthError as exc:
+                    raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
+                except FleetError as exc:
+                    raise WorkerExit(EXIT_ERROR, str(exc)) from exc
+            if self.pool.fatal is not None:
+                raise WorkerExit(EXIT_AUTH, f"{self.pool.fatal} {AUTH_HINT}")
+            if self.lost_lead:
+                raise WorkerExit(EXIT_ERROR, "lost the leader election; sessions were left to the new leader")
+            return EXIT_OK
+        finally:
+            platform.current().remove_stop_handler(loop)
+            if sweep_task is not None:
+                sweep_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await sweep_task
+            if metrics_server is not None:
+                await metrics_server.close()
+            if self.client is not None:
+                await self.client.aclose()
+            if self.driver is not None:
+                with contextlib.suppress(Exception):
+                    await self.driver.aclose()
+            lock.release()
+
+    async def _lead(self, stack: contextlib.AsyncExitStack) -> bool:
+        """Take the driver's lead when it elects one; False when stopped before leading."""
+        assert self.driver is not None
+        leadership = self.driver.leadership(self.acceptor_id)
+        if leadership is None:
+            return True
+        log.info("waiting to lead acceptor id %s (another orchestrator may hold it)", self.acceptor_id)
+        acquire = asyncio.ensure_future(stack.enter_async_context(leadership))
+        while not acquire.done():
+            if self.pool.draining:
+                acquire.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await acquire
+                return False
+            await asyncio.wait({acquire}, timeout=0.5)
+        acquire.result()  # a failure to reach the cluster ends the run here
+        log.info("leading acceptor id %s", self.acceptor_id)
+        self._lead_watch = asyncio.ensure_future(self._watch_lead(leadership.lost))
+        stack.callback(self._lead_watch.cancel)
+        return True
+
+    async def _watch_lead(self, lost: asyncio.Event) -> None:
+        await lost.wait()
+        self.lost_lead = True
+        log.error("lost the leader election: no more claims; running sessions are left to the new leader")
+        self.stop()
+
+    async def _serve_metrics(self) -> Optional[MetricsServer]:
+        addr = self.config.metrics_addr
+        if addr is None:
+            return None
+        server = MetricsServer(self.metrics, self.health, addr.host, addr.port)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise WorkerExit(EXIT_USAGE, f"Could not serve metrics on {addr}: {exc}") from exc
+        return server

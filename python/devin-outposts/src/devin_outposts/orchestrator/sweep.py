@@ -1,0 +1,199 @@
+"""The garbage-collection sweep: what the orchestrator made and no session of ours needs any more.
+
+Every ``--gc-interval`` seconds (and once right after restart recovery) :class:`Sweeper` looks at
+everything the driver finds under this acceptor id and outpost (docs/orchestrator.md, "Garbage
+collection"):
+
+* **machines** no running session of ours is on: their session is gone, over, claimed by someone else,
+  or our claim on it lapsed; a machine that never came up is already given up by its session (boot
+  timeout), so it lands here too. A suspended session's machine is snapshotted first under the
+  ``snapshot`` policy (a failed snapshot at the session's end left it there on purpose);
+* **snapshots** whose session is terminated or gone, or older than ``--snapshot-ttl``;
+* **orphaned per-session secrets** (the driver's :meth:`~.drivers.base.Driver.sweep_orphans`).
+
+Each pass counts as a ``reconciliation``; a pass the driver or the API failed, as a
+``reconcile_failure`` (the next pass tries again). It also warns when every slot is taken but no
+session's worker is running: capacity is full of machines that do not come up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional, Protocol
+
+from devin_outposts.api.client import FleetClient
+from devin_outposts.api.errors import FleetAuthError, FleetError, FleetNotFound
+from devin_outposts.api.models import QueueEntry, SessionStatus
+from devin_outposts.orchestrator.drivers.base import Driver, DriverError, Machine, Snapshot
+from devin_outposts.orchestrator.machine import MachineSession
+from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.worker.metrics import Metrics
+from devin_outposts.worker.pool import SessionPool
+
+log = logging.getLogger(__name__)
+
+#: Sweeps between two "capacity full, nothing running" warnings.
+STUCK_WARNING_EVERY = 5
+
+
+class Following(Protocol):
+    @property
+    def ready(self) -> bool:
+        """Following the queue (recovery done)."""
+
+
+class SweepOwner(Protocol):
+    """What the sweep reads of the orchestrator (:class:`~.runner.Orchestrator`)."""
+
+    config: OrchestratorConfig
+    driver: Optional[Driver]
+    client: Optional[FleetClient]
+    pool: SessionPool
+    metrics: Metrics
+    acceptor_id: str
+    outpost_id: Optional[str]
+    adoptable: dict[str, Machine]
+
+    @property
+    def following(self) -> Optional[Following]:
+        """The queue mode, once it exists."""
+
+    @property
+    def sessions(self) -> list[MachineSession]:
+        """The sessions running now."""
+
+
+class Sweeper:
+    def __init__(self, orchestrator: SweepOwner) -> None:
+        self.orchestrator = orchestrator
+        self.passes = 0
+        self._stuck_passes = 0
+
+    async def run(self) -> None:
+        orch = self.orchestrator
+        while not orch.pool.draining:
+            if orch.following is not None and orch.following.ready and orch.outpost_id is not None:
+                await self.sweep()
+            await orch.pool.pause(orch.config.gc_interval if self.passes else 0.2)
+
+    def _serving(self) -> set[str]:
+        return set(self.orchestrator.pool.running)
+
+    async def _entry(self, session_id: str) -> Optional[QueueEntry]:
+        assert self.orchestrator.client is not None
+        try:
+            return await self.orchestrator.client.get_devin(session_id)
+        except FleetNotFound:
+            return None
+
+    async def sweep(self) -> None:
+        orch = self.orchestrator
+        assert orch.driver is not None
+        assert orch.outpost_id is not None
+        self.passes += 1
+        orch.metrics.inc("reconciliations")
+        try:
+            await self._machines()
+            kept = await self._snapshots()
+            live = self._serving() | kept
+            removed = await orch.driver.sweep_orphans(orch.acceptor_id, orch.outpost_id, live)
+            if removed:
+                log.info("removed %d orphaned per-session object(s)", removed)
+        except FleetAuthError as exc:
+            orch.pool.fail(exc)
+        except (DriverError, FleetError) as exc:
+            orch.metrics.inc("reconcile_failures")
+            log.warning("garbage collection failed: %s; trying again next pass", exc)
+        self._check_stuck()
+
+    async def _machines(self) -> None:
+        orch = self.orchestrator
+        assert orch.driver is not None
+        assert orch.outpost_id is not None
+        for machine in await orch.driver.list_owned(orch.acceptor_id, orch.outpost_id):
+            if machine.session_id in self._serving() or machine.session_id in orch.adoptable:
+                continue
+            entry = await self._entry(machine.session_id)
+            why = self._why(entry)
+            if machine.session_id in self._serving():  # claimed again while we asked
+                continue
+            if (
+                entry is not None
+                and entry.status.session_status == SessionStatus.SUSPENDED
+                and orch.config.resume_policy == "snapshot"
+            ):
+                await orch.driver.snapshot(machine)
+                why += "; its state was kept as a snapshot"
+            await self._collect(machine, why)
+
+    def _why(self, entry: Optional[QueueEntry]) -> str:
+        if entry is None:
+            return "its session is gone"
+        status = entry.status
+        if status.session_status in (SessionStatus.TERMINATED, SessionStatus.SUSPENDED):
+            return f"its session is {status.session_status}"
+        if status.acceptor_id not in (None, self.orchestrator.acceptor_id):
+            return "its session is claimed by another acceptor"
+        return "no session of this orchestrator runs on it"
+
+    async def _collect(self, machine: Machine, why: str) -> None:
+        orch = self.orchestrator
+        assert orch.driver is not None
+        await orch.driver.teardown(machine)
+        orch.metrics.inc("machines_collected")
+        log.info(
+            "collected machine %s: %s",
+            machine.name,
+            why,
+            extra={"session_id": machine.session_id, "machine": machine.name},
+        )
+
+    async def _snapshots(self) -> set[str]:
+        """Drop snapshots nobody will resume; the sessions whose snapshots are kept."""
+        orch = self.orchestrator
+        assert orch.driver is not None
+        assert orch.outpost_id is not None
+        kept: set[str] = set()
+        ttl = orch.config.snapshot_ttl
+        for snapshot in await orch.driver.list_snapshots(orch.acceptor_id, orch.outpost_id):
+            if snapshot.session_id in self._serving():
+                kept.add(snapshot.session_id)
+                continue
+            why = None
+            if ttl is not None and time.time() - snapshot.created_at > ttl:
+                why = f"older than the snapshot TTL ({ttl:g}s)"
+            else:
+                entry = await self._entry(snapshot.session_id)
+                if entry is None:
+                    why = "its session is gone"
+                elif entry.status.session_status == SessionStatus.TERMINATED:
+                    why = "its session is terminated"
+            if why is None:
+                kept.add(snapshot.session_id)
+                continue
+            await self._drop(snapshot, why)
+        return kept
+
+    async def _drop(self, snapshot: Snapshot, why: str) -> None:
+        orch = self.orchestrator
+        assert orch.driver is not None
+        await orch.driver.delete_snapshot(snapshot)
+        orch.metrics.inc("snapshots_collected")
+        log.info("removed snapshot %s: %s", snapshot.ref, why, extra={"session_id": snapshot.session_id})
+
+    def _check_stuck(self) -> None:
+        orch = self.orchestrator
+        sessions = orch.sessions
+        full = orch.pool.free_slot() is None
+        if full and sessions and not any(s.running_now for s in sessions):
+            if self._stuck_passes % STUCK_WARNING_EVERY == 0:
+                log.warning(
+                    "capacity is full (%d of %d sessions) but no session's worker is running: machines "
+                    "are not coming up (see the driver's errors above)",
+                    len(sessions),
+                    orch.config.max_concurrent,
+                )
+            self._stuck_passes += 1
+        else:
+            self._stuck_passes = 0

@@ -1,0 +1,614 @@
+"""Serving one claimed session, whatever runs it: renewal, status watching, restarts, release.
+
+:class:`ClaimedSession` owns a session from the moment it is claimed until its claim is released
+(docs/fleet-api.md §4, §5 and §6.2). What actually runs the session is a subclass's business, through
+three hooks: :meth:`~ClaimedSession.prepare` (the worker fetches and verifies ``devin-remote``; the
+orchestrator provisions a machine), :meth:`~ClaimedSession.launch` (start ``devin-remote serve``; start
+the worker inside the machine) and :meth:`~ClaimedSession.finish` (remove a finished session's state;
+snapshot and tear the machine down). The worker's :class:`~devin_outposts.worker.session.SessionServer`
+and the orchestrator's machine sessions share everything else:
+
+1. while a launch runs the claim is renewed by re-claiming before ``claim_deadline`` and
+   ``session_status`` is checked every poll interval (and at once when the queue watch reports a
+   change): ``terminated`` or a vanished entry stops it; a renewal answered 409 means the claim was lost:
+   stop, do not release;
+2. exit 0: ``suspended``/``terminated`` is confirmed by re-reading a few times, then the claim is
+   released. Exit 0 while the session is still live, or a non-zero exit, launches again (with the
+   freshest connect token) up to the restart limit; past it the claim is released and the session counts
+   as failed;
+3. a failure of what runs the session itself (:class:`LaunchError`: a machine that cannot be made or
+   never comes up) releases the claim at once and counts as an infrastructure error.
+
+Without a fleet client (direct-serve mode) there are no renewals, status checks or releases: claim,
+renewal and release stay with the orchestrator that started us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional, Protocol
+
+from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
+from devin_outposts.api.models import Phase, QueueEntry, SessionStatus
+from devin_outposts.worker.logs import forget_secret, register_secret
+from devin_outposts.worker.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(str, enum.Enum):
+    """How serving a session ended, as the worker counts it."""
+
+    __str__ = str.__str__  # logs and messages show the value (Python 3.11 would show Outcome.SERVED)
+
+    SERVED = "served"  # the session ended (terminated, suspended or gone) and the claim was released
+    FAILED = "failed"  # the remote failed past the restart limit, the binary was refused, ...
+    LOST = "lost"  # another worker holds the claim now: the remote was stopped, nothing released
+    INTERRUPTED = "interrupted"  # the worker stopped it (drain timeout, second signal) and released
+    DETACHED = "detached"  # left running, claim kept, for the next start to adopt (orchestrator)
+
+
+SERVED, FAILED, LOST, INTERRUPTED = Outcome.SERVED, Outcome.FAILED, Outcome.LOST, Outcome.INTERRUPTED
+DETACHED = Outcome.DETACHED
+
+
+class Stop(str, enum.Enum):
+    """Why the supervision of a running launch ended (what the status checks, renewals and the owner
+    decided), and so what happens to the session next."""
+
+    __str__ = str.__str__
+
+    EXITED = "exited"  # it exited on its own: confirm the status, maybe launch again
+    TERMINATED = "terminated"  # session_status is terminated: stop it, release
+    GONE = "gone"  # the queue entry vanished (404): stop it, release
+    LOST = "lost"  # the claim is another acceptor's: stop it, do not release
+    LAPSED = "lapsed"  # the deadline passed unrenewed on a session not running: stop, do not release
+    STOPPED = "stopped"  # the owner asked (drain timeout, second signal): stop, release
+    DETACHED = "detached"  # the owner leaves it running (orchestrator shutdown): no stop, no release
+    FATAL = "fatal"  # the token was refused: stop everything
+
+
+class LaunchError(Exception):
+    """What runs the session could not be made or started (infrastructure, not the session)."""
+
+
+class SessionFleet(Protocol):
+    """What serving a session needs from the fleet client (docstring bodies, not ``...``: the pep8 test
+    of ansible-core 2.16-2.18 reports one-line stubs as E704)."""
+
+    async def claim(self, session_id: str, acceptor_id: str) -> QueueEntry:
+        """Claim or renew ``session_id`` for ``acceptor_id``."""
+
+    async def release(
+        self, session_id: str, acceptor_id: str, *, missing_ok: bool = True
+    ) -> Optional[QueueEntry]:
+        """Release the claim; a claim already gone counts as released when ``missing_ok``."""
+
+    async def get_devin(self, session_id: str) -> QueueEntry:
+        """The session's queue entry."""
+
+
+class ServeSettings(Protocol):
+    """The tunables serving reads (both the worker's and the orchestrator's configs have them)."""
+
+    @property
+    def restart_limit(self) -> int:
+        """Launches after the first before giving up."""
+
+    @property
+    def stop_grace(self) -> float:
+        """Seconds between asking a launch to stop and forcing it."""
+
+    @property
+    def renew_margin(self) -> float:
+        """Renew at least this long before the claim expires."""
+
+    @property
+    def confirm_reads(self) -> int:
+        """Status reads after an exit 0."""
+
+    @property
+    def confirm_interval(self) -> float:
+        """Seconds between those reads."""
+
+    @property
+    def poll_interval(self) -> float:
+        """Seconds between status checks while a launch runs."""
+
+    @property
+    def gateway_url(self) -> Optional[str]:
+        """The gateway when a claim carries none."""
+
+
+class Run(Protocol):
+    """One launch of what serves the session (a ``devin-remote`` process, a worker in a machine)."""
+
+    @property
+    def returncode(self) -> Optional[int]:
+        """The exit code once it ended, else None."""
+
+    def describe(self) -> str:
+        """A few words for the log: "pid 1234", "container outpost-worker-..."."""
+
+    async def wait_exit(self) -> int:
+        """Wait until it exits (cancellable, no clean-up)."""
+
+    async def wait(self) -> int:
+        """Wait until it exits, then clean up after it; the exit code."""
+
+    async def stop(self, grace: float) -> int:
+        """Ask it to stop, force it after ``grace`` seconds; the exit code."""
+
+
+@dataclass
+class SessionResult:
+    session_id: str
+    outcome: Outcome
+    detail: str
+    session_status: Optional[str] = None
+    refused_binary: bool = False
+    #: The session is over for good (terminated, or its entry gone): its state can go.
+    finished: bool = False
+    #: What runs the session failed (a machine not made, not booted): not the session's fault.
+    infrastructure: bool = False
+
+
+async def release_claim(
+    fleet: SessionFleet, session_id: str, acceptor_id: str, extra: dict[str, Any], attempts: int = 3
+) -> bool:
+    """Release a claim, retrying transient errors; never raises. True when the claim is known released.
+
+    A worker must never die because a release failed: the claim then simply expires at its deadline
+    and the session returns to the queue on its own. So every error ends in one log line.
+    """
+    for attempt in range(attempts):
+        try:
+            await fleet.release(session_id, acceptor_id, missing_ok=True)
+            log.info("released session %s", session_id, extra=extra)
+            return True
+        except FleetAuthError as exc:
+            log.error("%s", exc, extra=extra)
+            return False
+        except FleetError as exc:
+            log.warning("%s (attempt %d of %d)", exc, attempt + 1, attempts, extra=extra)
+            if attempt + 1 < attempts:
+                await asyncio.sleep(0.5 * (attempt + 1))
+    log.error("giving up releasing session %s; its claim will expire on its own", session_id, extra=extra)
+    return False
+
+
+def renew_delay(remaining: float, margin: float) -> float:
+    """Seconds to wait before renewing a claim that expires in ``remaining`` seconds.
+
+    Renew ``margin`` seconds before the deadline, but never later than when two thirds of the remaining
+    time have passed nor sooner than one third: a 300 s claim with a 60 s margin renews after 200 s, a 3 s
+    test claim after 1 s.
+    """
+    if remaining <= 0:
+        return 0.0
+    wait = max(min(remaining - margin, remaining * 2 / 3), remaining / 3)
+    return max(wait, 0.05)
+
+
+class ClaimedSession:
+    """Serves one claimed session. ``claim`` is the claim response (``None`` in direct-serve mode, where
+    ``direct_token`` is the connect token). Subclasses implement :meth:`prepare`, :meth:`launch` and
+    :meth:`finish`."""
+
+    #: The metric counted for each launch after the first.
+    RESTART_METRIC: ClassVar[str] = "remote_restarts"
+    #: What the log calls one launch.
+    WHAT: ClassVar[str] = "devin-remote"
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        *,
+        session_id: str,
+        acceptor_id: str,
+        metrics: Metrics,
+        fleet: Optional[SessionFleet] = None,
+        claim: Optional[QueueEntry] = None,
+        slot: int = 0,
+        direct_token: Optional[str] = None,
+    ) -> None:
+        self.settings = settings
+        self.session_id = session_id
+        self.acceptor_id = acceptor_id
+        self.metrics = metrics
+        self.fleet = fleet
+        self.claim = claim
+        self.slot = slot
+        self.direct_token = direct_token
+        self.run: Optional[Run] = None
+        self.fatal: Optional[FleetAuthError] = None
+        self._stop_grace: Optional[float] = None
+        self._detach = False
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._renew_now = asyncio.Event()
+        self._ended: Optional[Stop] = None  # TERMINATED, GONE or LOST, once known
+        self._latest: Optional[QueueEntry] = claim
+        self._tokens: list[str] = []
+        self._extra: dict[str, Any] = {"session_id": session_id, "slot": slot}
+        self._poll_soon = False
+
+    # --- the hooks -----------------------------------------------------------------------------------
+
+    async def prepare(self) -> Optional[SessionResult]:
+        """Get ready to launch; a result ends the session before any launch (the claim is released)."""
+        return None
+
+    async def launch(self, token: str, gateway_url: str) -> Run:
+        """Start what serves the session with this connect token; :class:`LaunchError` on failure."""
+        raise NotImplementedError
+
+    async def finish(self, result: SessionResult) -> None:
+        """Clean up after the session (before the claim is released); never raises."""
+        return None
+
+    # --- signals from outside ---------------------------------------------------------------------
+
+    def notify(self, entry: Optional[QueueEntry]) -> None:
+        """A fresher copy of our entry from the queue watch (``None``: it was deleted)."""
+        if entry is not None:
+            self._latest = entry
+        self._wake.set()
+        if entry is None:
+            self._poll_soon = True
+
+    def request_stop(self, grace: Optional[float] = None) -> None:
+        """Stop the launch (forced after ``grace``) and release the claim."""
+        self._stop_grace = self.settings.stop_grace if grace is None else grace
+        self._stop.set()
+
+    def request_detach(self) -> None:
+        """Leave the launch running and the claim held: the next start of the owner adopts it."""
+        self._detach = True
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def latest(self) -> Optional[QueueEntry]:
+        """The freshest copy of the session's queue entry seen."""
+        return self._latest
+
+    # --- the session ------------------------------------------------------------------------------
+
+    def _token(self) -> Optional[str]:
+        if self.direct_token is not None:
+            return self.direct_token
+        return self.claim.connect_token_value() if self.claim else None
+
+    def _remember_token(self) -> None:
+        token = self._token()
+        if token:
+            register_secret(token)
+            self._tokens.append(token)
+
+    @property
+    def _renews(self) -> bool:
+        return self.fleet is not None and self.direct_token is None
+
+    def _grace(self) -> float:
+        return self._stop_grace if self._stop_grace is not None else self.settings.stop_grace
+
+    async def serve(self) -> SessionResult:
+        self._remember_token()
+        renewer: Optional[asyncio.Task[None]] = None
+        result = SessionResult(self.session_id, FAILED, "not started")
+        try:
+            if self._renews:
+                renewer = asyncio.ensure_future(self._renew_loop())
+            result = self._precheck() or await self.prepare() or await self._serve()
+        except FleetAuthError as exc:
+            self.fatal = exc
+            result = SessionResult(self.session_id, FAILED, str(exc))
+        except (OSError, ValueError) as exc:
+            result = SessionResult(
+                self.session_id, FAILED, f"Could not prepare session {self.session_id}: {exc}"
+            )
+        finally:
+            running = self.run is not None and self.run.returncode is None
+            if running and result.outcome != DETACHED:
+                assert self.run is not None
+                await self.run.stop(self._grace())
+            if renewer is not None:
+                renewer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await renewer
+            if result.outcome != DETACHED:
+                await self.finish(result)
+            if result.outcome not in (LOST, DETACHED):
+                await self._release()
+            for token in self._tokens:
+                forget_secret(token)
+        if self.fatal is not None and result.outcome != FAILED:
+            result = SessionResult(self.session_id, FAILED, str(self.fatal))
+        self._log_result(result)
+        return result
+
+    def _log_result(self, result: SessionResult) -> None:
+        level = logging.INFO if result.outcome in (SERVED, DETACHED) else logging.WARNING
+        log.log(level, "session %s %s: %s", self.session_id, result.outcome, result.detail, extra=self._extra)
+
+    async def _release(self) -> None:
+        if self.fleet is None or not self._renews:
+            return
+        await release_claim(self.fleet, self.session_id, self.acceptor_id, self._extra)
+
+    def _interrupted(self) -> SessionResult:
+        if self._detach:
+            return SessionResult(self.session_id, DETACHED, "left running for the next start to adopt")
+        return SessionResult(self.session_id, INTERRUPTED, "stopped on request")
+
+    def _gateway(self) -> Optional[str]:
+        return (self.claim.status.gateway_url if self.claim else None) or self.settings.gateway_url
+
+    def _precheck(self) -> Optional[SessionResult]:
+        if not self._gateway():
+            return SessionResult(
+                self.session_id, FAILED, "the claim carried no gateway_url and --gateway-url is not set"
+            )
+        if not self._token():
+            return SessionResult(self.session_id, FAILED, "the claim response carried no connect_token")
+        return None
+
+    async def _serve(self) -> SessionResult:
+        restarts = 0
+        while True:
+            if self._stop.is_set():  # stopped while preparing, or between restarts
+                return self._interrupted()
+            token, gateway = self._token(), self._gateway()
+            assert token is not None
+            assert gateway is not None
+            try:
+                self.run = await self.launch(token, gateway)
+            except LaunchError as exc:
+                return SessionResult(self.session_id, FAILED, str(exc), infrastructure=True)
+            what = self.run.describe()
+            log.info("%s started (%s)", self.WHAT, what, extra={**self._extra, "run": what})
+            why = await self._supervise(self.run)
+            if why is Stop.DETACHED:
+                return self._interrupted()
+            if why is not Stop.EXITED:
+                await self.run.stop(self._grace())
+                if why is Stop.FATAL and self.fatal is not None:
+                    raise self.fatal
+                return self._ended_result(why)
+            try:
+                code = await self.run.wait()
+            except LaunchError as exc:  # it never came up, or its machine vanished
+                return SessionResult(self.session_id, FAILED, str(exc), infrastructure=True)
+            log.info("%s exited with %d", self.WHAT, code, extra={**self._extra, "exit_code": code})
+            finished = await self._confirm_finished(reads=self.settings.confirm_reads if code == 0 else 1)
+            if finished is not None:
+                return finished
+            if self._stop.is_set():
+                return self._interrupted()
+            if self.fatal is not None:
+                raise self.fatal
+            restarts += 1
+            if restarts > self.settings.restart_limit:
+                detail = (
+                    f"{self.WHAT} exited with {code} and was restarted {self.settings.restart_limit} "
+                    "times; giving up and releasing the claim"
+                )
+                return SessionResult(self.session_id, FAILED, detail)
+            self.metrics.inc(self.RESTART_METRIC)
+            reason = "exited 0 while the session is still live" if code == 0 else f"exited with {code}"
+            log.warning(
+                "%s %s; restarting (%d of %d)",
+                self.WHAT,
+                reason,
+                restarts,
+                self.settings.restart_limit,
+                extra={**self._extra, "attempt": restarts},
+            )
+            if self._renews:
+                self._renew_now.set()  # a fresh connect token for the next launch
+            await self._pause(min(0.5 * restarts, 5.0))
+            if self._ended is not None:
+                return self._ended_result(self._ended)
+            if self._stop.is_set():
+                return self._interrupted()
+
+    def _ended_result(self, why: Stop) -> SessionResult:
+        sid = self.session_id
+        if why is Stop.LOST:
+            return SessionResult(sid, LOST, f"the claim was lost to another worker; {self.WHAT} stopped")
+        if why is Stop.LAPSED:
+            return SessionResult(
+                sid, LOST, f"the claim expired while the fleet API could not be reached; {self.WHAT} stopped"
+            )
+        if why is Stop.GONE:
+            return SessionResult(sid, SERVED, "entry gone", finished=True)
+        if why is Stop.TERMINATED:
+            terminated = SessionStatus.TERMINATED.value
+            return SessionResult(sid, SERVED, "session terminated", terminated, finished=True)
+        return self._interrupted()
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+
+    # --- while it runs ----------------------------------------------------------------------------
+
+    def _evaluate(self, entry: QueueEntry) -> Optional[Stop]:
+        status = entry.status
+        if status.session_status == SessionStatus.TERMINATED:
+            return Stop.TERMINATED
+        if status.phase == Phase.CLAIMED and status.acceptor_id not in (None, self.acceptor_id):
+            return Stop.LOST
+        if status.phase == Phase.PENDING:
+            self._renew_now.set()  # our claim fell back to the queue: take it again
+        return None
+
+    async def _check_status(self) -> Optional[Stop]:
+        if self.fleet is None or not self._renews:
+            return None
+        try:
+            entry = await self.fleet.get_devin(self.session_id)
+        except FleetNotFound:
+            return Stop.GONE
+        except FleetAuthError as exc:
+            self.fatal = exc
+            return Stop.FATAL
+        except FleetError as exc:
+            log.warning("%s; checking again later", exc, extra=self._extra)
+            return None
+        self._latest = entry
+        return self._evaluate(entry)
+
+    async def _supervise(self, run: Run) -> Stop:
+        """Wait until the launch exits (EXITED) or must be stopped (any other :class:`Stop`)."""
+        exited = asyncio.ensure_future(run.wait_exit())
+        stop = asyncio.ensure_future(self._stop.wait())
+        next_check = time.monotonic() + self.settings.poll_interval
+        # The watch may have reported a change while we were preparing or launching: that notice is
+        # still flagged, so the latest known state is judged before the first wait. The flag is cleared
+        # only right before the state is judged, so a notice that arrives at any other moment is seen on
+        # the next turn instead of waiting for the next status poll.
+        try:
+            while True:
+                if self._ended is not None:
+                    return self._ended
+                if self.fatal is not None:
+                    return Stop.FATAL
+                why: Optional[Stop] = None
+                if self._wake.is_set():
+                    self._wake.clear()
+                    if self._poll_soon:  # the entry was deleted: ask the server what became of it
+                        self._poll_soon = False
+                        why = await self._check_status()
+                        next_check = time.monotonic() + self.settings.poll_interval
+                    elif self._latest is not None:
+                        why = self._evaluate(self._latest)
+                else:
+                    wake = asyncio.ensure_future(self._wake.wait())
+                    timeout = max(0.0, next_check - time.monotonic())
+                    done = (
+                        await asyncio.wait(
+                            {exited, stop, wake}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    )[0]
+                    wake.cancel()
+                    if exited in done:
+                        return Stop.EXITED
+                    if stop in done:
+                        return Stop.DETACHED if self._detach else Stop.STOPPED
+                    if wake in done:
+                        continue  # judged at the top of the next turn
+                    self._poll_soon = False
+                    why = await self._check_status()
+                    next_check = time.monotonic() + self.settings.poll_interval
+                if why is not None:
+                    self._ended = why if why is not Stop.FATAL else None
+                    return why
+        finally:
+            stop.cancel()
+            if not exited.done():
+                exited.cancel()
+
+    async def _confirm_finished(self, reads: int) -> Optional[SessionResult]:
+        """After an exit: the final result when the session is over, else ``None`` (still live)."""
+        if self._ended is not None:
+            return self._ended_result(self._ended)
+        if self.fleet is None or not self._renews:
+            if reads > 1:  # exit 0 in direct-serve mode: the orchestrator confirms and releases
+                return SessionResult(self.session_id, SERVED, f"{self.WHAT} exited 0")
+            return None
+        for attempt in range(reads):
+            try:
+                entry = await self.fleet.get_devin(self.session_id)
+            except FleetNotFound:
+                return self._ended_result(Stop.GONE)
+            except FleetAuthError as exc:
+                self.fatal = exc
+                raise
+            except FleetError as exc:
+                log.warning("%s", exc, extra=self._extra)
+            else:
+                self._latest = entry
+                status = entry.status.session_status
+                if status in (SessionStatus.SUSPENDED, SessionStatus.TERMINATED):
+                    detail, finished = f"session {status}", status == SessionStatus.TERMINATED
+                    return SessionResult(self.session_id, SERVED, detail, status.value, finished=finished)
+                if self._evaluate(entry) is Stop.LOST:
+                    self._ended = Stop.LOST
+                    return self._ended_result(Stop.LOST)
+            if attempt + 1 < reads:
+                await self._pause(self.settings.confirm_interval)
+        return None
+
+    def _claim_lapsed(self) -> bool:
+        """Whether our claim may be another worker's by now: past its deadline, on a session that is not
+        ``running``. The fleet keeps an expired claim on a running session with its worker (see
+        docs/fleet-api.md), so only then is serving on worth the risk of a second launch."""
+        deadline = self.claim.status.claim_deadline if self.claim else None
+        if deadline is None or time.time() < deadline:
+            return False
+        latest = self._latest or self.claim
+        return latest is None or latest.status.session_status != SessionStatus.RUNNING
+
+    async def _renew_loop(self) -> None:
+        assert self.fleet is not None
+        failures = 0
+        while True:
+            deadline = self.claim.status.claim_deadline if self.claim else None
+            remaining = (deadline - time.time()) if deadline is not None else self.settings.renew_margin * 2
+            wait = renew_delay(remaining, self.settings.renew_margin)
+            if failures:
+                wait = min(wait, 2.0 * failures, 10.0)
+                if deadline is not None:  # look again when the claim runs out, at the latest
+                    wait = min(wait, max(0.0, deadline - time.time()))
+            self._renew_now.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._renew_now.wait(), timeout=wait)
+            try:
+                entry = await self.fleet.claim(self.session_id, self.acceptor_id)
+            except FleetConflict as exc:
+                log.warning("%s: the claim was lost", exc, extra=self._extra)
+                self._ended = Stop.LOST
+                self._wake.set()
+                return
+            except FleetNotFound:
+                self._ended = Stop.GONE
+                self._wake.set()
+                return
+            except FleetAuthError as exc:
+                self.fatal = exc
+                self._wake.set()
+                return
+            except FleetError as exc:
+                failures += 1
+                self.metrics.inc("renewal_failures")
+                if self._claim_lapsed():
+                    log.warning(
+                        "%s; the claim has expired and the session is not running, so the queue may "
+                        "give it to another worker: stopping %s",
+                        exc,
+                        self.WHAT,
+                        extra=self._extra,
+                    )
+                    self._ended = Stop.LAPSED
+                    self._wake.set()
+                    return
+                log.warning("%s; renewing again soon", exc, extra=self._extra)
+                continue
+            failures = 0
+            self.claim = entry
+            self._latest = entry
+            self._remember_token()
+            self.metrics.inc("renewals")
+            log.debug("renewed the claim until %s", entry.status.claim_deadline, extra=self._extra)
+            if entry.status.session_status == SessionStatus.TERMINATED:
+                self._wake.set()

@@ -1,0 +1,116 @@
+"""Test helpers for the orchestrator: a scripted driver and an in-process orchestrator on its own thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+from devin_outposts.orchestrator.drivers.base import (
+    Driver,
+    DriverContext,
+    DriverError,
+    Machine,
+    SessionSpec,
+    Snapshot,
+    WorkerLaunch,
+    WorkerState,
+    WorkerStatus,
+    machine_name,
+)
+from devin_outposts.orchestrator.runner import Orchestrator
+
+Script = Callable[[str, int], WorkerStatus]
+
+
+class ScriptedDriver(Driver):
+    """Machines in memory; ``script(session_id, starts)`` answers status reads."""
+
+    name = "scripted"
+
+    def __init__(self, script: Script, *, provision_delay: float = 0.0, fail_provision: bool = False) -> None:
+        self.script = script
+        self.provision_delay = provision_delay
+        self.fail_provision = fail_provision
+        self.machines: dict[str, Machine] = {}
+        self.launches: dict[str, list[WorkerLaunch]] = {}
+        self.torn_down: list[str] = []
+        self.lock = threading.Lock()
+
+    @classmethod
+    def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> ScriptedDriver:
+        raise NotImplementedError
+
+    async def provision(self, spec: SessionSpec) -> Machine:
+        await asyncio.sleep(self.provision_delay)
+        if self.fail_provision:
+            raise DriverError("no capacity in the test cloud")
+        machine = Machine(
+            machine_name("m", spec.session_id), spec.session_id, spec.outpost_id, spec.acceptor_id
+        )
+        with self.lock:
+            self.machines[spec.session_id] = machine
+        return machine
+
+    async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
+        with self.lock:
+            self.launches.setdefault(machine.session_id, []).append(launch)
+
+    def starts(self, session_id: str) -> int:
+        with self.lock:
+            return len(self.launches.get(session_id, []))
+
+    async def status(self, machine: Machine) -> WorkerStatus:
+        if machine.session_id not in self.machines:
+            return WorkerStatus(WorkerState.MISSING)
+        return self.script(machine.session_id, self.starts(machine.session_id))
+
+    async def teardown(self, machine: Machine) -> None:
+        with self.lock:
+            if self.machines.pop(machine.session_id, None) is not None:
+                self.torn_down.append(machine.session_id)
+
+    async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
+        with self.lock:
+            return [m for m in self.machines.values() if m.acceptor_id == acceptor_id]
+
+    async def snapshot(self, machine: Machine) -> Snapshot:
+        raise DriverError("no snapshots here")
+
+    async def restore(self, machine: Machine, snapshot: Snapshot) -> None:
+        raise DriverError("no snapshots here")
+
+    async def list_snapshots(self, acceptor_id: str, outpost_id: str) -> list[Snapshot]:
+        return []
+
+    async def delete_snapshot(self, snapshot: Snapshot) -> None:
+        return None
+
+
+class Running:
+    """An in-process orchestrator on its own thread and event loop."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orchestrator = orchestrator
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.code: Optional[int] = None
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        async def main() -> int:
+            self.loop = asyncio.get_running_loop()
+            return await self.orchestrator.run()
+
+        try:
+            self.code = asyncio.run(main())
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        if self.loop is not None and self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.orchestrator.stop)
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the orchestrator did not stop"
