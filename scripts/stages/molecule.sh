@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The roles' tests: the argument-spec drift test (tests/roles), then the Molecule scenarios
+# The roles' tests: the argument-spec drift test (tests/roles), then the orchestrator's ansible driver on a real
+# host (tests/orchestrator), then the Molecule scenarios
 # (extensions/molecule/) on systemd-nspawn test hosts that scripts/test-hosts/build-images.sh builds
 # (Debian 12 and 13, cached under /var/tmp). The fleet simulator runs on this machine's loopback and is
 # relayed into each host; the hosts have no network.
@@ -21,6 +22,13 @@ run_pytest tests/roles -q -p no:cacheprovider
 export NO_COLOR=1 PY_COLORS=0 ANSIBLE_FORCE_COLOR=0
 if [[ $# -gt 0 ]]; then
     exec molecule "$@"
+fi
+# The orchestrator's ansible driver on a real host (docs/examples/orchestrator/'s playbooks): it needs the images
+# built just above, so it runs here rather than in the package stage. MOLECULE_SCENARIOS=... skips it.
+if [[ -z "${MOLECULE_SCENARIOS:-}" ]]; then
+    start=$SECONDS
+    run_pytest tests/orchestrator -q -p no:cacheprovider
+    say "orchestrator ansible driver on an nspawn host: passed in $((SECONDS - start)) s"
 fi
 read -r -a scenarios <<<"${MOLECULE_SCENARIOS:-$(find extensions/molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -n1 basename | sort | tr '\n' ' ')}"
 failed=0

@@ -24,7 +24,7 @@ DENY=(
     '(^|/)\.(pytest|mypy|ruff|import_linter)_cache/' '\.tar\.gz$'
     '^\.gitignore$' '^\.ansible-lint$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
     '^pytest\.ini$' '^conftest\.py$'
-    '^tests/(output|unit|integration|roles|tarball)/' '^changelogs/fragments/' '^playbooks/demo\.yml$'
+    '^tests/(output|unit|integration|roles|orchestrator|tarball)/' '^changelogs/fragments/' '^playbooks/demo\.yml$'
 )
 # What a user needs and must find.
 REQUIRE=(

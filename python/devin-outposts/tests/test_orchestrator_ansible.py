@@ -1,0 +1,400 @@
+"""The orchestrator's ``ansible`` driver without a test host: its options, how it reads a unit's state, the
+environment of its runs, and real ansible-runner runs of small local playbooks (provision reporting a host,
+start with the connect token, teardown, failed provisions). tests/orchestrator/test_ansible_nspawn.py runs the
+example playbooks on a real systemd host."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devin_outposts.orchestrator.drivers import driver_class
+from devin_outposts.orchestrator.drivers.ansible import AnsibleDriver, parse_unit_state
+from devin_outposts.orchestrator.drivers.ansible._run import runner_environment
+from devin_outposts.orchestrator.drivers.base import (
+    DriverContext,
+    DriverError,
+    SessionSpec,
+    WorkerLaunch,
+    WorkerState,
+)
+
+pytest.importorskip(
+    "ansible_runner", reason="the ansible driver needs ansible-runner (devin-outposts[ansible])"
+)
+
+CONNECT_TOKEN = "connect-token-7f3a9c1e5b2d4f6a8c0e"
+ACCOUNT_TOKEN = "account-token-0b1c2d3e4f5a6b7c8d9e"
+
+PROVISION = """
+- name: Provision
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Report the host
+      ansible.builtin.set_stats:
+        data:
+          devin_outposts_machine:
+            host: "{{ devin_outposts_machine_name }}"
+            vars: {ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}"}
+        aggregate: false
+"""
+# A stand-in for the collection's start playbook: it keeps what the role would get, in a file of the test.
+START = """
+- name: Start
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Keep the token as the role would (no_log)
+      ansible.builtin.copy:
+        content: "{{ lookup('ansible.builtin.file', devin_outposts_orchestrator_token_file) }}"
+        dest: "{{ out }}/token"
+        mode: "0600"
+      no_log: true
+    - name: Keep the other variables
+      ansible.builtin.copy:
+        content: >-
+          {{ {'session': devin_outposts_worker_session_id, 'gateway': devin_outposts_worker_gateway_url,
+              'host': inventory_hostname, 'outpost': devin_outposts_outpost_id} | to_json }}
+        dest: "{{ out }}/start.json"
+        mode: "0600"
+"""
+TEARDOWN = """
+- name: Teardown
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Record what the teardown was given
+      ansible.builtin.copy:
+        content: "{{ {'machine': devin_outposts_machine, 'session': devin_outposts_session_id} | to_json }}"
+        dest: "{{ out }}/teardown-{{ devin_outposts_machine_name }}.json"
+        mode: "0600"
+"""
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def playbooks(tmp_path: Path) -> dict[str, Path]:
+    out = tmp_path / "out"
+    out.mkdir()
+    return {
+        "out": out,
+        "provision": _write(tmp_path / "provision.yml", PROVISION),
+        "start": _write(tmp_path / "start.yml", START),
+        "teardown": _write(tmp_path / "teardown.yml", TEARDOWN),
+        "failing": _write(
+            tmp_path / "failing.yml",
+            "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+            "    - ansible.builtin.fail: {msg: no capacity left}\n",
+        ),
+        "silent": _write(tmp_path / "silent.yml", "- hosts: localhost\n  gather_facts: false\n  tasks: []\n"),
+        "vars": _write(tmp_path / "vars.yml", f"out: {out}\n"),
+    }
+
+
+def _driver(tmp_path: Path, playbooks: dict[str, Path], **options: Any) -> AnsibleDriver:
+    base = {
+        "provision_playbook": str(playbooks["provision"]),
+        "teardown_playbook": str(playbooks["teardown"]),
+        "start_playbook": str(playbooks["start"]),
+        "extra_vars_file": str(playbooks["vars"]),
+    }
+    return AnsibleDriver.from_options(DriverContext(state_dir=tmp_path / "state"), {**base, **options})
+
+
+SPEC = SessionSpec(
+    session_id="devin-0a1b2c", outpost_id="outpost_env-1", acceptor_id="orch-1", platform="linux"
+)
+
+
+def _secrets_in(root: Path) -> list[str]:
+    return [
+        f"{path}: {name}"
+        for path in root.rglob("*")
+        if path.is_file()
+        for name, value in (("connect token", CONNECT_TOKEN), ("account token", ACCOUNT_TOKEN))
+        if value.encode() in path.read_bytes()
+    ]
+
+
+# --- options -----------------------------------------------------------------------------------------
+
+
+def test_the_registry_loads_the_driver() -> None:
+    assert driver_class("ansible") is AnsibleDriver
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"provison_playbook": "x"}, "unknown option 'provison_playbook' for the ansible driver"),
+        ({"teardown_playbook": "{teardown}"}, "driver option provision_playbook is required"),
+        (
+            {"provision_playbook": "/nonexistent.yml"},
+            "driver option provision_playbook: /nonexistent.yml does not exist",
+        ),
+        ({"env": {"DEVIN_OUTPOSTS_TOKEN": "x"}}, "driver option env may not set DEVIN_OUTPOSTS_TOKEN"),
+        ({"env": ["A=1"]}, "driver option env must be a mapping"),
+        ({"status_timeout": "soon"}, "driver option status_timeout must be a number of seconds"),
+        ({"start_timeout": 0}, "driver option start_timeout must be positive"),
+        ({"keep_artifacts": "maybe"}, "driver option keep_artifacts must be true or false"),
+        ({"machine_prefix": "Bad_Prefix"}, "driver option machine_prefix must be"),
+        ({"machine_name_length": "12"}, "driver option machine_name_length 12 is too short"),
+    ],
+)
+def test_bad_options_are_refused_with_one_line(
+    tmp_path: Path, playbooks: dict[str, Path], options: dict[str, Any], message: str
+) -> None:
+    base: dict[str, Any] = {
+        "provision_playbook": str(playbooks["provision"]),
+        "teardown_playbook": str(playbooks["teardown"]),
+    }
+    if "teardown_playbook" in options:
+        base = {"teardown_playbook": str(playbooks["teardown"])}
+        options = {}
+    with pytest.raises(DriverError) as caught:
+        AnsibleDriver.from_options(DriverContext(state_dir=tmp_path), {**base, **options})
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+# --- the unit's state ------------------------------------------------------------------------------
+
+
+def _show(**props: str) -> str:
+    base = {
+        "LoadState": "loaded",
+        "ExecMainCode": "0",
+        "ExecMainStatus": "0",
+        "ExecMainStartTimestampMonotonic": "0",
+    }
+    return "\n".join(f"{k}={v}" for k, v in {**base, **props}.items())
+
+
+@pytest.mark.parametrize(
+    ("show", "state", "code"),
+    [
+        (_show(LoadState="not-found", ActiveState="inactive", SubState="dead"), WorkerState.STARTING, None),
+        (_show(ActiveState="inactive", SubState="dead"), WorkerState.STARTING, None),
+        (_show(ActiveState="activating", SubState="start"), WorkerState.STARTING, None),
+        (
+            _show(ActiveState="active", SubState="running", ExecMainStartTimestampMonotonic="5"),
+            WorkerState.RUNNING,
+            None,
+        ),
+        (
+            _show(
+                ActiveState="active",
+                SubState="exited",
+                ExecMainCode="1",
+                ExecMainStatus="0",
+                ExecMainStartTimestampMonotonic="5",
+            ),
+            WorkerState.EXITED,
+            0,
+        ),
+        (
+            _show(
+                ActiveState="failed",
+                SubState="failed",
+                Result="exit-code",
+                ExecMainCode="1",
+                ExecMainStatus="7",
+                ExecMainStartTimestampMonotonic="5",
+            ),
+            WorkerState.EXITED,
+            7,
+        ),
+        (
+            _show(
+                ActiveState="failed",
+                SubState="failed",
+                Result="signal",
+                ExecMainCode="2",
+                ExecMainStatus="9",
+                ExecMainStartTimestampMonotonic="5",
+            ),
+            WorkerState.EXITED,
+            137,
+        ),
+    ],
+)
+def test_unit_states(show: str, state: WorkerState, code: int | None) -> None:
+    status = parse_unit_state(show)
+    assert (status.state, status.exit_code) == (state, code)
+
+
+# --- the runs' environment -------------------------------------------------------------------------
+
+
+def test_runs_get_no_token_from_the_orchestrator_environment() -> None:
+    env = runner_environment(
+        {"CLOUD_REGION": "eu"},
+        base={
+            "PATH": "/usr/bin",
+            "HOME": "/root",
+            "DEVIN_OUTPOSTS_TOKEN": ACCOUNT_TOKEN,
+            "DEVIN_API_URL": "x",
+            "AWS_SECRET_ACCESS_KEY": "y",
+            "ANSIBLE_COLLECTIONS_PATH": "/c",
+        },
+    )
+    assert sorted(env) == ["ANSIBLE_COLLECTIONS_PATH", "CLOUD_REGION", "HOME", "PATH"]
+    assert env["PATH"].endswith(":/usr/bin") and env["PATH"] != "/usr/bin"
+
+
+# --- real runs on localhost ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_a_session_from_provision_to_teardown(
+    tmp_path: Path, playbooks: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEVIN_OUTPOSTS_TOKEN", ACCOUNT_TOKEN)
+    driver = _driver(tmp_path, playbooks, keep_artifacts="true")
+    out = playbooks["out"]
+    launch = WorkerLaunch(
+        session_id=SPEC.session_id, connect_token=CONNECT_TOKEN, gateway_url="wss://gw.example"
+    )
+
+    async def scenario() -> tuple[Any, ...]:
+        machine = await driver.provision(SPEC)
+        again = await driver.provision(SPEC)
+        owned = await driver.list_owned("orch-1", "outpost_env-1")
+        others = await driver.list_owned("orch-2", "outpost_env-1")
+        await driver.start(machine, launch)
+        await driver.teardown(machine)
+        await driver.teardown(machine)  # gone already: no error, no second run
+        return machine, again, owned, others, await driver.list_owned("orch-1", "outpost_env-1")
+
+    machine, again, owned, others, after = asyncio.run(scenario())
+    assert machine.ref == machine.name and machine.name.startswith("devin-devin-0a1b2c-")
+    assert again.name == machine.name and again.created_at == machine.created_at
+    assert [m.name for m in owned] == [machine.name] and others == [] and after == []
+    # The start playbook got the token through its file, and the session's variables.
+    assert (out / "token").read_text() == CONNECT_TOKEN
+    assert json.loads((out / "start.json").read_text()) == {
+        "session": SPEC.session_id,
+        "gateway": "wss://gw.example",
+        "host": machine.name,
+        "outpost": "outpost_env-1",
+    }
+    # The teardown got the host the provision reported, once.
+    teardowns = list(out.glob("teardown-*.json"))
+    assert [json.loads(p.read_text())["machine"]["host"] for p in teardowns] == [machine.name]
+    state = tmp_path / "state" / "ansible"
+    assert list((state / "secrets").iterdir()) == [], "the token file outlived the start"
+    # One run per phase: the second provision found the record, the second teardown found nothing.
+    phases = sorted(p.name.split("-")[1] for p in (state / "artifacts" / machine.name).iterdir())
+    assert phases == ["provision", "start", "teardown"], phases
+    assert list(state.rglob("job_events/*.json")), "the runs wrote no events to search"
+    assert _secrets_in(tmp_path / "state") == []
+    assert (state / "machines").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("playbook", "reason"),
+    [
+        ("failing", "the provision playbook failed: task "),
+        ("silent", "the provision playbook did not report its host"),
+    ],
+)
+def test_a_failed_provision_is_torn_down_and_forgotten(
+    tmp_path: Path, playbooks: dict[str, Path], playbook: str, reason: str
+) -> None:
+    driver = _driver(tmp_path, playbooks, provision_playbook=str(playbooks[playbook]))
+
+    async def scenario() -> list[Any]:
+        with pytest.raises(DriverError) as caught:
+            await driver.provision(SPEC)
+        assert reason in str(caught.value) and "\n" not in str(caught.value)
+        return await driver.list_owned("orch-1", "outpost_env-1")
+
+    assert asyncio.run(scenario()) == []
+    teardowns = [json.loads(p.read_text()) for p in playbooks["out"].glob("teardown-*.json")]
+    assert teardowns == [{"machine": {}, "session": SPEC.session_id}]
+    assert os.listdir(tmp_path / "state" / "ansible" / "machines") == []
+
+
+def test_snapshots_are_refused(tmp_path: Path, playbooks: dict[str, Path]) -> None:
+    driver = _driver(tmp_path, playbooks)
+
+    async def scenario() -> None:
+        machine = AnsibleDriver._machine(
+            {"name": "m", "session_id": "s", "outpost_id": "o", "acceptor_id": "a", "created_at": 0}
+        )
+        with pytest.raises(DriverError, match="does not snapshot; use resume policy start_fresh"):
+            await driver.snapshot(machine)
+        assert await driver.list_snapshots("a", "o") == []
+        assert (await driver.status(machine)).state is WorkerState.MISSING
+
+    asyncio.run(scenario())
+
+
+def test_leftovers_of_a_killed_orchestrator_are_swept(tmp_path: Path, playbooks: dict[str, Path]) -> None:
+    driver = _driver(tmp_path, playbooks)
+    secrets_dir = tmp_path / "state" / "ansible" / "secrets"
+    runs_dir = tmp_path / "state" / "ansible" / "runs"
+    secrets_dir.mkdir(parents=True)
+    (runs_dir / "20261204T000000-start-abc123-x").mkdir(parents=True)
+    old = secrets_dir / "devin-m.0001.token"
+    old.write_text(CONNECT_TOKEN)
+    os.utime(old, (1, 1))
+    fresh = secrets_dir / "devin-n.0002.token"
+    fresh.write_text(CONNECT_TOKEN)
+
+    async def scenario() -> tuple[int, list[str]]:
+        # A periodic sweep spares files as young as a run in flight; the start-up check removes everything.
+        swept = await driver.sweep_orphans("orch-1", "outpost_env-1", set())
+        left = sorted(p.name for p in secrets_dir.iterdir())
+        await driver.check()
+        return swept, left
+
+    swept, left = asyncio.run(scenario())
+    assert (swept, left) == (1, ["devin-n.0002.token"])
+    assert list(secrets_dir.iterdir()) == []
+    assert list(runs_dir.iterdir()) == []
+
+
+@pytest.mark.timeout(300)
+def test_an_unreachable_host_is_an_error_then_missing(tmp_path: Path, playbooks: dict[str, Path]) -> None:
+    # A host on a closed local port: ssh fails at once, as for a machine destroyed behind our back.
+    unreachable = _write(
+        tmp_path / "unreachable.yml",
+        PROVISION.replace(
+            'vars: {ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}"}',
+            "vars: {ansible_host: 127.0.0.1, ansible_port: 1}",
+        ),
+    )
+    driver = _driver(tmp_path, playbooks, provision_playbook=str(unreachable))
+    launch = WorkerLaunch(
+        session_id="devin/../x", connect_token=CONNECT_TOKEN, gateway_url="wss://gw.example"
+    )
+
+    async def scenario() -> tuple[list[str], Any]:
+        machine = await driver.provision(SPEC)
+        with pytest.raises(DriverError, match=r"session id 'devin/\.\./x' cannot name a systemd unit"):
+            await driver.start(machine, launch)
+        errors = []
+        for dummy in range(2):
+            with pytest.raises(DriverError) as caught:
+                await driver.status(machine)
+            errors.append(str(caught.value))
+        return errors, await driver.status(machine)
+
+    errors, third = asyncio.run(scenario())
+    assert all("unreachable on devin-devin-0a1b2c-" in e for e in errors), errors
+    assert third.state is WorkerState.MISSING, third
+    # The bad id was refused before any token file was written.
+    assert not (tmp_path / "state" / "ansible" / "secrets").exists()

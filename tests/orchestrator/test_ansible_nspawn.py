@@ -1,0 +1,260 @@
+"""The orchestrator's ``ansible`` driver, for real: docs/examples/orchestrator/'s playbooks make a
+systemd-nspawn host for a claimed session, the worker role's one-session mode serves the session there, and
+the host is destroyed. The session's connect token (and the account token in the orchestrator's environment)
+must appear in no runner artifact and no job event.
+
+Needs root, systemd-nspawn and the test-host images (scripts/test-hosts/build-images.sh):
+scripts/stages/molecule.sh runs this file right after it builds them. Without them the test is skipped, or
+fails when CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from devin_outposts.orchestrator.drivers.ansible import AnsibleDriver
+from devin_outposts.orchestrator.drivers.base import DriverContext, SessionSpec, WorkerLaunch, WorkerState
+from devin_outposts_sim.remote import tools
+from devin_outposts_sim.testing import SimHandle
+from devin_outposts_sim.testing.remote import claim_session
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "docs" / "examples" / "orchestrator"
+# The test-host cache: the same default as scripts/test-hosts/*.sh.
+CACHE = Path(os.environ.get("DEVIN_OUTPOSTS_TEST_HOSTS", "/var/tmp/devin-outposts-test-hosts"))  # noqa: S108
+
+
+def _missing() -> str:
+    if os.geteuid() != 0:
+        return "needs root (systemd-nspawn)"
+    for tool in ("systemd-nspawn", "nsenter", "socat", "ssh"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    for path in (
+        CACHE / "rootfs-bookworm" / ".devin-outposts-rootfs",
+        CACHE / "ssh" / "id_ed25519",
+        CACHE / "wheelhouse-py311",
+    ):
+        if not path.exists():
+            return f"needs the test-host images ({path} is missing): run scripts/test-hosts/build-images.sh"
+    try:
+        import ansible_runner  # noqa: F401
+    except ImportError:
+        return "needs ansible-runner (pip install devin-outposts[ansible])"
+    return ""
+
+
+@pytest.fixture
+def prerequisites() -> None:
+    missing = _missing()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the ansible driver's host test cannot run: {missing}")
+        pytest.skip(missing)
+
+
+def _leader_processes(name: str) -> list[int]:
+    """PIDs of systemd-nspawn processes (and relays) of the host ``name``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"--machine={name}".encode() in argv or any(f"/{name}/relay-".encode() in a for a in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def _journal(host_dir: Path, sid: str) -> str:
+    """The session unit's journal and state on the host, for a failure message."""
+    leader = (host_dir / "leader.pid").read_text().strip()
+    out = subprocess.run(  # noqa: S603 - a fixed command
+        [
+            str(shutil.which("nsenter")),
+            "-t",
+            leader,
+            "-a",
+            "sh",
+            "-c",
+            f"systemctl status --no-pager devin-outposts-session@{sid}.service; journalctl --no-pager -n 60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return out.stdout + out.stderr
+
+
+def _on_host(host_dir: Path, sid: str) -> dict[str, str]:
+    """What the host shows of the session's worker, place by place (read as root through nsenter)."""
+    leader = (host_dir / "leader.pid").read_text().strip()
+    unit = f"devin-outposts-session@{sid}.service"
+    places = {
+        "env file": f"cat /etc/devin-outposts/session-{sid}.env",
+        "env file mode": f"stat -c '%a %U' /etc/devin-outposts/session-{sid}.env",
+        "systemctl show": f"systemctl show {unit}",
+        "systemctl cat": f"systemctl cat {unit}",
+        "ps": "ps -eo args",
+        "journal": "journalctl --no-pager -o verbose",
+    }
+    return {
+        place: subprocess.run(  # noqa: S603 - a fixed command
+            [str(shutil.which("nsenter")), "-t", leader, "-a", "sh", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        for place, command in places.items()
+    }
+
+
+def _files_containing(root: Path, needles: list[str]) -> list[str]:
+    hits = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            hits += [f"{path} holds secret #{i}" for i, n in enumerate(needles) if n.encode() in data]
+    return hits
+
+
+@pytest.mark.timeout(600)
+def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
+    prerequisites: None,
+    make_sim: Callable[..., SimHandle],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    # A claim TTL longer than the test: this test plays the orchestrator's claim but not its renewals (a
+    # host's first provisioning, with the role's install, takes minutes on a loaded machine).
+    sim = make_sim(claim_ttl=3600.0)
+    outpost = sim.admin.create_outpost("ansible-driver", "linux")
+    machine_token = sim.create_token("machine")
+    # The orchestrator holds an account token in its environment; it must not reach any run.
+    account_token = sim.create_token("orchestrator")
+    monkeypatch.setenv("DEVIN_OUTPOSTS_TOKEN", account_token)
+    sid = sim.admin.enqueue(outpost.outpost_id).session_id
+    acceptor = f"orch-test-{secrets.token_hex(4)}"
+    claimed = claim_session(sim.url, machine_token, sid, acceptor)
+    connect_token = claimed.connect_token_value()
+    assert connect_token
+    assert claimed.status.gateway_url
+
+    # Short: the relays' unix sockets live under it, and a socket path has at most 107 bytes.
+    run_dir = Path(tempfile.mkdtemp(prefix="do-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(run_dir, ignore_errors=True))
+    extra_vars = yaml.safe_load((EXAMPLE / "vars.yml").read_text(encoding="utf-8"))
+    extra_vars.update(
+        nspawn_example_checkout=str(ROOT),
+        nspawn_example_cache=str(CACHE),
+        nspawn_example_run_dir=str(run_dir),
+        nspawn_example_relay_ports=[sim.port],
+        devin_outposts_worker_wheelhouse=str(CACHE / "wheelhouse-py311"),
+        devin_outposts_worker_controller_cache_dir=str(tmp_path / "controller-cache"),
+    )
+    vars_file = tmp_path / "vars.yml"
+    vars_file.write_text(yaml.safe_dump(extra_vars), encoding="utf-8")
+    options = yaml.safe_load((EXAMPLE / "driver.yml").read_text(encoding="utf-8"))
+    options.update(
+        provision_playbook=str(EXAMPLE / "provision-nspawn.yml"),
+        teardown_playbook=str(EXAMPLE / "teardown-nspawn.yml"),
+        extra_vars_file=str(vars_file),
+        keep_artifacts=True,
+        # This checkout as devin.outposts (scripts/lib.sh makes the link), never a stale installed copy.
+        env={"ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".cache" / "collections")},
+    )
+    link = ROOT / ".cache" / "collections" / "ansible_collections" / "devin" / "outposts"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(ROOT)
+    state_dir = tmp_path / "state"
+    driver = AnsibleDriver.from_options(DriverContext(state_dir=state_dir), options)
+    spec = SessionSpec(session_id=sid, outpost_id=outpost.outpost_id, acceptor_id=acceptor, platform="linux")
+    launch = WorkerLaunch(
+        session_id=sid,
+        connect_token=connect_token,
+        gateway_url=claimed.status.gateway_url,
+        static_base_url=sim.static_base_url,
+    )
+
+    async def serve() -> tuple[str, dict[str, Any], dict[str, str], list[Any], Any, Any, list[Any]]:
+        await driver.check()
+        machine = await driver.provision(spec)
+        try:
+            assert [m.name for m in await driver.list_owned(acceptor, outpost.outpost_id)] == [machine.name]
+            assert _leader_processes(machine.name), (
+                "the provision playbook reported a host that is not running"
+            )
+            await driver.start(machine, launch)
+            try:
+                connection = await asyncio.to_thread(sim.admin.wait_connection, sid, timeout=120)
+            except Exception as exc:
+                pytest.fail(f"no remote connection: {exc}\n{_journal(run_dir / machine.name, sid)}")
+            running = await driver.status(machine)
+            on_host = _on_host(run_dir / machine.name, sid)
+            sim.admin.add_calls(sid, [tools.run("hostname; pwd")])
+            calls = await asyncio.to_thread(sim.admin.wait_calls, sid, 60)
+            sim.admin.end_session(sid)
+            for dummy in range(60):
+                ended = await driver.status(machine)
+                if ended.state is WorkerState.EXITED:
+                    break
+                await asyncio.sleep(1)
+        finally:
+            await driver.teardown(machine)
+        return (
+            machine.name,
+            connection,
+            on_host,
+            calls,
+            running,
+            ended,
+            await driver.list_owned(acceptor, outpost.outpost_id),
+        )
+
+    name, connection, on_host, calls, running, ended, owned_after = asyncio.run(serve())
+
+    # The stand-in devin-remote connected with the session's token from the session's working directory on
+    # the host (the worker keeps its own token variable out of the remote's environment), and ran the call
+    # there: the host's name, that directory.
+    assert connection["cwd"] == f"/srv/devin-outposts/session-{sid}", connection
+    assert "DEVIN_REMOTE_SESSION_TOKEN" not in connection["env"], sorted(connection["env"])
+    assert calls[0]["state"] == "done", calls
+    output = calls[0]["result"]["output"].split()
+    assert output == [name, f"/srv/devin-outposts/session-{sid}"], calls[0]["result"]
+    assert running.state is WorkerState.RUNNING, running
+    # On the host the token is in the 0600 root env file only: not in the unit, systemctl show, argv or the
+    # journal.
+    assert on_host["env file mode"] == "600 root"
+    assert connect_token in on_host["env file"]
+    leaks = [place for place, text in on_host.items() if place != "env file" and connect_token in text]
+    assert leaks == []
+    assert (ended.state, ended.exit_code) == (WorkerState.EXITED, 0), ended
+    # Nothing is left: no host or relay process, no host files, no record, no token file.
+    assert owned_after == []
+    assert _leader_processes(name) == []
+    assert not (run_dir / name).exists()
+    assert list((state_dir / "ansible" / "secrets").iterdir()) == []
+    assert list((state_dir / "ansible" / "runs").iterdir()) == []
+    # The tokens are in no artifact and no job event of any run (provision, start, status, teardown).
+    artifacts = state_dir / "ansible" / "artifacts" / name
+    phases = sorted(p.name.split("-")[1] for p in artifacts.iterdir() if p.is_dir() and p.name != "status")
+    assert phases == ["provision", "start", "teardown"], phases
+    assert list((artifacts / "status").iterdir()), "no status run kept its artifacts"
+    assert list(artifacts.rglob("job_events/*.json")), "no job events were written"
+    assert _files_containing(state_dir, [connect_token, account_token]) == []
