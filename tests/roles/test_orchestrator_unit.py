@@ -27,15 +27,18 @@ def _collection_link() -> None:
 
 def render(tmp_path: Path, role_vars: dict[str, Any]) -> dict[str, str]:
     """The unit and the env file for ``role_vars`` (over the role's defaults and vars/main.yml)."""
+    unit_template = ROLE / "templates" / "devin-outposts-orchestrator.service.j2"
+    env_template = ROLE / "templates" / "orchestrator.env.j2"
+    content = (
+        f"{{{{ {{'unit': lookup('ansible.builtin.template', '{unit_template}'), "
+        f"'env': lookup('ansible.builtin.template', '{env_template}')}} | to_json }}}}"
+    )
     play = [{
         "name": "Render the orchestrator's unit and environment file", "hosts": "localhost",
         "connection": "local", "gather_facts": False,
         "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-        "tasks": [{"name": "Render", "ansible.builtin.copy": {
-            "content": "{{ {'unit': lookup('ansible.builtin.template', '" + str(ROLE / "templates" /
-                       "devin-outposts-orchestrator.service.j2") + "'), 'env': lookup('ansible.builtin.template', '"
-                       + str(ROLE / "templates" / "orchestrator.env.j2") + "')} | to_json }}",
-            "dest": str(tmp_path / "out.json"), "mode": "0600"}, "no_log": True}],
+        "tasks": [{"name": "Render", "no_log": True, "ansible.builtin.copy": {
+            "content": content, "dest": str(tmp_path / "out.json"), "mode": "0600"}}],
     }]  # fmt: skip
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play), encoding="utf-8")
     (tmp_path / "vars.json").write_text(json.dumps(role_vars), encoding="utf-8")
