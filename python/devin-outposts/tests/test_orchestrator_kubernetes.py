@@ -234,7 +234,10 @@ def test_provision_is_idempotent_and_start_replaces_the_pod(fake: FakeKube, tmp_
         pod_path = f"/api/v1/namespaces/{NS}/pods/{first.ref}"
         deleted_at = len(fake.requests)
         # The driver deleted the Pod and keeps reading it: it waits for the name to be free.
-        seen = lambda: [(r.method, r.path) for r in fake.requests[deleted_at:]]  # noqa: E731
+
+        def seen() -> list[tuple[str, str]]:
+            return [(r.method, r.path) for r in fake.requests[deleted_at:]]
+
         await until(lambda: seen().count(("GET", pod_path)) >= 3)
         assert any(o["metadata"].get("deletionTimestamp") for o in fake.objects("Pod", NS))
         assert not task.done()

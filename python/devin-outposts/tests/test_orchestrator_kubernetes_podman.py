@@ -51,7 +51,7 @@ def podman(
 ) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [PODMAN, *args], input=input_bytes.decode() if input_bytes else None,
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     if check and result.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} failed ({result.returncode}): {result.stderr[-2000:]}")

@@ -111,7 +111,7 @@ def loop(session_image: str, tmp_path: Path) -> Iterator[Loop]:
 def test_twenty_sessions_at_five_at_a_time_in_containers_served_once_leaving_nothing(loop: Loop) -> None:
     h = loop
     h.orchestrator(max_concurrent=5)
-    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for _ in range(20)]
+    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for dummy in range(20)]
     ended: set[str] = set()
     most = 0
     deadline = time.monotonic() + 200
@@ -161,7 +161,7 @@ def test_a_suspended_session_resumes_from_its_snapshot_under_the_orchestrator(lo
 def test_after_kill_9_a_restarted_orchestrator_adopts_the_running_containers(loop: Loop) -> None:
     h = loop
     first = h.orchestrator(name="first")
-    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for _ in range(2)]
+    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for dummy in range(2)]
     h.wait(lambda: all(h.sim.admin.connections(s) for s in sessions), "both sessions to be served")
     first.kill9()
     running = podman("ps", "--filter", f"label={LABEL_ACCEPTOR}={h.acceptor}", "--format", "{{.Names}}")

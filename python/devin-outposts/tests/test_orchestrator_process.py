@@ -124,7 +124,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 def test_twenty_sessions_at_five_at_a_time_are_each_served_once_and_leave_nothing(harness: Harness) -> None:
     h = harness
     h.orchestrator()
-    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for _ in range(20)]
+    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for dummy in range(20)]
     ended: set[str] = set()
     most_machines = 0
     deadline = time.monotonic() + 100
@@ -178,7 +178,7 @@ def test_after_kill_9_a_restarted_orchestrator_adopts_running_sessions_and_serve
 ) -> None:
     h = harness
     first = h.orchestrator(name="first")
-    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for _ in range(3)]
+    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for dummy in range(3)]
     h.wait(lambda: all(h.connections(s) for s in sessions), "three sessions to be served")
     first.kill9()
     time.sleep(0.5)
@@ -271,5 +271,3 @@ def _value(metrics: str, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in /metrics:\n{metrics}")
-
-

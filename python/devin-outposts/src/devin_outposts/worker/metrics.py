@@ -63,17 +63,19 @@ class Metrics:
         labels: Optional[dict[str, str]] = None,
         *,
         prefix: str = PREFIX,
-        counters: Mapping[str, str] = COUNTERS,
-        gauges: Mapping[str, str] = GAUGES,
+        counters: Optional[Mapping[str, str]] = None,
+        gauges: Optional[Mapping[str, str]] = None,
         histograms: Optional[Mapping[str, tuple[str, Sequence[float]]]] = None,
     ) -> None:
+        counters = COUNTERS if counters is None else counters
+        gauges = GAUGES if gauges is None else gauges
         self.prefix = prefix
         self.counter_help = dict(counters)
         self.gauge_help = dict(gauges)
-        self.histogram_help = {name: text for name, (text, _) in (histograms or {}).items()}
+        self.histogram_help = {name: spec[0] for name, spec in (histograms or {}).items()}
         self.counters = dict.fromkeys(counters, 0)
         self.gauges = dict.fromkeys(gauges, 0.0)
-        self.histograms = {name: Histogram(buckets) for name, (_, buckets) in (histograms or {}).items()}
+        self.histograms = {name: Histogram(spec[1]) for name, spec in (histograms or {}).items()}
         self.labels = dict(labels or {})
 
     def inc(self, name: str, value: int = 1) -> None:

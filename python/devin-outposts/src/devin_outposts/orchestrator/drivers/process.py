@@ -250,7 +250,7 @@ class ProcessDriver(Driver):
         pid = self._leader(path)
         if pid is not None:
             # Twice: the worker's first signal drains, the second stops its devin-remote at once.
-            for _ in range(2):
+            for dummy in range(2):
                 platform.current().signal_group(None, pid, kill=False)
                 await asyncio.sleep(0.05)
             deadline = time.monotonic() + self.stop_grace

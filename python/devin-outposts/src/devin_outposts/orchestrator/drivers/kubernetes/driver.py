@@ -119,6 +119,10 @@ class KubernetesDriver(Driver):
 
     @property
     def client(self) -> AsyncClient:
+        return self._connect()
+
+    def _connect(self) -> AsyncClient:
+        """The client, made on first use from the configuration (which also names the namespace)."""
         if self._client is None:
             try:
                 config = self._config().get(context_name=self.options.context)
@@ -138,7 +142,8 @@ class KubernetesDriver(Driver):
 
     @property
     def namespace(self) -> str:
-        _ = self.client  # the namespace comes with the configuration
+        if self._namespace is None:
+            self._connect()  # the namespace comes with the configuration
         assert self._namespace is not None
         return self._namespace
 
