@@ -43,9 +43,11 @@ share, so the figure is the orchestrator's own cost, not its workers'. The orche
 ``--max-concurrent 500``. Baseline in the same run: the same process idle with 0 sessions. Over a steady
 window (``--window``, 60 s; quick 15 s) after a settle time: the orchestrator's VmRSS (median of samples
 every second), its threads and open file descriptors, its CPU seconds (``utime + stime`` from ``/proc``)
-as a percentage of one core, the simulator's CPU, the fleet API requests per second and the watch
-streams open at the relay (sampled; should be 1). Then RSS per live session ((live - idle) / sessions),
-the time to fill 500 slots, and the same leak checks after the brain ends all 500.
+as a percentage of one core, how long its event-loop thread ran and how long it waited for a CPU
+(``/proc/<pid>/schedstat``: on a shared machine a busy neighbour shows up there, not as our CPU), the time
+``/healthz`` takes to answer (the event loop's lag), the simulator's CPU, the fleet API requests per second
+and the watch streams open at the relay (sampled; should be 1). Then RSS per live session ((live - idle)
+/ sessions), the time to fill 500 slots, and the same leak checks after the brain ends all 500.
 
 Run: ``.venv/bin/python benchmarks/orchestrator.py [--quick] [--worker real|hold] [--json FILE|-]``.
 ``--quick`` is a validation run (50 sessions at 10, 100 live, 15 s windows). The figures are measurements,
@@ -68,6 +70,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
@@ -84,6 +88,7 @@ from _harness import (
     bench_sim,
     cpu_seconds_of,
     end_marker_session,
+    ms,
     publish_marker_remote,
     running_workers,
     summarize,
@@ -117,9 +122,8 @@ class Orchestrator(Worker):
     def __init__(self, sim: BenchSim, name: str, api_url: str, *args: str) -> None:
         super().__init__(sim, name)
         self.state_dir = self.root / "state"
-        command = worker_command()[
-            :-2
-        ]  # devin-outposts (or python -m devin_outposts), without "worker start"
+        # devin-outposts (or python -m devin_outposts), without "worker start"
+        command = worker_command()[:-2]
         self.argv = [
             *command, "orchestrate",
             "--outpost", sim.outpost_name,
@@ -142,9 +146,31 @@ class Orchestrator(Worker):
         except FileNotFoundError:
             return []
 
+    def fetch(self, path: str, timeout: float = 30.0) -> Optional[str]:
+        """GET ``path`` from the metrics server, waiting up to ``timeout`` s (its event loop may lag)."""
+        port = self.metrics_port()
+        if port is None:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
+                return str(response.read().decode())
+        except (urllib.error.URLError, OSError):
+            return None
+
+    def healthz_latency(self) -> float:
+        """Seconds ``/healthz`` takes to answer: the lag of the orchestrator's event loop (NaN: no answer
+        within 30 s)."""
+        start = time.monotonic()
+        return time.monotonic() - start if self.fetch("/healthz") is not None else math.nan
+
+    def loop_thread_times(self) -> tuple[float, float]:
+        """Seconds the main thread (the event loop) has run on a CPU and waited for one (``schedstat``)."""
+        run_ns, wait_ns = Path(f"/proc/{self.pid}/schedstat").read_text().split()[:2]
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+
     def metric(self, name: str) -> float:
         """The sum of ``outposts_<name>`` over its label sets (NaN when unreadable)."""
-        body = self._get("/metrics")
+        body = self.fetch("/metrics")
         if body is None:
             return math.nan
         total = 0.0
@@ -183,9 +209,9 @@ def pids_working_under(root: Path, exclude: Sequence[int] = ()) -> list[int]:
 class CpuTracker:
     """CPU seconds of the short-lived processes working under ``root`` (machine workers, remotes): ``/proc``
     is scanned every ``interval`` seconds and each process's last ``utime + stime`` kept, so the total is
-    a lower bound (what a process used after its last sample is missed). Reaped-children times
-    (``cutime``) cannot be used: a machine's group leader is killed by the teardown's SIGTERM before it
-    reaps its worker, whose CPU then goes to init."""
+    a lower bound (what a process used after its last sample is missed). The orchestrator's reaped-children
+    times (``cutime``) do not do: the teardown signals the machine's whole process group, so its leader
+    (``sh``) may die before it reaps the worker, whose CPU then goes to init (a first try counted ~0)."""
 
     def __init__(self, root: Path, exclude: Sequence[int], interval: float = 0.25) -> None:
         self.base = str(root.resolve())
@@ -325,20 +351,29 @@ def drain_queue(
     tick: float,
     machines: Callable[[], int],
     tracker: CpuTracker,
+    slots: Callable[[], float] = lambda: math.nan,
 ) -> dict[str, Any]:
     """Enqueue ``count`` sessions, end each once started, until every one was released; ``machines``
-    (sampled every tick) counts the machines at that moment, ``tracker`` the CPU of what runs in them."""
+    (sampled every tick) counts the machines at that moment, ``slots`` (every 0.5 s) the sessions held,
+    ``tracker`` the CPU of what runs in the machines."""
     before_counts, before_routes = proxy.snapshot()
     first_sent = time.time()
-    brain.enqueue(count)
+    for _ in range(count):
+        brain.enqueue(1)
+        brain.scan(end_new=True)  # sessions that start meanwhile are ended as promptly as later ones
     enqueued = time.time()
     deadline = time.monotonic() + timeout
-    next_check = 0.0
+    next_check = next_slots = 0.0
     peak = 0
+    peak_slots = math.nan
     records: list[dict[str, Any]] = []
     while True:
         brain.scan(end_new=True)
         peak = max(peak, machines())
+        if time.monotonic() >= next_slots:
+            held = slots()
+            peak_slots = held if math.isnan(peak_slots) else max(peak_slots, held)
+            next_slots = time.monotonic() + 0.5
         tracker.sample()
         if time.monotonic() >= next_check:
             released, records = brain.released()
@@ -377,6 +412,7 @@ def drain_queue(
         "requests_per_session": requests / count,
         "routes_per_session": {k: round(v / count, 2) for k, v in sorted(routes.items())},
         "peak_machines": peak,
+        "peak_sessions_held": peak_slots,
         "last_release_at": last_release,
     }
 
@@ -424,8 +460,9 @@ def run_orchestrated(args: argparse.Namespace, root: Path, say: Out) -> dict[str
             cpu_before = orch.cpu_seconds()
             tracker = CpuTracker(orch.machines_dir.parent, [orch.pid, sim_pid])
             result = drain_queue(
-                brain, proxy, args.sessions, args.timeout, args.tick, lambda: len(orch.machines()), tracker
-            )
+                brain, proxy, args.sessions, args.timeout, args.tick, lambda: len(orch.machines()), tracker,
+                lambda: orch.metric("active_workers"),
+            )  # fmt: skip
             result["orchestrator_cpu_s"] = orch.cpu_seconds() - cpu_before
             result["children_cpu_s"] = tracker.total
             result["children_seen"] = tracker.processes
@@ -497,8 +534,10 @@ def sample_window(orch: Orchestrator, proxy: FaultProxy, sim_pid: int, seconds: 
     threads: list[int] = []
     fds: list[int] = []
     streams: list[int] = []
+    lags: list[float] = []
     start = time.monotonic()
     cpu0, sim_cpu0 = orch.cpu_seconds(), cpu_seconds_of(sim_pid)
+    run0, wait0 = orch.loop_thread_times()
     counts0, routes0 = proxy.snapshot()
     while time.monotonic() - start < seconds:
         orch._check_alive()
@@ -506,11 +545,18 @@ def sample_window(orch: Orchestrator, proxy: FaultProxy, sim_pid: int, seconds: 
         threads.append(orch.proc_status("Threads"))
         fds.append(orch.open_fds())
         streams.append(proxy.open_streams())
+        lags.append(orch.healthz_latency())
         time.sleep(1.0)
     elapsed = time.monotonic() - start
     cpu, sim_cpu = orch.cpu_seconds() - cpu0, cpu_seconds_of(sim_pid) - sim_cpu0
+    run1, wait1 = orch.loop_thread_times()
     counts1, routes1 = proxy.snapshot()
+    answered = [lag for lag in lags if not math.isnan(lag)]
     return {
+        "healthz_s": summarize(answered),
+        "healthz_unanswered": len(lags) - len(answered),
+        "loop_thread_run_pct": 100 * (run1 - run0) / elapsed,
+        "loop_thread_runqueue_wait_pct": 100 * (wait1 - wait0) / elapsed,
         "window_s": elapsed,
         "rss_mib": statistics.median(rss) / 1024,
         "rss_max_mib": max(rss) / 1024,
@@ -602,6 +648,12 @@ def ratio(a: float, b: float) -> str:
     return f"x{a / b:.2f}"
 
 
+def fmt_ms(fig: dict[str, float]) -> str:
+    if not fig["n"]:
+        return "no answers"
+    return " ".join(f"{key} {ms(fig[key])}" for key in ("p50", "p99", "max"))
+
+
 def fmt_s(fig: dict[str, float]) -> str:
     if not fig["n"]:
         return "no samples"
@@ -634,7 +686,9 @@ def report_drain(orch: dict[str, Any], base: Optional[dict[str, Any]], say: Out)
         say(f"  {label:40s} {a:12.2f}{unit:2s} {b:12.2f}{unit:2s} {ratio(a, b):>8s}")
     say(
         f"  orchestrator: wait -> started {fmt_s(orch['wait_to_start'])}; peak machines "
-        f"{orch['peak_machines']}; started more than once {orch['started_more_than_once']}; "
+        f"{orch['peak_machines']}, peak sessions held (active_workers, every 0.5 s) "
+        f"{orch['peak_sessions_held']:g}; "
+        f"started more than once {orch['started_more_than_once']}; "
         f"overlapping claims {orch['claims_overlapping']}; claim records {orch['claim_records']}"
     )
     leaks = orch["leaks_after_release"]
@@ -664,7 +718,7 @@ def report_live(live: dict[str, Any], say: Out) -> None:
     say(f"run 2: {n} live sessions held by the hold script (not real workers), one orchestrator")
     say(f"  filled {n} slots in {live['fill_s']:.1f} s (enqueue took {live['enqueue_s']:.1f} s); "
         f"wait -> started {fmt_s(live['wait_to_start'])}")  # fmt: skip
-    say(f"  {'':30s} {'live':>12s} {'idle (baseline)':>16s} {'ratio':>8s}")
+    say(f"  {'':38s} {'live':>12s} {'idle (baseline)':>16s} {'ratio':>8s}")
     for label, key, fmt in (
         ("RSS median (MiB)", "rss_mib", "{:12.1f}"),
         ("RSS max (MiB)", "rss_max_mib", "{:12.1f}"),
@@ -674,14 +728,18 @@ def report_live(live: dict[str, Any], say: Out) -> None:
         ("open fds", "open_fds", "{:12.0f}"),
         ("fleet API requests/s", "requests_per_s", "{:12.2f}"),
         ("simulator CPU %", "sim_cpu_pct", "{:12.2f}"),
+        ("event loop thread on CPU %", "loop_thread_run_pct", "{:12.2f}"),
+        ("event loop thread waiting for a CPU %", "loop_thread_runqueue_wait_pct", "{:12.2f}"),
     ):
         a, b = fmt.format(held[key]), fmt.format(idle[key])
-        say(f"  {label:30s} {a} {b:>16s} {ratio(held[key], idle[key]):>8s}")
+        say(f"  {label:38s} {a} {b:>16s} {ratio(held[key], idle[key]):>8s}")
     per = (held["rss_mib"] - idle["rss_mib"]) * 1024 / n
     say(f"  RSS per live session: {per:.1f} KiB; watch streams open at the relay: "
         f"{held['watch_streams_min']}-{held['watch_streams_max']} (idle {idle['watch_streams_min']}-"
         f"{idle['watch_streams_max']}); active_workers {held['active_workers']:g}; hold processes "
         f"{held['hold_processes']}")  # fmt: skip
+    say(f"  /healthz answer time (event loop lag), live: {fmt_ms(held['healthz_s'])}, "
+        f"{held['healthz_unanswered']} unanswered in 30 s; idle: {fmt_ms(idle['healthz_s'])}")  # fmt: skip
     say(f"  live requests/s by route: {held['routes_per_s']}")
     leaks = live["leaks_after_release"]
     say(
