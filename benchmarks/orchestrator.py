@@ -31,15 +31,16 @@ download and verify + remote start); the **fleet API requests per session** (rel
 first enqueue to the last release, divided by the sessions; by route in ``--json``); the **CPU per
 session**: the client's own CPU plus that of the children it reaped (``cutime + cstime``: for the
 orchestrator every machine's worker and remote, for the baseline its remotes) over the drain, divided by
-the sessions; how many sessions
+the sessions; the peak VmRSS of each machine's Python worker; how many sessions
 were started more than once; the peak of machines at once (sampled every ``--tick``); and, after the last
 release, **leaked machines**: entries left in the machines directory and processes left working under
 the run's directory once the machines directory emptied (or 60 s passed), and again after the orchestrator
 was stopped. The ratio orchestrator / baseline is printed beside each figure.
 
 **Run 2: ``--live`` (500) sessions held live at once on one watch connection.** ``--worker hold`` only: 500
-real Python workers (30-40 MB and a second of CPU each to start) do not fit a 2-core machine that others
-share, so the figure is the orchestrator's own cost, not its workers'. The orchestrator runs with
+real Python workers (about 40 MiB VmRSS and 0.4 s of CPU each, as run 1 measures: some 20 GiB and 200
+CPU-seconds) do not fit a 2-core, 24 GiB machine that others share, so the figure is the orchestrator's own
+cost, not its workers'. The orchestrator runs with
 ``--max-concurrent 500``. Baseline in the same run: the same process idle with 0 sessions. Over a steady
 window (``--window``, 60 s; quick 15 s) after a settle time: the orchestrator's VmRSS (median of samples
 every second), its threads and open file descriptors, its CPU seconds (``utime + stime`` from ``/proc``)
@@ -98,6 +99,7 @@ from _harness import (
 
 Out = Callable[[str], None]
 REPO = Path(__file__).resolve().parent.parent
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 HOLD_WORKER = """#!/bin/sh
 # benchmark stand-in for `devin-outposts worker start --session <id>`: record the start, hold until SIGTERM
@@ -218,6 +220,8 @@ class CpuTracker:
         self.exclude = set(exclude)
         self.interval = interval
         self.last: dict[tuple[int, str], float] = {}
+        #: The largest VmRSS (KiB) seen of each Python process (the workers; not ``sh`` or ``sleep``).
+        self.python_rss: dict[tuple[int, str], int] = {}
         self.next = 0.0
 
     def sample(self, force: bool = False) -> None:
@@ -230,9 +234,13 @@ class CpuTracker:
             with contextlib.suppress(OSError, IndexError, ValueError):
                 cwd = os.readlink(entry / "cwd")
                 if cwd == self.base or cwd.startswith(self.base + os.sep):
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                    cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-                    self.last[(int(entry.name), fields[19])] = cpu  # (pid, start time): pids get reused
+                    text = (entry / "stat").read_text()
+                    comm, fields = text.split("(", 1)[1].rsplit(")", 1)[0], text.rsplit(")", 1)[1].split()
+                    key = (int(entry.name), fields[19])  # (pid, start time): pids get reused
+                    self.last[key] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+                    if comm.startswith(("python", "devin-outposts")):
+                        rss = int(fields[21]) * PAGE_KIB
+                        self.python_rss[key] = max(rss, self.python_rss.get(key, 0))
 
     @property
     def total(self) -> float:
@@ -241,6 +249,13 @@ class CpuTracker:
     @property
     def processes(self) -> int:
         return len(self.last)
+
+    def python_peak_rss_mib(self) -> dict[str, float]:
+        """Median and largest of the Python processes' peak VmRSS, MiB (NaN: none seen)."""
+        peaks = sorted(self.python_rss.values())
+        if not peaks:
+            return {"n": 0, "median": math.nan, "max": math.nan}
+        return {"n": len(peaks), "median": statistics.median(peaks) / 1024, "max": peaks[-1] / 1024}
 
 
 def pid_of(sim: BenchSim) -> int:
@@ -466,6 +481,8 @@ def run_orchestrated(args: argparse.Namespace, root: Path, say: Out) -> dict[str
             result["orchestrator_cpu_s"] = orch.cpu_seconds() - cpu_before
             result["children_cpu_s"] = tracker.total
             result["children_seen"] = tracker.processes
+            result["machine_worker_peak_rss_mib"] = tracker.python_peak_rss_mib()
+            result["orchestrator_rss_mib"] = orch.rss_kib() / 1024
             result["cpu_with_children_s"] = result["orchestrator_cpu_s"] + tracker.total
             result["load_before"] = load
             result["load_after"] = os.getloadavg()
@@ -503,6 +520,7 @@ def run_baseline(args: argparse.Namespace, root: Path, say: Out) -> dict[str, An
                 result["worker_cpu_s"] = sum(w.cpu_seconds() for w in workers) - cpu_before
                 result["children_cpu_s"] = tracker.total
                 result["children_seen"] = tracker.processes
+                result["worker_rss_mib"] = sum(w.rss_kib() for w in workers) / 1024
                 result["cpu_with_children_s"] = result["worker_cpu_s"] + tracker.total
                 result["load_before"] = load
                 result["load_after"] = os.getloadavg()
@@ -701,12 +719,17 @@ def report_drain(orch: dict[str, Any], base: Optional[dict[str, Any]], say: Out)
         f"(sampled) {orch['children_cpu_s']:.1f} s over {orch['children_seen']}; infrastructure errors "
         f"{orch['infrastructure_errors']:g}; sessions failed {orch['sessions_failed']:g}; "
         f"session_start_seconds mean (metric) {orch['start_seconds_metric_mean']:.2f} s")  # fmt: skip
+    peak = orch["machine_worker_peak_rss_mib"]
+    say(f"  memory: each machine's Python worker peaked at {peak['median']:.1f} MiB VmRSS (median of "
+        f"{peak['n']}, max {peak['max']:.1f}; sampled every 0.25 s); the orchestrator "
+        f"{orch['orchestrator_rss_mib']:.1f} MiB")  # fmt: skip
     say(f"  orchestrator requests per session by route: {orch['routes_per_session']}")
     if base:
         say(f"  baseline: {base['baseline_workers']} worker(s) x --max-sessions {base['max_sessions_each']}; "
             f"wait -> started {fmt_s(base['wait_to_start'])}; worker CPU {base['worker_cpu_s']:.1f} s, "
-            f"remotes (sampled) {base['children_cpu_s']:.1f} s; "
-            f"remotes left {base['leaks_after_release']['processes_left']}; started more than once "
+            f"remotes (sampled) {base['children_cpu_s']:.1f} s; worker VmRSS "
+            f"{base['worker_rss_mib']:.1f} MiB; remotes left "
+            f"{base['leaks_after_release']['processes_left']}; started more than once "
             f"{base['started_more_than_once']}")  # fmt: skip
         say(f"  baseline requests per session by route: {base['routes_per_session']}")
 
