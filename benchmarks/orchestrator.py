@@ -473,12 +473,16 @@ def run_orchestrated(args: argparse.Namespace, root: Path, say: Out) -> dict[str
             say(f"  orchestrator ready (pid {orch.pid}); enqueueing {args.sessions} sessions")
             brain = Brain(sim, runs, end)
             cpu_before = orch.cpu_seconds()
+            loop_before = orch.loop_thread_times()
             tracker = CpuTracker(orch.machines_dir.parent, [orch.pid, sim_pid])
             result = drain_queue(
                 brain, proxy, args.sessions, args.timeout, args.tick, lambda: len(orch.machines()), tracker,
                 lambda: orch.metric("active_workers"),
             )  # fmt: skip
             result["orchestrator_cpu_s"] = orch.cpu_seconds() - cpu_before
+            loop_after = orch.loop_thread_times()
+            result["loop_thread_run_s"] = loop_after[0] - loop_before[0]
+            result["loop_thread_runqueue_wait_s"] = loop_after[1] - loop_before[1]
             result["children_cpu_s"] = tracker.total
             result["children_seen"] = tracker.processes
             result["machine_worker_peak_rss_mib"] = tracker.python_peak_rss_mib()
@@ -719,6 +723,8 @@ def report_drain(orch: dict[str, Any], base: Optional[dict[str, Any]], say: Out)
         f"(sampled) {orch['children_cpu_s']:.1f} s over {orch['children_seen']}; infrastructure errors "
         f"{orch['infrastructure_errors']:g}; sessions failed {orch['sessions_failed']:g}; "
         f"session_start_seconds mean (metric) {orch['start_seconds_metric_mean']:.2f} s")  # fmt: skip
+    say(f"  the orchestrator's event-loop thread ran {orch['loop_thread_run_s']:.1f} s and waited for a CPU "
+        f"{orch['loop_thread_runqueue_wait_s']:.1f} s of the drain (schedstat)")  # fmt: skip
     peak = orch["machine_worker_peak_rss_mib"]
     say(f"  memory: each machine's Python worker peaked at {peak['median']:.1f} MiB VmRSS (median of "
         f"{peak['n']}, max {peak['max']:.1f}; sampled every 0.25 s); the orchestrator "
