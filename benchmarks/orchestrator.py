@@ -222,6 +222,8 @@ class CpuTracker:
         self.last: dict[tuple[int, str], float] = {}
         #: The largest VmRSS (KiB) seen of each Python process (the workers; not ``sh`` or ``sleep``).
         self.python_rss: dict[tuple[int, str], int] = {}
+        #: The last CPU seconds seen of each Python process.
+        self.python_cpu: dict[tuple[int, str], float] = {}
         self.next = 0.0
 
     def sample(self, force: bool = False) -> None:
@@ -241,6 +243,7 @@ class CpuTracker:
                     if comm.startswith(("python", "devin-outposts")):
                         rss = int(fields[21]) * PAGE_KIB
                         self.python_rss[key] = max(rss, self.python_rss.get(key, 0))
+                        self.python_cpu[key] = self.last[key]
 
     @property
     def total(self) -> float:
@@ -256,6 +259,13 @@ class CpuTracker:
         if not peaks:
             return {"n": 0, "median": math.nan, "max": math.nan}
         return {"n": len(peaks), "median": statistics.median(peaks) / 1024, "max": peaks[-1] / 1024}
+
+    def python_cpu_s(self) -> dict[str, float]:
+        """Median and largest CPU seconds of the Python processes seen (each a lower bound)."""
+        cpus = sorted(self.python_cpu.values())
+        if not cpus:
+            return {"n": 0, "median": math.nan, "max": math.nan}
+        return {"n": len(cpus), "median": statistics.median(cpus), "max": cpus[-1]}
 
 
 def pid_of(sim: BenchSim) -> int:
@@ -373,16 +383,12 @@ def drain_queue(
     ``tracker`` the CPU of what runs in the machines."""
     before_counts, before_routes = proxy.snapshot()
     first_sent = time.time()
-    for _ in range(count):
-        brain.enqueue(1)
-        brain.scan(end_new=True)  # sessions that start meanwhile are ended as promptly as later ones
-    enqueued = time.time()
-    deadline = time.monotonic() + timeout
     next_check = next_slots = 0.0
     peak = 0
     peak_slots = math.nan
-    records: list[dict[str, Any]] = []
-    while True:
+
+    def observe() -> None:
+        nonlocal peak, peak_slots, next_slots
         brain.scan(end_new=True)
         peak = max(peak, machines())
         if time.monotonic() >= next_slots:
@@ -390,6 +396,15 @@ def drain_queue(
             peak_slots = held if math.isnan(peak_slots) else max(peak_slots, held)
             next_slots = time.monotonic() + 0.5
         tracker.sample()
+
+    for _ in range(count):
+        brain.enqueue(1)
+        observe()  # sessions that start meanwhile are ended as promptly as later ones
+    enqueued = time.time()
+    deadline = time.monotonic() + timeout
+    records: list[dict[str, Any]] = []
+    while True:
+        observe()
         if time.monotonic() >= next_check:
             released, records = brain.released()
             if released >= set(brain.sent_at):
@@ -486,6 +501,7 @@ def run_orchestrated(args: argparse.Namespace, root: Path, say: Out) -> dict[str
             result["children_cpu_s"] = tracker.total
             result["children_seen"] = tracker.processes
             result["machine_worker_peak_rss_mib"] = tracker.python_peak_rss_mib()
+            result["machine_worker_cpu_s"] = tracker.python_cpu_s()
             result["orchestrator_rss_mib"] = orch.rss_kib() / 1024
             result["cpu_with_children_s"] = result["orchestrator_cpu_s"] + tracker.total
             result["load_before"] = load
@@ -726,8 +742,10 @@ def report_drain(orch: dict[str, Any], base: Optional[dict[str, Any]], say: Out)
     say(f"  the orchestrator's event-loop thread ran {orch['loop_thread_run_s']:.1f} s and waited for a CPU "
         f"{orch['loop_thread_runqueue_wait_s']:.1f} s of the drain (schedstat)")  # fmt: skip
     peak = orch["machine_worker_peak_rss_mib"]
-    say(f"  memory: each machine's Python worker peaked at {peak['median']:.1f} MiB VmRSS (median of "
-        f"{peak['n']}, max {peak['max']:.1f}; sampled every 0.25 s); the orchestrator "
+    cpu = orch["machine_worker_cpu_s"]
+    say(f"  each machine's Python worker: VmRSS peak {peak['median']:.1f} MiB (median of {peak['n']} seen, "
+        f"max {peak['max']:.1f}), CPU {cpu['median']:.2f} s (median, max {cpu['max']:.2f}; both sampled "
+        f"every 0.25 s: lower bounds); the orchestrator's VmRSS "
         f"{orch['orchestrator_rss_mib']:.1f} MiB")  # fmt: skip
     say(f"  orchestrator requests per session by route: {orch['routes_per_session']}")
     if base:
