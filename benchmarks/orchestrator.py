@@ -74,6 +74,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
@@ -100,6 +101,7 @@ from _harness import (
 Out = Callable[[str], None]
 REPO = Path(__file__).resolve().parent.parent
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+ENDERS = 8  #: threads of the brain that end sessions
 
 HOLD_WORKER = """#!/bin/sh
 # benchmark stand-in for `devin-outposts worker start --session <id>`: record the start, hold until SIGTERM
@@ -314,13 +316,19 @@ def running_orchestrator(orch: Orchestrator, extra_pids: Callable[[], list[int]]
 
 
 class Brain:
-    """Enqueues sessions, notices remote (or hold worker) starts in ``runs``, ends sessions."""
+    """Enqueues sessions, notices remote (or hold worker) starts in ``runs``, ends sessions.
+
+    Ending runs on ``ENDERS`` threads: telling a marker remote to exit waits until it has opened its FIFO,
+    which on a loaded machine can take a while, and the brain must not hold every other session's end (or
+    the enqueueing) behind it."""
 
     def __init__(self, sim: BenchSim, runs: Path, end: Callable[[str, int], None]) -> None:
         self.sim = sim
         self.admin = sim.admin
         self.runs = runs
-        self.end = end
+        self.end_one = end
+        self.enders = ThreadPoolExecutor(max_workers=ENDERS, thread_name_prefix="brain-end")
+        self.ending: list[Future[None]] = []
         self.sent_at: dict[str, float] = {}
         self.started_at: dict[str, float] = {}
         self.starts: dict[str, int] = {}
@@ -349,6 +357,24 @@ class Brain:
                 self.end(sid, int(pid))
         return len(names)
 
+    def end(self, sid: str, pid: int) -> None:
+        self.ending.append(self.enders.submit(self.end_one, sid, pid))
+        if len(self.ending) > 64:
+            self.check_ends(wait=False)
+
+    def check_ends(self, wait: bool) -> None:
+        """Raise the first error of the ends done (of all of them, once they finished, with ``wait``)."""
+        for future in list(self.ending):
+            if wait or future.done():
+                future.result()
+                self.ending.remove(future)
+
+    def close(self) -> None:
+        try:
+            self.check_ends(wait=True)
+        finally:
+            self.enders.shutdown(wait=True, cancel_futures=True)
+
     def released(self) -> tuple[set[str], list[dict[str, Any]]]:
         records = self.sim.claim_records()
         return {r["session_id"] for r in records if r["action"] == "release"}, records
@@ -368,6 +394,29 @@ def end_held(sim: BenchSim) -> Callable[[str, int], None]:
     return end
 
 
+def wait_released(
+    brain: Brain, count: int, timeout: float, tick: float, observe: Callable[[], None]
+) -> list[dict[str, Any]]:
+    """``observe`` every ``tick`` until every session enqueued has a release record; returns the claim
+    history."""
+    deadline = time.monotonic() + timeout
+    next_check = 0.0
+    while True:
+        observe()
+        brain.check_ends(wait=False)
+        if time.monotonic() >= next_check:
+            released, records = brain.released()
+            if released >= set(brain.sent_at):
+                return records
+            next_check = time.monotonic() + 1.0
+        if time.monotonic() > deadline:
+            raise BenchError(
+                f"only {len(released)} of {count} sessions released after {timeout:g} s "
+                f"({len(brain.started_at)} started)"
+            )
+        time.sleep(tick)
+
+
 def drain_queue(
     brain: Brain,
     proxy: FaultProxy,
@@ -383,7 +432,7 @@ def drain_queue(
     ``tracker`` the CPU of what runs in the machines."""
     before_counts, before_routes = proxy.snapshot()
     first_sent = time.time()
-    next_check = next_slots = 0.0
+    next_slots = 0.0
     peak = 0
     peak_slots = math.nan
 
@@ -397,25 +446,14 @@ def drain_queue(
             next_slots = time.monotonic() + 0.5
         tracker.sample()
 
-    for _ in range(count):
-        brain.enqueue(1)
-        observe()  # sessions that start meanwhile are ended as promptly as later ones
-    enqueued = time.time()
-    deadline = time.monotonic() + timeout
-    records: list[dict[str, Any]] = []
-    while True:
-        observe()
-        if time.monotonic() >= next_check:
-            released, records = brain.released()
-            if released >= set(brain.sent_at):
-                break
-            next_check = time.monotonic() + 1.0
-        if time.monotonic() > deadline:
-            raise BenchError(
-                f"only {len(released)} of {count} sessions released after {timeout:g} s "
-                f"({len(brain.started_at)} started)"
-            )
-        time.sleep(tick)
+    try:
+        for _ in range(count):
+            brain.enqueue(1)
+            observe()  # sessions that start meanwhile are ended as promptly as later ones
+        enqueued = time.time()
+        records = wait_released(brain, count, timeout, tick, observe)
+    finally:
+        brain.close()
     after_counts, after_routes = proxy.snapshot()
     tracker.sample(force=True)
     found = analyse_claims(records, brain.ended_at)
@@ -669,6 +707,7 @@ def run_live(args: argparse.Namespace, root: Path, say: Out) -> dict[str, Any]:
                 what="every live session to be released",
             )
             result["release_all_s"] = time.time() - ended
+            brain.close()
             result["leaks_after_release"] = leak_check(orch, [orch.pid, sim_pid])
         result["machines_left_after_stop"] = len(orch.machines())
         left = pids_working_under(sim.root, [sim_pid])
@@ -707,6 +746,7 @@ def report_drain(orch: dict[str, Any], base: Optional[dict[str, Any]], say: Out)
         if fig:
             fig["cpu_per_session_s"] = fig["cpu_with_children_s"] / fig["sessions"]
     rows = [
+        ("enqueueing all sessions (the brain)", "enqueue_s", None),
         ("drain (first enqueue -> last release)", "drain_s", None),
         ("queue wait -> claim p50", "wait_to_claim", "p50"),
         ("queue wait -> claim p99", "wait_to_claim", "p99"),
