@@ -242,7 +242,9 @@ class CpuTracker:
                     comm, fields = text.split("(", 1)[1].rsplit(")", 1)[0], text.rsplit(")", 1)[1].split()
                     key = (int(entry.name), fields[19])  # (pid, start time): pids get reused
                     self.last[key] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-                    if comm.startswith(("python", "devin-outposts")):
+                    # The process driver runs ``python -m devin_outposts``; not "devin-outposts": that is the
+                    # orchestrator's comm, which a child has between its fork and its exec.
+                    if comm.startswith("python"):
                         rss = int(fields[21]) * PAGE_KIB
                         self.python_rss[key] = max(rss, self.python_rss.get(key, 0))
                         self.python_cpu[key] = self.last[key]
@@ -783,10 +785,11 @@ def report_drain(orch: dict[str, Any], base: Optional[dict[str, Any]], say: Out)
         f"{orch['loop_thread_runqueue_wait_s']:.1f} s of the drain (schedstat)")  # fmt: skip
     peak = orch["machine_worker_peak_rss_mib"]
     cpu = orch["machine_worker_cpu_s"]
-    say(f"  each machine's Python worker: VmRSS peak {peak['median']:.1f} MiB (median of {peak['n']} seen, "
-        f"max {peak['max']:.1f}), CPU {cpu['median']:.2f} s (median, max {cpu['max']:.2f}; both sampled "
-        f"every 0.25 s: lower bounds); the orchestrator's VmRSS "
-        f"{orch['orchestrator_rss_mib']:.1f} MiB")  # fmt: skip
+    if peak["n"]:
+        say(f"  each machine's Python worker: VmRSS peak {peak['median']:.1f} MiB (median of {peak['n']} "
+            f"seen, max {peak['max']:.1f}), CPU {cpu['median']:.2f} s (median, max {cpu['max']:.2f}; both "
+            f"sampled every 0.25 s: lower bounds)")  # fmt: skip
+    say(f"  the orchestrator's VmRSS at the end {orch['orchestrator_rss_mib']:.1f} MiB")
     say(f"  orchestrator requests per session by route: {orch['routes_per_session']}")
     if base:
         say(f"  baseline: {base['baseline_workers']} worker(s) x --max-sessions {base['max_sessions_each']}; "
