@@ -38,7 +38,7 @@ the run's directory once the machines directory emptied (or 60 s passed), and ag
 was stopped. The ratio orchestrator / baseline is printed beside each figure.
 
 **Run 2: ``--live`` (500) sessions held live at once on one watch connection.** ``--worker hold`` only: 500
-real Python workers (about 40 MiB VmRSS and 0.4 s of CPU each, as run 1 measures: some 20 GiB and 200
+real Python workers (about 40 MiB VmRSS and 0.35 s of CPU each, as run 1 measures: some 20 GiB and 170
 CPU-seconds) do not fit a 2-core, 24 GiB machine that others share, so the figure is the orchestrator's own
 cost, not its workers'. The orchestrator runs with
 ``--max-concurrent 500``. Baseline in the same run: the same process idle with 0 sessions. Over a steady
