@@ -15,6 +15,10 @@ It understands just enough HTTP/1.1 for the worker's client (httpx): a request h
 ``Content-Length`` or chunked, and a response framed by ``Content-Length``, chunked, or the end of the
 connection. It runs its own event loop in a daemon thread; the commands are safe to call from any other
 thread.
+
+Besides the totals in ``counts``, ``routes`` counts the requests it forwarded by method and path, ids
+replaced by ``{id}`` and watch streams marked (``GET /opbeta/outposts/devins/{id}``, ``... (watch)``),
+so a benchmark can say which calls a client makes per session.
 """
 
 from __future__ import annotations
@@ -56,6 +60,18 @@ def parse_head(head: bytes) -> tuple[str, dict[str, str]]:
     return lines[0], headers
 
 
+def route_of(start: str) -> str:
+    """``METHOD /path`` of a request line, the id after ``devins``/``outposts`` replaced by ``{id}`` and a
+    watch stream marked ``(watch)``."""
+    method, target = [*start.split(" "), "", ""][:2]
+    path, _, query = target.partition("?")
+    segments = path.split("/")
+    for index in range(1, len(segments)):
+        if segments[index - 1] in ("devins", "outposts") and segments[index] not in ("devins", "outposts"):
+            segments[index] = "{id}"
+    return f"{method} {'/'.join(segments)}" + (" (watch)" if "watch=true" in query else "")
+
+
 def wants_close(headers: dict[str, str]) -> bool:
     return "close" in headers.get("connection", "").lower()
 
@@ -82,6 +98,7 @@ class FaultProxy:
         self.host = host
         self.port = port
         self.counts: Counter[str] = Counter()
+        self.routes: Counter[str] = Counter()
         self._failing = False
         self._down = False
         self._connections: set[_Connection] = set()
@@ -117,6 +134,14 @@ class FaultProxy:
     def set_failing(self, failing: bool) -> None:
         """Answer 500 to every new request while ``failing``."""
         self._loop.call_soon_threadsafe(setattr, self, "_failing", failing)
+
+    def snapshot(self) -> tuple[dict[str, int], dict[str, int]]:
+        """``counts`` and ``routes`` as of now (copied on the proxy's loop, so never mid-update)."""
+
+        async def take() -> tuple[dict[str, int], dict[str, int]]:
+            return dict(self.counts), dict(self.routes)
+
+        return self._call(take())
 
     def open_streams(self) -> int:
         return sum(1 for conn in list(self._connections) if conn.streaming)
@@ -174,6 +199,7 @@ class FaultProxy:
                 start, headers = parse_head(head)
                 body = await read_body(reader, headers)
                 self.counts["requests"] += 1
+                self.routes[route_of(start)] += 1
                 if self._failing:
                     self.counts["injected_500"] += 1
                     writer.write(RESPONSE_500)
