@@ -77,6 +77,14 @@ MAX_RETRY_AFTER = 60.0
 VerifyType = Union[bool, str, ssl.SSLContext]
 
 
+def tls_context(environ: Optional[Mapping[str, str]] = None) -> ssl.SSLContext:
+    """The TLS context a long-running process shares between its clients (each costs megabytes): it
+    trusts ``DEVIN_CA_BUNDLE`` when set, else httpx's defaults (certifi, ``SSL_CERT_FILE``/``DIR``).
+    Verification is never off."""
+    env = os.environ if environ is None else environ
+    return httpx.create_ssl_context(verify=env.get("DEVIN_CA_BUNDLE") or True, trust_env=True)
+
+
 def normalize_api_url(url: str) -> str:
     """Return the API base URL without a trailing slash or an ``/opbeta...`` suffix.
 

@@ -29,14 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import ssl
 import time
 from typing import Callable, Optional
 
-import httpx
-
-from devin_outposts.api.client import FleetClient
+from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetError
 from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.orchestrator.drivers import driver_class
@@ -49,7 +46,7 @@ from devin_outposts.worker import platform
 from devin_outposts.worker.exits import EXIT_AUTH, EXIT_ERROR, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, WorkerExit
 from devin_outposts.worker.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
 from devin_outposts.worker.logs import register_secret
-from devin_outposts.worker.metrics import MetricsServer
+from devin_outposts.worker.metrics import MetricsServer, serve_metrics
 from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.worker.pool import SessionPool
 from devin_outposts.worker.queue_mode import QueueMode
@@ -150,8 +147,7 @@ class Orchestrator:
 
     def _tls(self) -> ssl.SSLContext:
         if self._ssl is None:
-            bundle = os.environ.get("DEVIN_CA_BUNDLE") or True
-            self._ssl = httpx.create_ssl_context(verify=bundle, trust_env=True)
+            self._ssl = tls_context()
         return self._ssl
 
     # --- what /healthz, the tests and the benchmark read ----------------------------------------------
@@ -275,7 +271,7 @@ class Orchestrator:
             except DriverError as exc:
                 raise WorkerExit(EXIT_ERROR, f"the {self.driver.name} driver cannot start: {exc}") from exc
             self.metrics.labels = {}
-            metrics_server = await self._serve_metrics()
+            metrics_server = await serve_metrics(self.metrics, self.health, self.config.metrics_addr)
             platform.current().install_stop_handler(loop, self.on_signal)
             self.client = self._client_factory(self.config)
             async with contextlib.AsyncExitStack() as stack:
@@ -338,14 +334,3 @@ class Orchestrator:
         self.lost_lead = True
         log.error("lost the leader election: no more claims; running sessions are left to the new leader")
         self.stop()
-
-    async def _serve_metrics(self) -> Optional[MetricsServer]:
-        addr = self.config.metrics_addr
-        if addr is None:
-            return None
-        server = MetricsServer(self.metrics, self.health, addr.host, addr.port)
-        try:
-            await server.start()
-        except OSError as exc:
-            raise WorkerExit(EXIT_USAGE, f"Could not serve metrics on {addr}: {exc}") from exc
-        return server

@@ -12,7 +12,9 @@ import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
+
+from devin_outposts.worker.exits import EXIT_USAGE, WorkerExit
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,18 @@ GAUGES = {
     "max_sessions": "Configured concurrent session slots",
     "draining": "1 while the worker drains after SIGTERM/SIGINT",
 }
+
+
+class MetricsAddrLike(Protocol):
+    """HOST:PORT (the options' ``MetricsAddr``)."""
+
+    @property
+    def host(self) -> str:
+        """The address to bind."""
+
+    @property
+    def port(self) -> int:
+        """The port (0: any free one)."""
 
 
 class Histogram:
@@ -187,3 +201,18 @@ class MetricsServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+async def serve_metrics(
+    metrics: Metrics, health: Callable[[], tuple[bool, str]], addr: Optional[MetricsAddrLike]
+) -> Optional[MetricsServer]:
+    """Start ``/metrics`` and ``/healthz`` on ``addr`` (None: off); a port in use ends the process with
+    exit code 2 and one line."""
+    if addr is None:
+        return None
+    server = MetricsServer(metrics, health, addr.host, addr.port)
+    try:
+        await server.start()
+    except OSError as exc:
+        raise WorkerExit(EXIT_USAGE, f"Could not serve metrics on {addr}: {exc}") from exc
+    return server

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 from collections.abc import Awaitable
 from typing import Callable, Optional, TypeVar
 
 import httpx
 
-from devin_outposts.api.client import FleetClient
+from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.worker import platform
@@ -53,7 +52,7 @@ from devin_outposts.worker.identity import (
     load_or_create_acceptor_id,
 )
 from devin_outposts.worker.logs import register_secret
-from devin_outposts.worker.metrics import Metrics, MetricsServer
+from devin_outposts.worker.metrics import Metrics, MetricsServer, serve_metrics
 from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.outposts import check_platform, resolve_outpost
 from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
@@ -119,13 +118,8 @@ class Worker:
         return True, "ok" if self.ready else "starting"
 
     def _tls(self) -> ssl.SSLContext:
-        """One TLS context for the fleet API and the binary downloads (each context costs megabytes).
-
-        It trusts ``DEVIN_CA_BUNDLE`` when set, else httpx's defaults (certifi, ``SSL_CERT_FILE``/``DIR``).
-        """
         if self._ssl is None:
-            bundle = os.environ.get("DEVIN_CA_BUNDLE") or True
-            self._ssl = httpx.create_ssl_context(verify=bundle, trust_env=True)
+            self._ssl = tls_context()
         return self._ssl
 
     # --- entry point ---------------------------------------------------------------------------------
@@ -149,7 +143,7 @@ class Worker:
                     self.config.cache_dir, self.config.static_base_url, http=http, owns_http=True
                 )
             self.metrics.labels = {"acceptor_id": self.acceptor_id} if self.acceptor_id else {}
-            metrics_server = await self._serve_metrics()
+            metrics_server = await serve_metrics(self.metrics, self.health, self.config.metrics_addr)
             platform.current().install_stop_handler(loop, self.on_signal)
             if self.config.direct:
                 return await self._run_direct(binaries)
@@ -197,17 +191,6 @@ class Worker:
                 raise WorkerExit(EXIT_USAGE, str(exc)) from exc
             raise WorkerExit(EXIT_ERROR, f"Could not prepare the worker directories: {exc}") from exc
         return locks
-
-    async def _serve_metrics(self) -> Optional[MetricsServer]:
-        addr = self.config.metrics_addr
-        if addr is None:
-            return None
-        server = MetricsServer(self.metrics, self.health, addr.host, addr.port)
-        try:
-            await server.start()
-        except OSError as exc:
-            raise WorkerExit(EXIT_USAGE, f"Could not serve metrics on {addr}: {exc}") from exc
-        return server
 
     def _reap_orphans(self) -> None:
         """Stop every remote a killed predecessor left running on this data directory.
