@@ -64,7 +64,7 @@ def route_of(start: str) -> str:
     """``METHOD /path`` of a request line, the id after ``devins``/``outposts`` replaced by ``{id}`` and a
     watch stream marked ``(watch)``."""
     method, target = [*start.split(" "), "", ""][:2]
-    path, _, query = target.partition("?")
+    path, dummy, query = target.partition("?")
     segments = path.split("/")
     for index in range(1, len(segments)):
         if segments[index - 1] in ("devins", "outposts") and segments[index] not in ("devins", "outposts"):

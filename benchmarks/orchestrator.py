@@ -338,7 +338,7 @@ class Brain:
         self.seen: set[str] = set()
 
     def enqueue(self, count: int) -> None:
-        for _ in range(count):
+        for dummy in range(count):
             sent = time.time()
             self.sent_at[self.admin.enqueue(self.sim.outpost_id).session_id] = sent
 
@@ -449,7 +449,7 @@ def drain_queue(
         tracker.sample()
 
     try:
-        for _ in range(count):
+        for dummy in range(count):
             brain.enqueue(1)
             observe()  # sessions that start meanwhile are ended as promptly as later ones
         enqueued = time.time()

@@ -23,6 +23,7 @@ A :class:`MachineRun` turns the driver's status reads into what serving waits on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Callable, ClassVar, Optional
@@ -157,8 +158,11 @@ class MachineSession(ClaimedSession):
         adopt: Optional[Machine] = None,
         on_started: Optional[Callable[[MachineSession], None]] = None,
     ) -> None:
+        # Each running session reads its status every --session-check-secs (the worker's poll interval
+        # in serving): the queue watch brings changes at once, so this is only the safety net, and at
+        # hundreds of sessions per orchestrator a GET per session every 5 s was most of its CPU.
         super().__init__(
-            config,
+            dataclasses.replace(config, poll_interval=config.session_check_interval),
             session_id=claim.session_id,
             acceptor_id=acceptor_id,
             metrics=metrics,

@@ -77,8 +77,10 @@ OPTIONS: tuple[Option, ...] = (
            env="DEVIN_ORCHESTRATOR_GC_INTERVAL", parse=_N(float, 0.1)),
     Option("status_interval", ("--status-interval-secs",), "seconds between machine status reads (2)",
            "tuning", parse=_N(float, 0.05)),
-    Option("poll_interval", ("--poll-interval-secs",), "seconds between session status checks (5)", "tuning",
-           parse=_N(float, 0.05)),
+    Option("poll_interval", ("--poll-interval-secs",), "seconds between queue polls with --no-watch (5)",
+           "tuning", parse=_N(float, 0.05)),
+    Option("session_check_interval", ("--session-check-secs",), "seconds between each running session's "
+           "status reads; the watch reports changes sooner (30)", "tuning", parse=_N(float, 0.05)),
     Option("restart_limit", ("--restart-limit",), "restarts of a failing worker before giving up (5)",
            "tuning", parse=_N(int, 0)),
     Option("renew_margin", ("--renew-margin-secs",), "renew a claim at least this long before it expires "
@@ -126,6 +128,7 @@ class OrchestratorConfig:
     gc_interval: float = 60.0
     status_interval: float = 2.0
     poll_interval: float = 5.0
+    session_check_interval: float = 30.0
     restart_limit: int = 5
     renew_margin: float = 60.0
     confirm_reads: int = 5
