@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import Any, Callable, TypeVar
 
 from devin_outposts.api.client import FleetClient
@@ -20,6 +21,7 @@ from devin_outposts.worker.exits import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
+    WorkerExit,
 )
 
 T = TypeVar("T")
@@ -90,3 +92,15 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=True))
+
+
+def run_until_done(main: Callable[[], Coroutine[Any, Any, int]], log: logging.Logger) -> int:
+    """Run a long-lived command's coroutine: its exit code, or the one a ``WorkerExit`` carries (one line on
+    stderr and in the log); 130 for a Ctrl-C that came before the signal handlers were installed."""
+    try:
+        return asyncio.run(main())
+    except WorkerExit as exc:
+        log.error("%s", exc)
+        return fail(str(exc), exc.code)
+    except KeyboardInterrupt:
+        return 130

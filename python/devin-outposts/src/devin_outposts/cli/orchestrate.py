@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
-from devin_outposts.cli.common import EXIT_USAGE, fail
+from devin_outposts.cli.common import EXIT_USAGE, fail, run_until_done
 
 log = logging.getLogger("devin_outposts.orchestrator")
 
@@ -15,7 +14,6 @@ def _orchestrate(args: argparse.Namespace) -> int:
     # Imported here so that other verbs do not pay for the orchestrator's modules.
     from devin_outposts.orchestrator.options import build_config
     from devin_outposts.orchestrator.runner import Orchestrator
-    from devin_outposts.worker.exits import WorkerExit
     from devin_outposts.worker.logs import setup_logging
     from devin_outposts.worker.options import ConfigError
 
@@ -24,14 +22,7 @@ def _orchestrate(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc), EXIT_USAGE)
     setup_logging(config.log_format, config.log_level)
-    orchestrator = Orchestrator(config)
-    try:
-        return asyncio.run(orchestrator.run())
-    except WorkerExit as exc:
-        log.error("%s", exc)
-        return fail(str(exc), exc.code)
-    except KeyboardInterrupt:  # a signal before the handlers were installed
-        return 130
+    return run_until_done(Orchestrator(config).run, log)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -7,10 +7,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
-from devin_outposts.cli.common import EXIT_USAGE, fail
+from devin_outposts.cli.common import EXIT_USAGE, fail, run_until_done
 from devin_outposts.cli.outpost import add_outpost_commands
 from devin_outposts.worker.options import ConfigError, add_start_arguments, build_config
 
@@ -23,19 +22,11 @@ def _start(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc), EXIT_USAGE)
     # Imported here so that `worker outpost ...` does not pay for the worker's modules.
-    from devin_outposts.worker.exits import WorkerExit
     from devin_outposts.worker.logs import setup_logging
     from devin_outposts.worker.runner import Worker
 
     setup_logging(config.log_format, config.log_level)
-    worker = Worker(config)
-    try:
-        return asyncio.run(worker.run())
-    except WorkerExit as exc:
-        log.error("%s", exc)
-        return fail(str(exc), exc.code)
-    except KeyboardInterrupt:  # a signal before the handlers were installed
-        return 130
+    return run_until_done(Worker(config).run, log)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -25,6 +25,7 @@ renewal and release stay with the orchestrator that started us.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import enum
@@ -195,7 +196,7 @@ def renew_delay(remaining: float, margin: float) -> float:
     return max(wait, 0.05)
 
 
-class ClaimedSession:
+class ClaimedSession(abc.ABC):
     """Serves one claimed session. ``claim`` is the claim response (``None`` in direct-serve mode, where
     ``direct_token`` is the connect token). Subclasses implement :meth:`prepare`, :meth:`launch` and
     :meth:`finish`."""
@@ -244,9 +245,9 @@ class ClaimedSession:
         """Get ready to launch; a result ends the session before any launch (the claim is released)."""
         return None
 
+    @abc.abstractmethod
     async def launch(self, token: str, gateway_url: str) -> Run:
         """Start what serves the session with this connect token; :class:`LaunchError` on failure."""
-        raise NotImplementedError
 
     async def finish(self, result: SessionResult) -> None:
         """Clean up after the session (before the claim is released); never raises."""
