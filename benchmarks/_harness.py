@@ -24,13 +24,14 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from devin_outposts.worker.spawn import process_alive
 from devin_outposts_sim import testing
@@ -48,6 +49,20 @@ mkfifo "{ends}/$me" || exit 1
 read -r line < "{ends}/$me"
 exit 0
 """
+
+
+T = TypeVar("T")
+
+
+def in_work_dir(keep: Optional[str], prefix: str, body: Callable[[Path], T]) -> T:
+    """Run ``body`` in the directory ``keep`` (made here; it must not exist, so no earlier run is mixed in)
+    or, without it, in a temporary directory removed afterwards."""
+    if keep:
+        root = Path(keep)
+        root.mkdir(parents=True, exist_ok=False)
+        return body(root)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmpdir:
+        return body(Path(tmpdir))
 
 
 class BenchError(Exception):

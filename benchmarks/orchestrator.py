@@ -69,7 +69,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -90,6 +89,7 @@ from _harness import (
     bench_sim,
     cpu_seconds_of,
     end_marker_session,
+    in_work_dir,
     ms,
     publish_marker_remote,
     running_workers,
@@ -926,13 +926,7 @@ def main() -> int:
         f"sessions at {args.concurrency} (--worker {args.worker}), run 2 {args.live} live, "
         f"{args.window:g} s windows")  # fmt: skip
     try:
-        if args.keep:
-            root = Path(args.keep)
-            root.mkdir(parents=True, exist_ok=False)
-            result = bench(args, root, say)
-        else:
-            with tempfile.TemporaryDirectory(prefix="devin-bench-orch-") as tmpdir:
-                result = bench(args, Path(tmpdir), say)
+        result = in_work_dir(args.keep, "devin-bench-orch-", lambda root: bench(args, root, say))
     except (BenchError, SimAdminError, OSError, RuntimeError) as exc:
         say(f"benchmark broke: {exc}")
         return 1

@@ -67,7 +67,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -87,6 +86,7 @@ from _harness import (
     Worker,
     analyse_claims,
     end_marker_session,
+    in_work_dir,
     publish_marker_remote,
     summarize,
 )
@@ -787,13 +787,7 @@ def main() -> int:
         f"{args.min_length:g}-{args.max_length:g} s at load {args.load:g} (seed {args.seed}), a fault every "
         f"{args.fault_interval:g} s: {', '.join(FAULTS)}")  # fmt: skip
     try:
-        if args.keep:
-            root = Path(args.keep)
-            root.mkdir(parents=True, exist_ok=False)
-            result = soak(args, root, say)
-        else:
-            with tempfile.TemporaryDirectory(prefix="devin-bench-soak-") as tmpdir:
-                result = soak(args, Path(tmpdir), say)
+        result = in_work_dir(args.keep, "devin-bench-soak-", lambda root: soak(args, root, say))
     except (BenchError, SimAdminError, OSError, RuntimeError) as exc:
         say(f"benchmark broke: {exc}")
         return 1
