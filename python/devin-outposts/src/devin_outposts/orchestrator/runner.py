@@ -50,7 +50,7 @@ from devin_outposts.worker.metrics import MetricsServer, serve_metrics
 from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.worker.pool import SessionPool
 from devin_outposts.worker.queue_mode import QueueMode
-from devin_outposts.worker.serving import FAILED, SessionResult
+from devin_outposts.worker.serving import SessionResult
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class Orchestrator:
         self.metrics.set("active_workers", len(self.pool.running))
         if result.infrastructure:
             self.metrics.inc("infrastructure_errors")
-        elif result.outcome == FAILED and "giving up" in result.detail:
+        elif result.gave_up:
             self.metrics.inc("workers_given_up")
 
     # --- signals -------------------------------------------------------------------------------------

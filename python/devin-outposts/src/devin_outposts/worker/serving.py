@@ -157,6 +157,8 @@ class SessionResult:
     finished: bool = False
     #: What runs the session failed (a machine not made, not booted): not the session's fault.
     infrastructure: bool = False
+    #: The launch kept failing past the restart limit and the session was given up.
+    gave_up: bool = False
 
 
 async def release_claim(
@@ -403,7 +405,7 @@ class ClaimedSession(abc.ABC):
                     f"{self.WHAT} exited with {code} and was restarted {self.settings.restart_limit} "
                     "times; giving up and releasing the claim"
                 )
-                return SessionResult(self.session_id, FAILED, detail)
+                return SessionResult(self.session_id, FAILED, detail, gave_up=True)
             self.metrics.inc(self.RESTART_METRIC)
             reason = "exited 0 while the session is still live" if code == 0 else f"exited with {code}"
             log.warning(
