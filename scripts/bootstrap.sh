@@ -8,6 +8,10 @@
 #    like ours (a drop-in, see podman_config below).
 # 2. .venv with Python 3.11 (override with OUTPOSTS_PYTHON=/path/to/python3.11).
 # 3. requirements-dev.txt installed into it, skipped when the stamp of the requirements hash matches.
+# 4. The collections that only our tests and examples use (awx.awx for the AWX configuration-as-code playbook,
+#    ansible.windows and community.windows for the roles' Windows branch), taken out of the pinned 'ansible'
+#    wheel from PyPI (Galaxy is unreachable here) into .cache/collections, which scripts/lib.sh puts on
+#    ANSIBLE_COLLECTIONS_PATH. The collection itself depends on none of them (galaxy.yml).
 #
 # Environment: OUTPOSTS_SKIP_APT=1 skips step 1 (for machines where someone else manages packages).
 set -euo pipefail
@@ -30,6 +34,12 @@ default_ulimits = ["nofile=10000:10000", "nproc=10000:10000"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"'
+
+# The community package the test collections come from, pinned by version and hash.
+ANSIBLE_WHEEL=ansible-12.3.0-py3-none-any.whl
+ANSIBLE_WHEEL_SHA256=cd156f82fa87f7a899212b0efa9f7ca3a24d609212de9f78428a572eb01e5414
+TEST_COLLECTIONS=(awx/awx ansible/windows community/windows)
+COLLECTIONS_DIR="$ROOT/.cache/collections/ansible_collections"
 
 log() { printf 'bootstrap: %s\n' "$*"; }
 die() { printf 'bootstrap: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -64,6 +74,45 @@ podman_config() {
     log "writing $PODMAN_DROPIN"
     "${sudo[@]}" mkdir -p "$(dirname "$PODMAN_DROPIN")"
     printf '%s\n' "$PODMAN_CONFIG" | "${sudo[@]}" tee "$PODMAN_DROPIN" >/dev/null
+}
+
+# Unpack TEST_COLLECTIONS from the pinned ansible wheel; a stamp keeps the second run to a file read.
+install_test_collections() {
+    local stamp="$COLLECTIONS_DIR/.from-$ANSIBLE_WHEEL-${TEST_COLLECTIONS[*]//\//.}"
+    [[ -f "$stamp" ]] && return 0
+    local tmp
+    tmp=$(mktemp -d)
+    log "unpacking ${TEST_COLLECTIONS[*]} from $ANSIBLE_WHEEL"
+    "$VENV/bin/python" -m pip download --disable-pip-version-check --no-input --quiet --no-deps \
+        -d "$tmp" "ansible==$(echo "$ANSIBLE_WHEEL" | cut -d- -f2)"
+    echo "$ANSIBLE_WHEEL_SHA256  $tmp/$ANSIBLE_WHEEL" | sha256sum --check --quiet ||
+        die "$ANSIBLE_WHEEL does not match its pinned sha256"
+    "$VENV/bin/python" - "$tmp/$ANSIBLE_WHEEL" "$COLLECTIONS_DIR" "${TEST_COLLECTIONS[@]}" <<'PY'
+import os
+import shutil
+import sys
+import zipfile
+
+wheel, dest, wanted = sys.argv[1], sys.argv[2], sys.argv[3:]
+with zipfile.ZipFile(wheel) as archive:
+    for name in wanted:
+        prefix = f"ansible_collections/{name}/"
+        members = [m for m in archive.namelist() if m.startswith(prefix)]
+        if not members:
+            sys.exit(f"{name} is not in {os.path.basename(wheel)}")
+        target = os.path.join(dest, name)
+        shutil.rmtree(target, ignore_errors=True)
+        for member in members:
+            path = os.path.join(dest, member[len("ansible_collections/"):])
+            if member.endswith("/"):
+                continue
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with archive.open(member) as src, open(path, "wb") as out:
+                shutil.copyfileobj(src, out)
+PY
+    rm -rf "$tmp"
+    rm -f "$COLLECTIONS_DIR"/.from-*
+    : >"$stamp"
 }
 
 requirements_hash() {
@@ -101,6 +150,7 @@ main() {
     want=$(requirements_hash)
     if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
         log "up to date ($VENV)"
+        install_test_collections
         return 0
     fi
     log "installing requirements-dev.txt into $VENV"
@@ -109,6 +159,7 @@ main() {
     "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --quiet -r "$ROOT/requirements-dev.txt"
     "$VENV/bin/python" -m pip check >/dev/null 2>&1 || { log "WARNING: pip check reports conflicts:"; "$VENV/bin/python" -m pip check || true; }
     printf '%s\n' "$want" >"$STAMP"
+    install_test_collections
     log "installed in $((SECONDS - start)) s: $("$VENV/bin/ansible" --version | sed -n 1p)"
 }
 
