@@ -38,6 +38,22 @@ class DocError(Exception):
     """A source's documentation is missing or malformed."""
 
 
+class EventSourceFormatter(rst.AntsibullRSTFormatter):
+    """antsibull-docs' RST, but O() of an event source's option is a plain reference to the label this script
+    writes for it (sphinx_antsibull_ext's option role knows no event sources), so that Sphinx still fails on a
+    reference to an option that does not exist."""
+
+    def format_option_name(self, part: dom.OptionNamePart, url: str | None) -> str:
+        if part.plugin is None or part.plugin.type != PLUGIN_TYPE:
+            return super().format_option_name(part, url)
+        text = part.name if part.value is None else f"{part.name}={part.value}"
+        label = get_option_ref(part.plugin.fqcn, part.plugin.type, None, part.link)
+        return f"\\ :ref:`{rst.rst_escape(text)} <{label}>`\\ "
+
+
+FORMATTER = EventSourceFormatter()
+
+
 def doc_strings(path: Path) -> dict[str, str]:
     """The module-level string constants DOCUMENTATION and EXAMPLES of a Python file, without importing it."""
     found: dict[str, str] = {}
@@ -70,7 +86,7 @@ def markup(texts: list[str], plugin: dom.PluginIdentifier, where: str) -> str:
         paragraphs = parser.parse(texts, parser.Context(current_plugin=plugin), errors="exception", strict=True)
     except ValueError as error:
         raise DocError(f"{where}: {error}") from error
-    return rst.to_rst(paragraphs, current_plugin=plugin)
+    return rst.to_rst(paragraphs, formatter=FORMATTER, current_plugin=plugin)
 
 
 def literal(value: Any) -> str:
