@@ -1,4 +1,4 @@
-"""The release's version and changelog: one version, in galaxy.yml, and a CHANGELOG.md that follows the fragments.
+"""The release's version and changelog: one version, in galaxy.yml; a CHANGELOG.md that follows the fragments.
 
 Run it through scripts/release.sh (which puts the dev venv first on PATH); docs/release.md is the procedure.
 
@@ -48,7 +48,8 @@ VERSION_PLACES = (
      re.compile(r'http_agent="devin\.outposts/(?P<version>[^"]+)"')),
     # the README's install commands name the files make build writes
     (Path("README.md"),
-     re.compile(r"dist/devin[-_]outposts(?:[-_]sim)?-(?P<version>[0-9][^-/\s]*?)(?:\.tar\.gz|-py3-none-any\.whl)")),
+     re.compile(r"dist/devin[-_]outposts(?:[-_]sim)?-(?P<version>[0-9][^-/\s]*?)"
+                r"(?:\.tar\.gz|-py3-none-any\.whl)")),
 )
 CHANGELOG = Path("CHANGELOG.md")
 CHANGES = Path("changelogs/changelog.yaml")
@@ -56,7 +57,7 @@ FRAGMENTS = Path("changelogs/fragments")
 # antsibull-changelog release wants a date; CHANGELOG.md does not show it, changelog.yaml (untouched) would.
 PREVIEW_DATE = "1980-01-01"
 # Only what antsibull-changelog reads (galaxy.yml, changelogs/, and the plugins and roles it lists as new).
-COPIED = (Path("galaxy.yml"), Path("changelogs"), Path("plugins"), Path("roles"), Path("playbooks"), Path("meta"))
+COPIED = tuple(map(Path, ("galaxy.yml", "changelogs", "plugins", "roles", "playbooks", "meta")))
 
 
 class ReleaseError(Exception):
@@ -78,7 +79,7 @@ def version_mismatches(root: Path) -> list[str]:
         text = (root / path).read_text(encoding="utf-8")
         matches = list(pattern.finditer(text))
         if not matches:
-            problems.append(f"{path}: no version found (pattern {pattern.pattern!r}); update scripts/release.py")
+            problems.append(f"{path}: no version found (pattern {pattern.pattern!r}); fix scripts/release.py")
         for match in matches:
             if match["version"] != expected:
                 line = text.count("\n", 0, match.start()) + 1
@@ -118,8 +119,8 @@ def fragments(root: Path) -> list[Path]:
 
 def tracked_files(root: Path) -> list[Path]:
     """The files git would commit (tracked, and new ones not ignored), under the COPIED folders."""
-    listing = subprocess.run(
-        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+    listing = subprocess.run(  # noqa: S603
+        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",  # noqa: S607
          *map(str, COPIED)],
         check=True, capture_output=True, text=True,
     ).stdout
@@ -140,12 +141,13 @@ def render_changelog(root: Path) -> str:
         for name in tracked_files(root):
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / name, copy / name)
-        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=scratch, ANSIBLE_HOME=str(Path(scratch, "ansible-home")))
+        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=scratch, ANSIBLE_HOME=str(Path(scratch, "home")))
         if released or not fragments(root):
             command = ["antsibull-changelog", "generate"]
         else:
             command = ["antsibull-changelog", "release", "--version", version, "--date", PREVIEW_DATE]
-        result = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, check=False)
+        result = subprocess.run(  # noqa: S603
+            command, cwd=copy, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise ReleaseError(f"{' '.join(command)} failed (exit {result.returncode}):\n"
                                f"{result.stdout}{result.stderr}")
@@ -161,7 +163,7 @@ def main(argv: list[str]) -> int:
             for problem in problems:
                 print(f"ERROR: {problem}", file=sys.stderr)
             if problems:
-                print("ERROR: set the version with scripts/release.sh bump X.Y.Z (docs/release.md)", file=sys.stderr)
+                print("ERROR: set it with scripts/release.sh bump X.Y.Z (docs/release.md)", file=sys.stderr)
                 return 1
             print(f"versions: every place says {galaxy_version(root)}")
         elif command == "bump" and len(args) == 1:
@@ -180,7 +182,7 @@ def main(argv: list[str]) -> int:
                 sys.stderr.writelines(difflib.unified_diff(
                     old.splitlines(keepends=True), new.splitlines(keepends=True),
                     f"{CHANGELOG} (committed)", f"{CHANGELOG} (from the fragments)"))
-                print(f"\nERROR: {CHANGELOG} is out of date with changelogs/: run scripts/release.sh changelog",
+                print(f"\nERROR: {CHANGELOG} is out of date: run scripts/release.sh changelog",
                       file=sys.stderr)
                 return 1
             print(f"changelog: {CHANGELOG} matches the fragments")

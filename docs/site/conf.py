@@ -14,7 +14,7 @@ from typing import Any
 from docutils import nodes
 
 project = "devin.outposts"
-copyright = "devin.outposts contributors"  # noqa: A001  # pylint: disable=redefined-builtin
+copyright = "devin.outposts contributors"  # pylint: disable=redefined-builtin
 title = "devin.outposts"
 html_short_title = "devin.outposts"
 

@@ -28,7 +28,9 @@ from antsibull_docs_parser import dom, parser, rst
 COLLECTION = "devin.outposts"
 PLUGIN_TYPE = "event_source"
 SOURCES_DIR = Path("extensions/eda/plugins/event_source")
-OPTION_KEYS = {"description", "type", "required", "default", "choices", "elements", "suboptions", "version_added"}
+OPTION_KEYS = {
+    "description", "type", "required", "default", "choices", "elements", "suboptions", "version_added",
+}
 DOC_KEYS = {"short_description", "description", "options", "notes", "author", "version_added", "requirements",
             "seealso", "name"}
 REQUIRED_DOC_KEYS = ("short_description", "description")
@@ -83,14 +85,15 @@ def as_list(value: Any) -> list[str]:
 def markup(texts: list[str], plugin: dom.PluginIdentifier, where: str) -> str:
     """Ansible markup as RST; a markup error is a DocError naming where it is."""
     try:
-        paragraphs = parser.parse(texts, parser.Context(current_plugin=plugin), errors="exception", strict=True)
+        context = parser.Context(current_plugin=plugin)
+        paragraphs = parser.parse(texts, context, errors="exception", strict=True)
     except ValueError as error:
         raise DocError(f"{where}: {error}") from error
     return rst.to_rst(paragraphs, formatter=FORMATTER, current_plugin=plugin)
 
 
 def literal(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+    text = str(yaml.safe_dump(value, default_flow_style=True, width=1000)).strip()
     text = text.removesuffix("...").strip()
     return "``" + text.replace("`", "\\`") + "``"
 
@@ -150,7 +153,8 @@ def render(path: Path) -> tuple[str, str]:
     for key in REQUIRED_DOC_KEYS:
         if not as_list(doc.get(key)):
             raise DocError(f"DOCUMENTATION has no {key}")
-    title = f"{plugin.fqcn} event source -- {markup(as_list(doc['short_description']), plugin, 'short_description')}"
+    summary = markup(as_list(doc["short_description"]), plugin, "short_description")
+    title = f"{plugin.fqcn} event source -- {summary}"
     lines = [f".. _{get_plugin_ref(plugin.fqcn, plugin.type)}:", "", *heading(title, "=")]
     lines += [
         f"This event source is part of the {COLLECTION} collection. Use it in a rulebook's ``sources`` as "
@@ -163,9 +167,11 @@ def render(path: Path) -> tuple[str, str]:
     lines += [markup(as_list(doc["description"]), plugin, "description"), ""]
     if doc.get("requirements"):
         lines += heading("Requirements", "-")
-        lines += [f"- {markup([item], plugin, 'requirements')}" for item in as_list(doc["requirements"])] + [""]
+        lines += [f"- {markup([item], plugin, 'requirements')}" for item in as_list(doc["requirements"])]
+        lines.append("")
     lines += heading("Parameters", "-")
-    lines += option_lines(doc.get("options") or {}, plugin, [], "") or ["This source takes no parameters.", ""]
+    options = option_lines(doc.get("options") or {}, plugin, [], "")
+    lines += options or ["This source takes no parameters.", ""]
     if doc.get("notes"):
         lines += heading("Notes", "-")
         lines += [f"- {markup([note], plugin, 'notes')}" for note in as_list(doc["notes"])] + [""]

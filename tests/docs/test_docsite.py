@@ -22,7 +22,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path("docs/site")
 # What the docs tools read; python/, benchmarks/ and tests/ are not needed and are not copied.
-COPIED = ("galaxy.yml", "README.md", "meta", "plugins", "roles", "playbooks", "docs", "extensions", "changelogs")
+COPIED = (
+    "galaxy.yml", "README.md", "meta", "plugins", "roles", "playbooks", "docs", "extensions", "changelogs",
+)
 REPOSITORY_BLOB = "https://github.com/devin-outposts/devin.outposts/blob/main/"
 
 SAMPLE_SOURCE = '''"""A sample event source, planted by tests/docs/test_docsite.py."""
@@ -64,7 +66,8 @@ async def main(queue, args):
 def copy_tree(destination: Path) -> Path:
     """The files git would commit (tracked, and new ones not ignored) of the COPIED paths, at destination."""
     listing = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *COPIED],
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard",  # noqa: S607
+         "--", *COPIED],
         check=True, capture_output=True, text=True,
     ).stdout
     for name in filter(None, listing.split("\0")):
@@ -113,7 +116,8 @@ def test_unknown_option_reference_fails_the_build(tmp_path: Path) -> None:
     result = run([str(tree / SITE / "build.sh")], tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    assert "undefined label: 'ansible_collections.devin.outposts.outpost_module__parameter-no_such_option'" in output
+    label = "ansible_collections.devin.outposts.outpost_module__parameter-no_such_option"
+    assert f"undefined label: '{label}'" in output, output
 
 
 def test_event_source_gets_a_page(tmp_path: Path) -> None:
@@ -140,11 +144,12 @@ def test_event_source_gets_a_page(tmp_path: Path) -> None:
     [
         ('DOCUMENTATION = "short_description: x"\n', "no EXAMPLES string"),
         ('EXAMPLES = ""\n', "no DOCUMENTATION string"),
-        ('DOCUMENTATION = "short_description: x\\ndescription: See C(unclosed."\nEXAMPLES = ""\n', "Cannot find closing"),
-        ('DOCUMENTATION = "short_description: x\\ndescription: y\\noptions: {a: {type: str}}"\nEXAMPLES = ""\n',
-         "options/a has no description"),
-        ('DOCUMENTATION = "short_description: x\\ndescription: y\\noptions: {a: {description: z, kind: str}}"\n'
-         'EXAMPLES = ""\n', "options/a has unknown keys: kind"),
+        ('DOCUMENTATION = "short_description: x\\ndescription: See C(unclosed."\nEXAMPLES = ""\n',
+         "Cannot find closing"),
+        ('DOCUMENTATION = "short_description: x\\ndescription: y\\noptions: {a: {type: str}}"\n'
+         'EXAMPLES = ""\n', "options/a has no description"),
+        ('DOCUMENTATION = "short_description: x\\ndescription: y\\n'
+         'options: {a: {description: z, kind: str}}"\nEXAMPLES = ""\n', "options/a has unknown keys: kind"),
     ],
 )
 def test_event_source_doc_errors_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str,
@@ -180,7 +185,8 @@ def test_references_to_ansible_docs_resolve_offline() -> None:
         f"{base}/collections/ansible/builtin/slurp_module.html")
     assert conf.external_url("ansible_collections.kubernetes.core.k8s_module__parameter-state") == (
         f"{base}/collections/kubernetes/core/k8s_module.html#parameter-state")
-    assert conf.external_url("common_return_values") == f"{base}/reference_appendices/common_return_values.html"
+    assert conf.external_url("common_return_values") == (
+        f"{base}/reference_appendices/common_return_values.html")
     # our own labels and unknown ones stay unresolved, so that Sphinx warns about them
     assert conf.external_url("ansible_collections.devin.outposts.wroker_role") is None
     assert conf.external_url("no_such_label") is None
