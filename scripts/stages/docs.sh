@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The docs site, with no warnings: antsibull-docs' linter on the plugins' and roles' docs (markup, references,
 # schemas, docs/docsite/links.yml), then docs/site/build.sh (antsibull-docs and Sphinx, warnings are errors),
-# then tests/docs (a warning planted in a scratch copy fails each tool; an EDA event source gets its page).
+# then tests/docs (a warning planted in a scratch copy fails each tool; an EDA event source gets its page;
+# scripts/release.py fails on a planted version mismatch and on a CHANGELOG.md that misses a fragment).
 set -euo pipefail
 # shellcheck source=../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
