@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 import pytest
 import yaml
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 
@@ -67,8 +68,6 @@ def ansible_runner() -> str:
 
 def injected_env(api_url: str, token: str) -> dict[str, str]:
     """What AWX injects for a "Devin Outposts" credential: injectors.yml's env, rendered with the inputs."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     injectors = yaml.safe_load((TYPE_DIR / "injectors.yml").read_text())
     render = ImmutableSandboxedEnvironment().from_string
     inputs = {"api_url": api_url, "token": token}
