@@ -117,7 +117,7 @@ def _check_field(where: str, field: dict[str, Any]) -> list[str]:
     field_type = field.get("type", "string")
     if field_type not in FIELD_TYPES:
         return [*errors, f"{where}.type: {field_type!r} is not string or boolean"]
-    if "default" in field and type(field["default"]) is not FIELD_TYPES[field_type]:
+    if "default" in field and not isinstance(field["default"], FIELD_TYPES[field_type]):
         errors.append(f"{where}.default: {field['default']!r} is not a {field_type}")
     if field_type != "string":
         errors.extend(
