@@ -179,6 +179,20 @@ def test_the_surveys(job_templates: list[dict[str, Any]]) -> None:
         assert jt["name"].startswith("Devin Outposts: ")
 
 
+def test_the_token_scopes(job_templates: list[dict[str, Any]]) -> None:
+    # What creates or deletes outposts, or claims for machines, needs the orchestrator scope; the rest gets
+    # the machine-scoped credential when there is one, so that worker hosts never hold the orchestrator token.
+    scopes = {jt["playbook"]: jt["scope"] for jt in job_templates}
+    assert scopes == {
+        "playbooks/register_outpost.yml": "orchestrator",
+        "playbooks/outpost_status.yml": "machine",
+        "playbooks/deploy_workers.yml": "machine",
+        "playbooks/rolling_upgrade.yml": "machine",
+        "playbooks/decommission.yml": "orchestrator",
+        "playbooks/deploy_orchestrator.yml": "orchestrator",
+    }
+
+
 def test_the_survey_check_can_fail() -> None:
     assert check_question({"question_name": "x", "variable": "v", "type": "radio", "required": True})
     assert check_question(
