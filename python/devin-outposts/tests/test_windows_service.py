@@ -119,7 +119,7 @@ class FakeWorker:
 
     async def run(self) -> int:
         self.started.set()
-        while not self.finish.is_set():
+        while not self.finish.is_set():  # noqa: ASYNC110 - a threading.Event, set from the test's thread
             await asyncio.sleep(0.01)
         return self.code
 
@@ -196,7 +196,8 @@ def test_no_restart_codes_match_the_linux_unit() -> None:
 def test_env_file_parses_comments_quotes_bom_and_crlf(tmp_path: Path) -> None:
     path = tmp_path / "worker.env"
     path.write_bytes(
-        '\ufeff# managed\r\n\r\nDEVIN_OUTPOSTS_TOKEN="a\\\\b\\"c"\r\n  DEVIN_WORKER_CACHE_DIR = C:\\ProgramData\\x\\state\\cache \r\n'
+        '\ufeff# managed\r\n\r\nDEVIN_OUTPOSTS_TOKEN="a\\\\b\\"c"\r\n'
+        "  DEVIN_WORKER_CACHE_DIR = C:\\ProgramData\\x\\state\\cache \r\n"
         "HTTP_PROXY='http://proxy:3128'\r\nhttp_proxy=http://proxy:3128\r\nEMPTY=\r\nPCT=%SystemRoot%$HOME\r\n".encode()
     )
     env = read_env_file(path)
@@ -358,6 +359,7 @@ def test_shutdown_stops_at_once() -> None:
     assert worker.signals == [signal.SIGTERM, signal.SIGTERM]
     worker.finish.set()
     thread.join(10)
+    assert codes == [0]
 
 
 def test_interrogate_reports_the_state_as_it_is_and_unknown_controls_are_refused() -> None:
@@ -373,6 +375,7 @@ def test_interrogate_reports_the_state_as_it_is_and_unknown_controls_are_refused
     assert report.calls[-1][0] == ws.SERVICE_STOP_PENDING
     worker.finish.set()
     thread.join(10)
+    assert codes == [0]
 
 
 def test_a_stop_before_the_worker_runs_is_kept_and_delivered() -> None:
@@ -401,6 +404,7 @@ def test_a_drain_past_its_budget_is_made_to_stop_now() -> None:
     wait_for(lambda: worker.stopped_now, timeout=10, what="the escalation")
     worker.finish.set()
     thread.join(10)
+    assert codes == [0]
 
 
 # --- the pywin32 class ---------------------------------------------------------------------------------
