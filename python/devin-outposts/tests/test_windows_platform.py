@@ -168,7 +168,8 @@ def windows_accepts(name: str) -> bool:
     [
         "CON", "con", "Con.txt", "NUL", "nul.tar.gz", "COM1", "com9.log", "LPT1", "lpt0", "AUX", "PRN",
         "CONIN$", "CONOUT$", "devin-1.", "devin-1 ", "devin-1. .", "a:b", "C:", "C:\\Windows", "a<b>c", 'a"b',
-        "a|b", "a?b", "a*b", "a\tb", " leading", "..", "...", "COM¹", "\\\\?\\C:\\x", "x" * 300, "devin-1:stream",
+        "a|b", "a?b", "a*b", "a\tb", " leading", "..", "...", "COM¹", "\\\\?\\C:\\x", "x" * 300,
+        "devin-1:stream",
     ],
 )  # fmt: skip
 def test_session_ids_become_names_windows_accepts(hostile: str) -> None:
