@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from devin_outposts.worker import service_setup
 from devin_outposts.worker import windows_service as ws
 from devin_outposts.worker.envfile import EnvFileError, parse_env_text, read_env_file
 from devin_outposts.worker.options import ConfigError, WorkerConfig
@@ -249,7 +250,7 @@ def test_worker_config_from_the_env_file_like_worker_start(tmp_path: Path) -> No
         "DEVIN_WORKER_MAX_SESSIONS": "2",
         "DEVIN_WORKER_LOG_FORMAT": "json",
     }
-    built = ws.worker_config(env, tmp_path, ["--stop-grace-secs", "4"])
+    built = service_setup.worker_config(env, tmp_path, ["--stop-grace-secs", "4"])
     assert (built.outpost, built.token, built.api_url) == ("win-outpost", SECRET, "https://api.example.test")
     assert (built.drain_timeout, built.max_sessions, built.stop_grace, built.log_format) == (
         45.0,
@@ -266,32 +267,34 @@ def test_worker_config_from_the_env_file_like_worker_start(tmp_path: Path) -> No
 
 def test_worker_config_refuses_a_token_argument_and_bad_values_without_the_secret(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--token is not accepted"):
-        ws.worker_config({"DEVIN_OUTPOSTS_TOKEN": SECRET}, tmp_path, ["--token", SECRET])
+        service_setup.worker_config({"DEVIN_OUTPOSTS_TOKEN": SECRET}, tmp_path, ["--token", SECRET])
     with pytest.raises(ConfigError, match="--drain-timeout") as caught:
-        ws.worker_config({"DEVIN_OUTPOSTS_TOKEN": SECRET, "DEVIN_WORKER_DRAIN_TIMEOUT": "soon"}, tmp_path)
+        service_setup.worker_config(
+            {"DEVIN_OUTPOSTS_TOKEN": SECRET, "DEVIN_WORKER_DRAIN_TIMEOUT": "soon"}, tmp_path
+        )
     assert SECRET not in str(caught.value)
     with pytest.raises(ConfigError, match="no API token"):
-        ws.worker_config({}, tmp_path)
+        service_setup.worker_config({}, tmp_path)
     with pytest.raises(ConfigError, match="unrecognized"):
-        ws.worker_config({"DEVIN_OUTPOSTS_TOKEN": SECRET}, tmp_path, ["--no-such-flag"])
+        service_setup.worker_config({"DEVIN_OUTPOSTS_TOKEN": SECRET}, tmp_path, ["--no-such-flag"])
 
 
 def test_host_arguments() -> None:
-    host = ws.parse_host_args(
+    host = service_setup.parse_host_args(
         ["--instance", "gpu-1", "--env-file", "C:/x/worker.env", "--", "--max-sessions", "2"]
     )
     assert (host.instance, host.debug, host.worker_args) == ("gpu-1", False, ["--max-sessions", "2"])
     for bad in ("../x", "a b", "", "-x"):
         with pytest.raises(ConfigError):
-            ws.parse_host_args(["--instance", bad, "--env-file", "w.env"])
+            service_setup.parse_host_args(["--instance", bad, "--env-file", "w.env"])
     with pytest.raises(ConfigError):
-        ws.parse_host_args(["--instance", "a"])
+        service_setup.parse_host_args(["--instance", "a"])
 
 
 def test_a_bad_env_file_stops_the_service_cleanly_with_exit_2_and_logs_no_value(tmp_path: Path) -> None:
     env_file = tmp_path / "worker.env"
     env_file.write_text(f"DEVIN_OUTPOSTS_TOKEN={SECRET}\n{SECRET}\n")
-    prepared = ws.prepare(ws.HostArgs("one", env_file, False, []), environ={})
+    prepared = service_setup.prepare(service_setup.HostArgs("one", env_file, False, []), environ={})
     try:
         assert prepared.config is None and prepared.startup_error is not None
         scm = FakeScm()
@@ -527,9 +530,11 @@ def test_a_service_stop_drains_the_real_worker_and_releases_its_session(
         f"DEVIN_OUTPOSTS_TOKEN={token}\nDEVIN_OUTPOSTS_WORKER_OUTPOST={outpost.name}\nDEVIN_API_URL={sim.url}\n"
         f"DEVIN_WORKER_STATIC_BASE_URL={dist.url}\nDEVIN_WORKER_DRAIN_TIMEOUT=1\n"
     )
-    host = ws.HostArgs("one", env_file, False, ["--poll-interval-secs", "0.3", "--stop-grace-secs", "2"])
+    host = service_setup.HostArgs(
+        "one", env_file, False, ["--poll-interval-secs", "0.3", "--stop-grace-secs", "2"]
+    )
     environ: dict[str, str] = {}
-    prepared = ws.prepare(host, environ=environ)
+    prepared = service_setup.prepare(host, environ=environ)
     scm, exits, events = FakeScm(), [], Events()
     try:
         assert prepared.config is not None, prepared.startup_error
