@@ -314,7 +314,8 @@ def test_a_bad_env_file_stops_the_service_cleanly_with_exit_2_and_logs_no_value(
     assert ("error", events.messages[-1][1]) == events.messages[-1] and "code 2" in events.messages[-1][1]
     log_text = prepared.log_path.read_text()
     assert "worker.env line 2: expected NAME=VALUE" in log_text
-    assert SECRET not in log_text
+    assert "worker.env line 2: expected NAME=VALUE" in events.messages[-1][1]
+    assert SECRET not in log_text and SECRET not in repr(events.messages)
 
 
 # --- controls: the pure part ----------------------------------------------------------------------------
@@ -565,3 +566,18 @@ def test_a_service_stop_drains_the_real_worker_and_releases_its_session(
     assert "service control STOP" in log_text and "no new claims" in log_text
     assert (instance / "state" / "acceptor_id").is_file()
     assert token not in log_text
+
+
+def test_debug_mode_runs_in_the_console_and_reports_a_bad_env_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env_file = tmp_path / "worker.env"
+    env_file.write_text(f"DEVIN_OUTPOSTS_TOKEN={SECRET}\nDEVIN_WORKER_MAX_SESSIONS=many\n")
+    try:
+        assert ws.main(["--instance", "x", "--env-file", str(env_file), "--debug"]) == 2
+    finally:
+        logging.shutdown()
+        logging.getLogger().handlers.clear()
+    console = capsys.readouterr().err
+    assert "--max-sessions must be an integer" in console
+    assert SECRET not in console

@@ -192,6 +192,8 @@ class WorkerService:
         self._stop_started = 0.0
         self._done = False
         self.stop_requested = False
+        #: Why the worker ended, when it failed: for the event log.
+        self.last_error: Optional[str] = None
 
     # --- the service thread ------------------------------------------------------------------------
 
@@ -199,14 +201,17 @@ class WorkerService:
         """Run the worker until it ends; its exit code."""
         try:
             if self.startup_error is not None or self.config is None:
-                log.error("cannot start the worker: %s", self.startup_error)
+                self.last_error = f"cannot start the worker: {self.startup_error}"
+                log.error("%s", self.last_error)
                 return EXIT_USAGE
             try:
                 return asyncio.run(self._main(self.config))
-            except WorkerExit as exc:
+            except WorkerExit as exc:  # one line, never a token (the worker's rule for these)
+                self.last_error = str(exc)
                 log.error("%s", exc)
                 return exc.code
-            except Exception:
+            except Exception as exc:
+                self.last_error = f"the worker failed: {type(exc).__name__}"
                 log.exception("the worker failed")
                 return EXIT_ERROR
         finally:
@@ -325,18 +330,24 @@ class ServicemanagerEventLog:
 
 
 def finish(
-    outcome: ServiceExit, report: StatusSink, events: EventLog, exit_process: Callable[[int], Any]
+    outcome: ServiceExit,
+    report: StatusSink,
+    events: EventLog,
+    exit_process: Callable[[int], Any],
+    detail: Optional[str] = None,
 ) -> None:
     """End the service with ``outcome``: log it, and for a failure report it and end the process.
 
     pywin32 reports ``SERVICE_STOPPED`` with exit code 0 when ``SvcRun`` returns, which the SCM's recovery
     leaves alone: right for a clean stop. A failure is reported here (``ERROR_SERVICE_SPECIFIC_ERROR`` and
     the worker's code), and the process ends at once, so that pywin32 cannot overwrite it: after
-    ``SERVICE_STOPPED`` the SCM allows the process to end at any time.
+    ``SERVICE_STOPPED`` the SCM allows the process to end at any time. ``detail`` (the worker's one-line
+    error) goes to the event log with the reason; the log file has it already.
     """
+    message = f"{outcome.reason}: {detail}" if detail else outcome.reason
     if outcome.failed:
         log.error("%s", outcome.reason)
-        events.error(outcome.reason)
+        events.error(message)
         report(
             SERVICE_STOPPED,
             win32_exit_code=outcome.win32_exit_code,
@@ -350,7 +361,7 @@ def finish(
         events.info(outcome.reason)
     else:
         log.error("%s", outcome.reason)
-        events.error(outcome.reason)
+        events.error(message)
     report(SERVICE_STOP_PENDING, wait_hint_ms=STOP_WAIT_HINT_MS)  # pywin32 reports STOPPED (0) next
 
 
@@ -399,7 +410,7 @@ def service_class(
         events.info(f"{SERVICE_PREFIX}{instance}: the worker is starting (pid {os.getpid()})")
         code = self.core.run()
         outcome = service_exit_for(code, stop_requested=self.core.stop_requested)
-        finish(outcome, self.report_status, events, exit_process)
+        finish(outcome, self.report_status, events, exit_process, self.core.last_error)
 
     namespace: dict[str, Any] = {
         "_svc_name_": SERVICE_PREFIX + instance,
