@@ -1,14 +1,13 @@
-r"""A strict reader for the Windows service's ``worker.env`` (``KEY=VALUE`` lines, as the role writes them).
+"""A strict reader for the Windows service's ``worker.env`` (``KEY=VALUE`` lines, as the role writes them).
 
 The file holds the API token, so an error names the file and the line, never a value or the text of the
-line (a line without ``=`` might be a pasted token). The format is the one systemd's ``EnvironmentFile=``
-reads from the Linux role, reduced to what the role writes:
+line (a line without ``=`` might be a pasted token). The format is the one the role's
+``worker_windows_env_lines`` filter writes:
 
 * blank lines and lines whose first non-blank character is ``#`` are skipped;
-* ``NAME=VALUE``, where ``NAME`` is ``[A-Za-z_][A-Za-z0-9_]*`` (spaces around it are allowed);
-* ``VALUE`` is taken literally, without surrounding blanks, unless it is quoted: ``"..."`` knows the
-  two escapes ``\\`` and ``\"`` (what the role's quoting macro writes) and refuses any other, ``'...'``
-  is literal. Nothing is expanded: no ``%VAR%``, no ``$VAR``, no command;
+* ``NAME=VALUE``, where ``NAME`` is ``[A-Za-z_][A-Za-z0-9_]*`` (blanks around it are allowed);
+* ``VALUE`` is everything after the first ``=`` up to the end of the line, verbatim: no quotes, no escapes
+  (Windows paths keep their backslashes), nothing expanded (no ``%VAR%``, no ``$VAR``, no command);
 * Windows compares variable names without regard to case, so a name given twice in different cases
   (``HTTP_PROXY`` and ``http_proxy``, which the role writes for curl's sake) must have the same value;
   any other repetition is an error;
@@ -28,57 +27,29 @@ class EnvFileError(ValueError):
     """The env file cannot be read or parsed; the message never holds a value from it."""
 
 
-def _unquote(value: str, where: str) -> str:
-    if len(value) < 2 or value[-1] != value[0]:
-        raise EnvFileError(f"{where}: the value opens a quote it does not close")
-    body = value[1:-1]
-    if value[0] == "'":
-        if "'" in body:
-            raise EnvFileError(f"{where}: a single-quoted value cannot contain a single quote")
-        return body
-    out: list[str] = []
-    index = 0
-    while index < len(body):
-        char = body[index]
-        if char == "\\":
-            following = body[index + 1 : index + 2]
-            if following not in ("\\", '"'):
-                raise EnvFileError(
-                    f"{where}: inside double quotes a backslash must be doubled (\\\\) or escape a quote "
-                    '(\\"); '
-                    "write Windows paths unquoted or with doubled backslashes"
-                )
-            out.append(following)
-            index += 2
-            continue
-        if char == '"':
-            raise EnvFileError(f'{where}: a double quote inside a double-quoted value must be escaped (\\")')
-        out.append(char)
-        index += 1
-    return "".join(out)
-
-
 def parse_env_text(text: str, source: str) -> dict[str, str]:
     """The variables of an env file's text; ``source`` names the file in errors."""
     env: dict[str, str] = {}
     first_line: dict[str, tuple[str, int]] = {}  # upper-case name -> (name, line)
     if text.startswith("\ufeff"):
         text = text[1:]
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at LF alone (CR LF too): str.splitlines would also split at characters such as U+2028,
+    # which the role does not take out of values, and a value must never become two lines.
+    for number, text_line in enumerate(text.split("\n"), start=1):
+        line = text_line.removesuffix("\r")
         where = f"{source} line {number}"
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
         if "\x00" in line:
             raise EnvFileError(f"{where}: the line holds a NUL character")
-        name, sep, raw = stripped.partition("=")
+        name, sep, raw = line.lstrip().partition("=")
         if not sep:
             raise EnvFileError(f"{where}: expected NAME=VALUE (the line has no '=')")
         name = name.strip()
         if not NAME.fullmatch(name):
             raise EnvFileError(f"{where}: the text before '=' is not a variable name")
-        raw = raw.strip()
-        value = _unquote(raw, where) if raw[:1] in ("'", '"') else raw
+        value = raw
         upper = name.upper()
         if upper in first_line:
             earlier, earlier_line = first_line[upper]
