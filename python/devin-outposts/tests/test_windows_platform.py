@@ -354,6 +354,16 @@ def test_windows_process_group_and_stop() -> None:
     assert host.kill_orphan_group(42) is False  # no start time to tell a reused pid: leave it alone
 
 
+def test_a_ctrl_break_that_cannot_be_sent_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    class NoConsole:
+        def send_signal(self, value: int) -> None:
+            raise OSError(6, "The handle is invalid")  # what a console-less service would get
+
+    with caplog.at_level("WARNING", logger="devin_outposts.worker.platform"):
+        windows().signal_group(NoConsole(), 42, kill=False)
+    assert "could not send Ctrl-Break to devin-remote pid 42" in caplog.text
+
+
 # --- the lock ------------------------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ntpath
 import os
 import platform as stdlib_platform
@@ -38,6 +39,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, Callable, Optional
 from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
 
 #: What a session inherits from the worker's environment on every OS (docs/fleet-api.md §6.2).
 PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "TZ")
@@ -440,11 +443,24 @@ class Windows(HostPlatform):
         return {"creationflags": 0x00000200}  # CREATE_NEW_PROCESS_GROUP: Ctrl-Break reaches only it
 
     def signal_group(self, proc: Any, pid: int, *, kill: bool) -> None:
-        with contextlib.suppress(ProcessLookupError, OSError):
-            if kill:
+        if kill:
+            with contextlib.suppress(ProcessLookupError, OSError):
                 proc.kill()  # TerminateProcess
-            else:
-                proc.send_signal(getattr(signal, "CTRL_BREAK_EVENT", signal.SIGTERM))
+            return
+        try:
+            proc.send_signal(getattr(signal, "CTRL_BREAK_EVENT", signal.SIGTERM))
+        except ProcessLookupError:
+            pass
+        except OSError as exc:
+            # GenerateConsoleCtrlEvent needs a console shared with the remote, which a service does not have
+            # (docs/windows-worker.md, "What has never run"): the remote is then killed after the grace.
+            log.warning(
+                "could not send Ctrl-Break to devin-remote pid %d (%s); it will be terminated after the stop "
+                "grace period",
+                pid,
+                exc,
+                extra={"pid": pid},
+            )
 
     def kill_orphan_group(self, pgid: int) -> bool:
         return False  # no start time to check a pid against: leave it rather than hit the wrong process
