@@ -144,6 +144,61 @@ def test_the_registry_reader_is_empty_off_windows() -> None:
     assert platform._read_machine_env() == {}
 
 
+def fake_winreg(values: list[tuple[str, object, int]], *, readable: bool = True) -> types.ModuleType:
+    """``winreg`` as far as the reader uses it: one key, its values in order, %VAR% expansion."""
+    module = types.ModuleType("winreg")
+    module.HKEY_LOCAL_MACHINE = 0x80000002  # type: ignore[attr-defined]
+    module.REG_SZ, module.REG_EXPAND_SZ, module.REG_DWORD = 1, 2, 4  # type: ignore[attr-defined]
+    opened: list[tuple[int, str]] = []
+
+    class Key:
+        def __enter__(self) -> Key:
+            return self
+
+        def __exit__(self, *args: object) -> None:
+            return None
+
+    def open_key(root: int, path: str) -> Key:
+        opened.append((root, path))
+        if not readable:
+            raise PermissionError(5, "Access is denied")
+        return Key()
+
+    def enum_value(key: Key, index: int) -> tuple[str, object, int]:
+        if index >= len(values):
+            raise OSError(259, "No more data is available")
+        return values[index]
+
+    def expand(text: str) -> str:
+        return text.replace("%SystemRoot%", SYSTEM_ROOT)
+
+    module.OpenKey = open_key  # type: ignore[attr-defined]
+    module.EnumValue = enum_value  # type: ignore[attr-defined]
+    module.ExpandEnvironmentStrings = expand  # type: ignore[attr-defined]
+    module.opened = opened  # type: ignore[attr-defined]
+    return module
+
+
+def test_the_registry_reader_expands_reg_expand_sz_and_skips_other_types() -> None:
+    registry = fake_winreg(
+        [
+            ("Path", "%SystemRoot%\\system32;%SystemRoot%", 2),
+            ("ComSpec", "%SystemRoot%\\system32\\cmd.exe", 2),
+            ("JAVA_HOME", "C:\\Java\\%NOT_EXPANDED%", 1),
+            ("NUMBER_OF_PROCESSORS", 8, 4),
+        ]
+    )
+    env = platform._read_machine_env(registry)
+    assert env == {
+        "Path": "C:\\Windows\\system32;C:\\Windows",
+        "ComSpec": "C:\\Windows\\system32\\cmd.exe",
+        "JAVA_HOME": "C:\\Java\\%NOT_EXPANDED%",  # REG_SZ is taken as it is
+    }
+    assert registry.opened == [(0x80000002, platform.WINDOWS_ENVIRONMENT_KEY)]  # type: ignore[attr-defined]
+    assert platform.WINDOWS_ENVIRONMENT_KEY.endswith("\\Control\\Session Manager\\Environment")
+    assert platform._read_machine_env(fake_winreg([], readable=False)) == {}
+
+
 # --- session ids as Windows file names -----------------------------------------------------------------
 
 _WINDOWS_FORBIDDEN = re.compile(r'[<>:"/\\|?*\x00-\x1f]')

@@ -209,27 +209,33 @@ def _import_msvcrt() -> ModuleType:
     raise OSError("msvcrt locks exist only on Windows")
 
 
-def _read_machine_env() -> dict[str, str]:
-    """The registry's system environment, expanded as Windows expands it for a new process; {} elsewhere."""
-    env: dict[str, str] = {}
-    if sys.platform == "win32":
+def _read_machine_env(registry: Optional[ModuleType] = None) -> dict[str, str]:
+    """The registry's system environment, ``REG_EXPAND_SZ`` values expanded as Windows expands them for a
+    new process; {} off Windows or when the key cannot be read. ``registry`` stands in for ``winreg``."""
+    if registry is None and sys.platform == "win32":
         import winreg
 
-        try:
-            with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, WINDOWS_ENVIRONMENT_KEY) as key:
-                index = 0
-                while True:
-                    try:
-                        name, value, kind = winreg.EnumValue(key, index)
-                    except OSError:  # no more values
-                        break
-                    index += 1
-                    if kind == winreg.REG_EXPAND_SZ and isinstance(value, str):
-                        env[name] = winreg.ExpandEnvironmentStrings(value)
-                    elif kind == winreg.REG_SZ and isinstance(value, str):
-                        env[name] = value
-        except OSError:
-            env.clear()  # unreadable: the per-process variables alone
+        registry = winreg
+    if registry is None:
+        return {}
+    env: dict[str, str] = {}
+    try:
+        with registry.OpenKey(registry.HKEY_LOCAL_MACHINE, WINDOWS_ENVIRONMENT_KEY) as key:
+            index = 0
+            while True:
+                try:
+                    name, value, kind = registry.EnumValue(key, index)
+                except OSError:  # no more values
+                    break
+                index += 1
+                if not isinstance(value, str):
+                    continue
+                if kind == registry.REG_EXPAND_SZ:
+                    env[name] = registry.ExpandEnvironmentStrings(value)
+                elif kind == registry.REG_SZ:
+                    env[name] = value
+    except OSError:
+        return {}  # unreadable: the per-process variables alone
     return env
 
 
