@@ -582,3 +582,25 @@ def test_debug_mode_runs_in_the_console_and_reports_a_bad_env_file(
     console = capsys.readouterr().err
     assert "--max-sessions must be an integer" in console
     assert SECRET not in console
+
+
+def test_a_log_directory_that_cannot_be_made_stops_the_service_cleanly_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    env_file = tmp_path / "worker.env"
+    env_file.write_text(f"DEVIN_OUTPOSTS_TOKEN={SECRET}\nDEVIN_OUTPOSTS_WORKER_OUTPOST=x\n")
+    (tmp_path / "logs").write_text("a file where the directory should be")
+    try:
+        prepared = service_setup.prepare(service_setup.HostArgs("x", env_file, False, []), environ={})
+    finally:
+        logging.getLogger().handlers.clear()
+    assert prepared.config is None
+    assert prepared.startup_error is not None and "Could not open the log" in prepared.startup_error
+    scm, events, exits = FakeScm(), Events(), []
+    klass = ws.service_class(
+        fake_framework(scm), "x",
+        lambda report: ws.WorkerService(prepared.config, report, startup_error=prepared.startup_error),
+        events, exits.append,
+    )  # fmt: skip
+    klass(["devin-outposts-worker-x"]).SvcRun()
+    assert exits == [] and "Could not open the log" in events.messages[-1][1]

@@ -153,5 +153,13 @@ def prepare(host: HostArgs, environ: Optional[Any] = None) -> Prepared:
         # puts the env file there; sessions never see them (platform.windows_session_env).
         (os.environ if environ is None else environ).update(file_env)
     fmt, level = (config.log_format, config.log_level) if config is not None else ("text", "info")
-    log_path = setup_service_logging(instance_dir / "logs", fmt, level, console=host.debug)
+    try:
+        log_path = setup_service_logging(instance_dir / "logs", fmt, level, console=host.debug)
+    except OSError as exc:
+        # Without its log the service would still have to tell the SCM (and the event log) why it stops,
+        # rather than die before it connects (error 1053, no reason anywhere).
+        log_path = instance_dir / "logs" / LOG_FILE
+        error = error or f"Could not open the log {log_path}: {exc.strerror or exc}"
+        config = None
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     return Prepared(config, error, log_path)
