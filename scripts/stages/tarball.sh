@@ -31,6 +31,8 @@ REQUIRE=(
     '^MANIFEST\.json$' '^FILES\.json$' '^LICENSE$' '^README\.md$' '^meta/runtime\.yml$'
     '^roles/worker/files/wheels/devin_outposts-[^/]+-py3-none-any\.whl$' '^roles/worker/tasks/main\.yml$'
     '^roles/cli/tasks/main\.yml$' '^plugins/module_utils/_fleet_api\.py$' '^tests/sanity/ignore-2\.[0-9]+\.txt$'
+    # the AWX credential type (docs/awx.md); docs/examples/awx/configure.yml reads it from here
+    '^credential_types/devin_outposts/input\.yml$' '^credential_types/devin_outposts/injectors\.yml$'
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/devin-outposts-tarball.XXXXXX")
