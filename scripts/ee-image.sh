@@ -4,6 +4,7 @@
 #
 #   sudo scripts/ee-image.sh              # builds localhost/devin-outposts-ee:<version>, then checks it
 #   KEEP=1 sudo scripts/ee-image.sh       # keep the scratch folder (the build context) and print its path
+#   NO_CACHE=1 sudo scripts/ee-image.sh   # build every layer again (podman build --no-cache): the cold time
 #
 # What it does:
 #   1. the base image: the Debian 12 test-host root filesystem (scripts/test-hosts/build-images.sh)
@@ -67,7 +68,7 @@ python -m pip download --quiet --only-binary=:all: --dest "$work/wheels" \
 say "ee-image: ansible-builder build (offline) of $IMAGE"
 build_start=$SECONDS
 (cd "$work" && ansible-builder build --tag "$IMAGE" --container-runtime podman --context context \
-    --extra-build-cli-args '--network none --pull=never' -v 2)
+    --extra-build-cli-args "--network none --pull=never${NO_CACHE:+ --no-cache}" -v 2)
 say "ee-image: built $IMAGE in $((SECONDS - build_start)) s"
 
 # 5. Checks inside the image (as its default user, with no network).
@@ -76,16 +77,19 @@ listing=$(run ansible-galaxy collection list devin.outposts)
 grep -Eq "^devin\.outposts +$version\b" <<<"$listing" || die "ee-image: devin.outposts $version not installed: $listing"
 run sh -c 'ls /usr/share/ansible/collections/ansible_collections/devin/outposts/roles/worker/files/wheels/' \
     | grep -q '^devin_outposts-.*\.whl$' || die "ee-image: the worker's wheel is not in the installed collection"
-run ansible-doc devin.outposts.outpost | grep -q 'Create or delete a Devin outpost' \
+run ansible-doc devin.outposts.outpost | grep -q 'Creates or deletes an outpost' \
     || die "ee-image: ansible-doc devin.outposts.outpost did not show the module"
 # 127.0.0.1:9 (discard): nothing listens in the container, so the module must fail on the connection.
-out=$(run ansible localhost -m devin.outposts.outpost_info \
-    -a 'api_url=http://127.0.0.1:9 token=not-a-token timeout=5' 2>&1 || true)
+# The token comes from the environment, as in AWX: ansible-core 2.19 echoes a failed ad-hoc task's -a string.
+out=$(podman run --rm --network none -e DEVIN_OUTPOSTS_TOKEN=not-a-token "$IMAGE" \
+    ansible localhost -m devin.outposts.outpost_info -a 'api_url=http://127.0.0.1:9 timeout=5' 2>&1 || true)
 if ! grep -q 'FAILED' <<<"$out" || ! grep -q 'Could not' <<<"$out"; then
     die "ee-image: outpost_info did not fail as expected on a closed port: $out"
 fi
 if grep -q 'not-a-token' <<<"$out"; then die "ee-image: the module printed its token: $out"; fi
 run ansible-runner --version >/dev/null
+run ansible --version | head -n 1
+printf '%s\n' "$listing" | grep -E '^(# |devin\.)'
 say "ee-image: checked $IMAGE: collection $version with the worker's wheel, ansible-doc, a module run,"
 say "ee-image: ansible-runner present ($((SECONDS - start)) s in all)"
 if [[ -n "${KEEP:-}" ]]; then say "ee-image: build context kept in $work/context"; fi
