@@ -88,8 +88,12 @@ if ! grep -q 'FAILED' <<<"$out" || ! grep -q 'Could not' <<<"$out"; then
 fi
 if grep -q 'not-a-token' <<<"$out"; then die "ee-image: the module printed its token: $out"; fi
 run ansible-runner --version >/dev/null
+run ssh -V 2>&1 | grep -q '^OpenSSH' || die "ee-image: no OpenSSH client in the image (meta/ee-bindep.txt)"
+if run sh -c 'ls /etc/pip.conf /var/cache/ee-wheels' >/dev/null 2>&1; then
+    die "ee-image: the build's pip.conf or wheelhouse is left in the image"
+fi
 run ansible --version | head -n 1
 printf '%s\n' "$listing" | grep -E '^(# |devin\.)'
 say "ee-image: checked $IMAGE: collection $version with the worker's wheel, ansible-doc, a module run,"
-say "ee-image: ansible-runner present ($((SECONDS - start)) s in all)"
+say "ee-image: ansible-runner and ssh present, no build-only pip configuration ($((SECONDS - start)) s in all)"
 if [[ -n "${KEEP:-}" ]]; then say "ee-image: build context kept in $work/context"; fi
