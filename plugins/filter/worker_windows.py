@@ -1,0 +1,147 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) devin.outposts contributors
+# MIT License (see https://opensource.org/licenses/MIT)
+# SPDX-License-Identifier: MIT
+"""What the Windows branch of the devin.outposts.worker role computes, in Python rather than in Jinja.
+
+* ``worker_windows_instances``: each resolved instance with its Windows service name, directories, files, service
+  account, preshutdown timeout, and the problems that make its name unusable on Windows;
+* ``worker_windows_image_path``: the service's ImagePath, the quoted base interpreter and service_host.py.
+
+The layout is the one devin_outposts.worker.windows_service expects (docs/windows.md, "Layout"):
+``<root>\\<instance>\\`` with ``venv\\``, ``state\\``, ``logs\\``, ``worker.env`` and ``service_host.py``.
+Unit tests: tests/unit/plugins/filter/test_worker_windows.py.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.text.converters import to_text
+
+SERVICE_PREFIX = "devin-outposts-worker-"
+# Device names that Windows reserves in every directory, with or without an extension (CON, CON.txt, ...).
+_RESERVED = frozenset(
+    ["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"]
+    + ["COM{0}".format(n) for n in range(1, 10)] + ["LPT{0}".format(n) for n in range(1, 10)]
+    + ["COM\u00b9", "COM\u00b2", "COM\u00b3", "LPT\u00b9", "LPT\u00b2", "LPT\u00b3"]
+)
+# The Linux role's rule for instance names: a name is also a directory, a service name and part of an account name.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ACCOUNT_TYPES = ("virtual", "gmsa", "user")
+_GMSA = re.compile(r"^[^\\/\"\[\]:;|=,+*?<>@ ]+\\[^\\/\"\[\]:;|=,+*?<>@ ]{1,15}\$$")
+_DRIVE_PATH = re.compile(r"^[A-Za-z]:\\")
+
+
+def name_problems(name):
+    """Why ``name`` cannot name an instance on Windows; empty when it can."""
+    name = to_text(name)
+    problems = []
+    if not _NAME.match(name):
+        problems.append("must match {0} (letters, digits, _ . -, at most 64)".format(_NAME.pattern))
+    if name.endswith("."):
+        problems.append("must not end with a dot (Windows drops it from directory names)")
+    if name.split(".", 1)[0].upper() in _RESERVED:
+        problems.append("is a device name Windows reserves ({0})".format(name.split(".", 1)[0].upper()))
+    return problems
+
+
+def _join(*parts):
+    return "\\".join(part.rstrip("\\") for part in parts)
+
+
+def _account(service, account_type, account):
+    if account_type == "virtual":
+        return "NT SERVICE\\" + service
+    return account
+
+
+def worker_windows_instances(instances, root, account_type="virtual", account="", stop_grace=10):
+    """Add the Windows fields to instances resolved by ``worker_instances``.
+
+    ``root`` is the Windows root (``C:\\ProgramData\\devin-outposts``); ``account_type`` is ``virtual`` (each
+    instance runs as ``NT SERVICE\\<service name>``), ``gmsa`` or ``user`` (all instances run as ``account``).
+    ``preshutdown_ms`` covers the drain, the remotes' stop grace and a margin, like the Linux TimeoutStopSec.
+    """
+    root = to_text(root)
+    if not _DRIVE_PATH.match(root) or '"' in root:
+        raise AnsibleFilterError("the Windows root must be an absolute path with a drive letter, got {0}".format(root))
+    account_type = to_text(account_type)
+    if account_type not in _ACCOUNT_TYPES:
+        raise AnsibleFilterError(
+            "devin_outposts_worker_windows_account_type must be one of {0}, got {1}".format(", ".join(_ACCOUNT_TYPES), account_type)
+        )
+    try:
+        grace = int(stop_grace)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("stop_grace must be an integer, got {0!r}".format(stop_grace))
+    rows = []
+    for instance in instances or []:
+        name = to_text(instance.get("name"))
+        service = SERVICE_PREFIX + name
+        instance_dir = _join(root, name)
+        venv = _join(instance_dir, "venv")
+        site_packages = _join(venv, "Lib", "site-packages")
+        row = dict(instance)
+        row.update({
+            "service": service,
+            "display_name": "Devin Outposts worker ({0})".format(name),
+            "instance_dir": instance_dir,
+            "state_dir": _join(instance_dir, "state"),
+            "logs_dir": _join(instance_dir, "logs"),
+            "venv": venv,
+            "venv_python": _join(venv, "Scripts", "python.exe"),
+            "site_packages": site_packages,
+            "pywin32_dlls": _join(site_packages, "pywin32_system32"),
+            "env_file": _join(instance_dir, "worker.env"),
+            "host_script": _join(instance_dir, "service_host.py"),
+            "account": _account(service, account_type, to_text(account)),
+            "preshutdown_ms": (int(instance.get("drain_timeout", 30)) + grace + 15) * 1000,
+            "problems": name_problems(name),
+        })
+        rows.append(row)
+    return rows
+
+
+def worker_windows_image_path(python, script):
+    """The ImagePath of an instance's service: the base interpreter and service_host.py, each in double quotes.
+
+    Windows paths cannot contain a double quote, so quoting needs no escaping; a path with one is refused.
+    No other argument: the instance and its env file are named inside service_host.py, and the token is only in
+    worker.env.
+    """
+    python, script = to_text(python), to_text(script)
+    for what, path in (("interpreter", python), ("service host script", script)):
+        if not _DRIVE_PATH.match(path) or '"' in path or "\n" in path or "\r" in path:
+            raise AnsibleFilterError("the {0} must be an absolute Windows path without quotes, got {1!r}".format(what, path))
+    return '"{0}" "{1}"'.format(python, script)
+
+
+def worker_windows_account_problems(account_type, account):
+    """Why the service account settings cannot work; empty when they can (the password is checked elsewhere)."""
+    account_type, account = to_text(account_type), to_text(account)
+    if account_type not in _ACCOUNT_TYPES:
+        return ["devin_outposts_worker_windows_account_type must be one of {0}".format(", ".join(_ACCOUNT_TYPES))]
+    if account_type == "virtual":
+        return [] if not account else ["devin_outposts_worker_windows_account must be empty for virtual accounts"]
+    if account_type == "gmsa":
+        if not _GMSA.match(account):
+            return ["a gMSA is DOMAIN\\name$ (at most 15 characters before the $), got {0!r}".format(account)]
+        return []
+    if not account or "\\" not in account and "@" not in account:
+        return ["a user account is DOMAIN\\user, .\\user (local) or user@domain, got {0!r}".format(account)]
+    if account.endswith("$"):
+        return ["{0!r} ends with $: that is a gMSA, set devin_outposts_worker_windows_account_type=gmsa".format(account)]
+    return []
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "worker_windows_instances": worker_windows_instances,
+            "worker_windows_image_path": worker_windows_image_path,
+            "worker_windows_account_problems": worker_windows_account_problems,
+        }
