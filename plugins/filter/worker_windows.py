@@ -6,7 +6,10 @@
 
 * ``worker_windows_instances``: each resolved instance with its Windows service name, directories, files, service
   account, preshutdown timeout, and the problems that make its name unusable on Windows;
-* ``worker_windows_image_path``: the service's ImagePath, the quoted base interpreter and service_host.py.
+* ``worker_windows_image_path``: the service's ImagePath, the quoted base interpreter and service_host.py;
+* ``worker_windows_account_problems``: why the service account settings cannot work;
+* ``worker_windows_installed``: the instances installed on a host, from their instance.json;
+* ``worker_windows_acl_rows``: the access rules on the instances' directories.
 
 The layout is the one devin_outposts.worker.windows_service expects (docs/windows.md, "Layout"):
 ``<root>\\<instance>\\`` with ``venv\\``, ``state\\``, ``logs\\``, ``worker.env`` and ``service_host.py``.
@@ -17,6 +20,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import base64
+import json
 import re
 
 from ansible.errors import AnsibleFilterError
@@ -138,10 +143,51 @@ def worker_windows_account_problems(account_type, account):
     return []
 
 
+def worker_windows_installed(slurped):
+    """``{"name", "workdir"}`` per instance found on a host: ``slurped`` is the registered result of a
+    ``slurp`` loop over ``<root>\\<name>\\instance.json`` (``item`` is the name); ``workdir`` is empty when the
+    file could not be read. Names that no role would have written are left out (they are not ours to delete)."""
+    rows = []
+    for result in slurped or []:
+        name = to_text(result.get("item") or "")
+        if name_problems(name):
+            continue
+        workdir = ""
+        if result.get("content"):
+            try:
+                meta = json.loads(to_text(base64.b64decode(result["content"])))
+            except ValueError:
+                meta = {}
+            if isinstance(meta, dict):
+                workdir = to_text(meta.get("workdir") or "")
+        rows.append({"name": name, "workdir": workdir})
+    return rows
+
+
+def worker_windows_acl_rows(instances, admins):
+    """``{"path", "user", "rights"}``: the rules each instance's directories get (all inherited by their content).
+
+    The instance directory (venv, worker.env, service_host.py) is read-only for the service account; its
+    ``state`` and ``logs`` and its working directory are writable. ``admins`` (Administrators, SYSTEM) get full
+    control of the working directory, which does not inherit the root's rules.
+    """
+    rows = []
+    for instance in instances or []:
+        account = instance["account"]
+        rows.append({"path": instance["instance_dir"], "user": account, "rights": "ReadAndExecute"})
+        for path in (instance["state_dir"], instance["logs_dir"], instance["workdir"]):
+            rows.append({"path": path, "user": account, "rights": "Modify"})
+        for admin in admins or []:
+            rows.append({"path": instance["workdir"], "user": admin, "rights": "FullControl"})
+    return rows
+
+
 class FilterModule(object):
     def filters(self):
         return {
             "worker_windows_instances": worker_windows_instances,
             "worker_windows_image_path": worker_windows_image_path,
             "worker_windows_account_problems": worker_windows_account_problems,
+            "worker_windows_installed": worker_windows_installed,
+            "worker_windows_acl_rows": worker_windows_acl_rows,
         }
