@@ -1,0 +1,229 @@
+"""The Windows branches of the worker and cli roles, checked without Windows (docs/windows.md, "What has run").
+
+* ``ansible-playbook --syntax-check`` of a playbook that applies both roles to a host of a Windows inventory group,
+  and imports every Windows task file statically (the roles' main.yml includes them at run time, which a syntax
+  check does not follow);
+* the Windows preflight, run for real on this machine with Windows facts (the test-only ``pretend_os`` module):
+  the branch is picked by the facts, and wrong settings are refused before any module runs on the host;
+* the Linux branch is still what a Linux host gets (the same facts with os_family Debian reach the Linux checks).
+
+The templates and command lines are checked in test_windows_templates.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = Path(__file__).resolve().parent / "library"
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
+WINDOWS_2022 = {
+    "system": "Win32NT", "os_family": "Windows", "distribution": "Microsoft Windows Server 2022 Datacenter",
+    "distribution_version": "10.0.20348.0", "distribution_major_version": "10", "architecture": "64-bit",
+    "architecture2": "x86_64",
+}  # fmt: skip
+TOKEN = "tok-windows-preflight-never-shown"  # noqa: S105 - a test value
+
+
+def ansible_env(**extra: str) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if k not in ("DEVIN_OUTPOSTS_TOKEN", "DEVIN_API_URL")},
+        "ANSIBLE_LIBRARY": str(LIBRARY),
+        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".cache" / "collections"),
+        "ANSIBLE_LOCALHOST_WARNING": "False",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
+        "ANSIBLE_NOCOLOR": "1",
+        **extra,
+    }
+
+
+@pytest.fixture(autouse=True)
+def _collection_link() -> None:
+    if not (ROOT / ".cache/collections/ansible_collections/devin/outposts").exists():
+        pytest.fail("run through scripts/test.sh (scripts/lib.sh links the checkout into .cache/collections)")
+    if not (ROOT / ".cache/collections/ansible_collections/ansible/windows").exists():
+        pytest.fail("ansible.windows is missing from .cache/collections: run scripts/bootstrap.sh")
+
+
+# --- Syntax check -------------------------------------------------------------------------------------------------
+
+SYNTAX_PLAYBOOK = [
+    {
+        "name": "Both roles on the Windows hosts, as a user applies them", "hosts": "windows", "gather_facts": True,
+        "roles": [
+            {"role": "devin.outposts.cli", "vars": {"devin_outposts_cli_version": "1.2.3"}},
+            {"role": "devin.outposts.worker",
+             "vars": {"devin_outposts_worker_instances": [{"name": "main", "outpost": "win"}]}},
+        ],
+    },
+    {
+        "name": "Every Windows task file, imported statically so that the syntax check reads it", "hosts": "windows",
+        "gather_facts": False,
+        "tasks": [
+            {"name": f"{role} {entry}", "ansible.builtin.import_role": {"name": f"devin.outposts.{role}",
+                                                                         "tasks_from": entry}}
+            for role, entry in [("cli", "windows"), ("cli", "windows_handlers"), ("cli", "windows_ca_absent"),
+                                ("worker", "windows"), ("worker", "windows_handlers"),
+                                ("worker", "windows_installed")]
+        ],
+    },
+]  # fmt: skip
+
+
+def syntax_check(tmp_path: Path, playbook: Any) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"windows": {"hosts": {"win2022": {
+        "ansible_host": "192.0.2.10", "ansible_connection": "psrp", "ansible_user": "Administrator",
+    }}}}))  # fmt: skip
+    (tmp_path / "site.yml").write_text(yaml.safe_dump(playbook, sort_keys=False))
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "--syntax-check", "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "site.yml")],
+        env=ansible_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def test_a_playbook_applying_both_roles_to_windows_hosts_passes_the_syntax_check(tmp_path: Path) -> None:
+    done = syntax_check(tmp_path, SYNTAX_PLAYBOOK)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "playbook: " in done.stdout
+
+
+def test_the_syntax_check_fails_on_a_broken_windows_task_file(tmp_path: Path) -> None:
+    """A copy of the roles with one Windows task file damaged fails the same check (it reads those files)."""
+    import shutil
+
+    collection = tmp_path / "collections" / "ansible_collections" / "devin" / "outposts"
+    shutil.copytree(ROOT / "roles", collection / "roles")
+    shutil.copytree(ROOT / "plugins", collection / "plugins")
+    shutil.copy(ROOT / "galaxy.yml", collection / "galaxy.yml")
+    shutil.copytree(ROOT / "meta", collection / "meta")
+    broken = collection / "roles" / "worker" / "tasks" / "windows_service.yml"
+    broken.write_text(broken.read_text() + "\n- name: Broken\n  ansible.windows.win_service:\n    name: x\n  loop: [\n")
+    done = subprocess.run(
+        [ANSIBLE_PLAYBOOK, "--syntax-check", "-i", "localhost,", str(tmp_path / "site.yml")],
+        env=ansible_env(ANSIBLE_COLLECTIONS_PATH=f"{tmp_path / 'collections'}:{ROOT / '.cache' / 'collections'}"),
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    ) if (tmp_path / "site.yml").write_text(yaml.safe_dump(SYNTAX_PLAYBOOK[1:], sort_keys=False)) else None
+    assert done is not None
+    assert done.returncode != 0, done.stdout
+    assert "windows_service.yml" in done.stdout + done.stderr
+
+
+# --- The Windows preflight, for real on this machine ----------------------------------------------------------
+
+WORKER_VARS = {
+    "devin_outposts_worker_check_outpost": False,
+    "devin_outposts_worker_token": TOKEN,
+    "devin_outposts_worker_instances": [{"name": "main", "outpost": "win"}],
+    "devin_outposts_worker_windows_python": r"C:\Python312\python.exe",
+}
+
+
+def run_role(tmp_path: Path, role: str, facts: Optional[dict[str, Any]], role_vars: dict[str, Any],
+             stop_after_preflight: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``role`` on localhost in check mode with ``facts``; with ``stop_after_preflight`` the role runs only its
+    preflight tag, so that nothing is asked of the (not Windows) host once the checks have passed."""
+    play = [{
+        "name": "Windows preflight", "hosts": "localhost", "connection": "local", "gather_facts": False,
+        "tasks": ([{"name": "Pretend", "pretend_os": {"facts": facts}, "tags": ["always"]}] if facts else []) + [
+            {"name": "Run the role", "ansible.builtin.include_role": {"name": role}, "vars": role_vars,
+             "tags": ["always"]},
+        ],
+    }]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    tags = ["--tags", "devin_outposts_worker_preflight,devin_outposts_cli_preflight"] if stop_after_preflight else []
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", "--check", *tags, "-e", f"ansible_python_interpreter={sys.executable}",
+         str(tmp_path / "play.yml")],
+        env=ansible_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("instances", "expected"),
+    [
+        ([{"name": "con", "outpost": "win"}], "is a device name Windows reserves (CON)"),
+        ([{"name": "LPT1.main", "outpost": "win"}], "is a device name Windows reserves (LPT1)"),
+        ([{"name": "main.", "outpost": "win"}], "must not end with a dot"),
+        ([{"name": "two words", "outpost": "win"}], "must match"),
+        ([{"name": "a\\b", "outpost": "win"}], "must match"),
+        ([{"name": "main", "outpost": "win", "implementation": "devin_cli"}], "runs the bundled worker only"),
+        ([{"name": "main", "outpost": "win", "workdir": "/srv/work"}], "absolute path with a drive letter"),
+        ([{"name": "main", "outpost": "win", "extra_args": ["--watch"]}], "extra_args are Linux-only"),
+    ],
+    ids=["con", "lpt1-ext", "trailing-dot", "space", "backslash", "devin-cli", "posix-workdir", "extra-args"],
+)
+def test_the_windows_preflight_refuses_unsafe_instances(tmp_path: Path, instances: list[Any], expected: str) -> None:
+    done = run_role(tmp_path, "devin.outposts.worker", WINDOWS_2022,
+                    {**WORKER_VARS, "devin_outposts_worker_instances": instances})
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "Check the instances (Windows)" in out, out
+    assert expected in out, out
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"devin_outposts_worker_windows_account_type": "gmsa", "devin_outposts_worker_windows_account": "CORP\\svc"},
+         "a gMSA is DOMAIN\\\\name$"),
+        ({"devin_outposts_worker_windows_account_type": "user", "devin_outposts_worker_windows_account": "CORP\\gm$",
+          "devin_outposts_worker_windows_account_password": "pw-never-shown"}, "that is a gMSA"),
+        ({"devin_outposts_worker_windows_account_type": "user", "devin_outposts_worker_windows_account": ".\\worker"},
+         "devin_outposts_worker_windows_account_password must be set"),
+        ({"devin_outposts_worker_windows_python": ""}, "devin_outposts_worker_windows_python_installer_checksum"),
+        ({"devin_outposts_worker_session_id": "devin-1"}, "one-session mode"),
+    ],
+    ids=["gmsa-without-dollar", "user-that-is-a-gmsa", "user-without-password", "install-without-checksum",
+         "one-session"],
+)  # fmt: skip
+def test_the_windows_preflight_refuses_wrong_settings(tmp_path: Path, settings: dict[str, Any], expected: str) -> None:
+    done = run_role(tmp_path, "devin.outposts.worker", WINDOWS_2022, {**WORKER_VARS, **settings})
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert expected in out, out
+    assert "pw-never-shown" not in out
+    assert TOKEN not in out
+
+
+def test_a_good_windows_setup_passes_the_preflight(tmp_path: Path) -> None:
+    """The same run with good settings passes every check (each of the refusals above is its own doing)."""
+    settings = {
+        "devin_outposts_worker_windows_account_type": "user",
+        "devin_outposts_worker_windows_account": ".\\devin-worker",
+        "devin_outposts_worker_windows_account_password": "pw-never-shown",
+        "devin_outposts_worker_instances": [{"name": "main", "outpost": "win"},
+                                            {"name": "gpu.2", "outpost": "win", "state": "stopped"}],
+    }  # fmt: skip
+    done = run_role(tmp_path, "devin.outposts.worker", WINDOWS_2022, {**WORKER_VARS, **settings})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "Check the instances (Windows)" in out and "failed=0" in out, out
+    assert "pw-never-shown" not in out and TOKEN not in out
+
+
+def test_a_linux_host_still_takes_the_linux_branch(tmp_path: Path) -> None:
+    """Facts of a Debian host without systemd: the Linux preflight's own refusal, not a Windows task."""
+    facts = {**WINDOWS_2022, "system": "Linux", "os_family": "Debian", "distribution": "Debian",
+             "distribution_version": "12.8", "service_mgr": "sysvinit", "architecture": "x86_64"}  # fmt: skip
+    done = run_role(tmp_path, "devin.outposts.worker", facts, WORKER_VARS)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "devin.outposts.worker supports Linux hosts" in out
+    assert "(Windows)" not in out
+
+
+def test_the_cli_role_takes_the_windows_branch(tmp_path: Path) -> None:
+    done = run_role(tmp_path, "devin.outposts.cli", {**WINDOWS_2022, "architecture2": "arm64"},
+                    {"devin_outposts_cli_version": "1.2.3"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "localhost is arm64; devin_outposts_cli_arch_map names an artifact only for x86_64, aarch64" in out, out
+    done = run_role(tmp_path, "devin.outposts.cli", WINDOWS_2022, {"devin_outposts_cli_version": "latest"})
+    assert "must be a pinned version" in done.stdout, done.stdout
