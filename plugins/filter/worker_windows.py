@@ -9,7 +9,13 @@
 * ``worker_windows_image_path``: the service's ImagePath, the quoted base interpreter and service_host.py;
 * ``worker_windows_account_problems``: why the service account settings cannot work;
 * ``worker_windows_installed``: the instances installed on a host, from their instance.json;
-* ``worker_windows_acl_rows``: the access rules on the instances' directories.
+* ``worker_windows_acl_rows``: the access rules on the instances' directories;
+* ``worker_windows_abspath``: whether a path is an absolute Windows path (drive letter, nothing to escape);
+* ``worker_windows_env_lines``: worker.env's ``KEY=VALUE`` lines.
+
+Jinja string literals never hold a backslash in the Windows task files: whether Jinja turns ``'\\\\'`` into one
+backslash or keeps two differs between ansible-core versions (and between templates and conditionals), so paths
+are joined here, and checked here.
 
 The layout is the one devin_outposts.worker.windows_service expects (docs/windows.md, "Layout"):
 ``<root>\\<instance>\\`` with ``venv\\``, ``state\\``, ``logs\\``, ``worker.env`` and ``service_host.py``.
@@ -54,6 +60,12 @@ def name_problems(name):
     return problems
 
 
+def is_abspath(path):
+    """Whether ``path`` is an absolute Windows path with a drive letter (``C:\\...``) that can be quoted."""
+    path = to_text(path)
+    return bool(_DRIVE_PATH.match(path)) and not any(c in path for c in '"\r\n\x00')
+
+
 def _join(*parts):
     return "\\".join(part.rstrip("\\") for part in parts)
 
@@ -96,6 +108,7 @@ def worker_windows_instances(instances, root, account_type="virtual", account=""
             "display_name": "Devin Outposts worker ({0})".format(name),
             "instance_dir": instance_dir,
             "state_dir": _join(instance_dir, "state"),
+            "cache_dir": _join(instance_dir, "state", "cache"),
             "logs_dir": _join(instance_dir, "logs"),
             "venv": venv,
             "venv_python": _join(venv, "Scripts", "python.exe"),
@@ -105,7 +118,9 @@ def worker_windows_instances(instances, root, account_type="virtual", account=""
             "host_script": _join(instance_dir, "service_host.py"),
             "account": _account(service, account_type, to_text(account)),
             "preshutdown_ms": (int(instance.get("drain_timeout", 30)) + grace + 15) * 1000,
-            "problems": name_problems(name),
+            "problems": name_problems(name) + (
+                [] if is_abspath(instance.get("workdir")) else ["workdir must be an absolute path with a drive letter"]
+            ),
         })
         rows.append(row)
     return rows
@@ -182,6 +197,23 @@ def worker_windows_acl_rows(instances, admins):
     return rows
 
 
+def worker_windows_env_lines(env):
+    """``KEY=VALUE`` lines for worker.env: empty values left out, line breaks (and NULs) taken out of values so that
+    no value can add a variable, and keys checked (a key is a name: letters, digits, underscores)."""
+    if not isinstance(env, dict):
+        raise AnsibleFilterError("worker_windows_env_lines needs a dict")
+    lines = []
+    for key, value in env.items():
+        key = to_text(key)
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise AnsibleFilterError("environment variable names are letters, digits and _, got {0!r}".format(key))
+        text = "" if value is None else to_text(value)
+        text = text.replace("\r", "").replace("\n", "").replace("\x00", "")
+        if text:
+            lines.append("{0}={1}".format(key, text))
+    return lines
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -190,4 +222,6 @@ class FilterModule(object):
             "worker_windows_account_problems": worker_windows_account_problems,
             "worker_windows_installed": worker_windows_installed,
             "worker_windows_acl_rows": worker_windows_acl_rows,
+            "worker_windows_abspath": is_abspath,
+            "worker_windows_env_lines": worker_windows_env_lines,
         }
