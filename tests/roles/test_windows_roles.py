@@ -67,8 +67,8 @@ SYNTAX_PLAYBOOK = [
         "name": "Every Windows task file, imported statically so that the syntax check reads it", "hosts": "windows",
         "gather_facts": False,
         "tasks": [
-            {"name": f"{role} {entry}", "ansible.builtin.import_role": {"name": f"devin.outposts.{role}",
-                                                                         "tasks_from": entry}}
+            {"name": f"{role} {entry}",
+             "ansible.builtin.import_role": {"name": f"devin.outposts.{role}", "tasks_from": entry}}
             for role, entry in [("cli", "windows"), ("cli", "windows_handlers"), ("cli", "windows_ca_absent"),
                                 ("worker", "windows"), ("worker", "windows_handlers"),
                                 ("worker", "windows_installed")]

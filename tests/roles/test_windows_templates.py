@@ -98,7 +98,7 @@ def _render_playbook(out: Path) -> list[dict[str, Any]]:
                 "src": str(WORKER / "templates" / template), "dest": str(out) + "/{{ idx }}." + suffix, "mode": "0600"},
             "loop": "{{ _devin_outposts_worker_present }}", "loop_control": {"index_var": "idx"},
         })  # fmt: skip
-    results = {key: f"{{{{ r_{key}.results | map(attribute='ansible_facts.rendered') | list }}}}" for key, *_ in render}
+    results = {key: f"{{{{ r_{key}.results | map(attribute='ansible_facts.rendered') | list }}}}" for key in [entry[0] for entry in render]}
     results["instances"] = "{{ _devin_outposts_worker_present }}"
     tasks.append({"name": "Write the results", "ansible.builtin.copy": {
         "content": "{{ results | to_nice_json }}", "dest": str(out / "results.json"), "mode": "0600"},
@@ -113,21 +113,21 @@ def _render_playbook(out: Path) -> list[dict[str, Any]]:
 
 def _sample_vars() -> dict[str, Any]:
     return {
-            "role_path": str(WORKER),
-            # A variable, not a literal in the expression: Jinja string literals and backslashes do not mix.
-            "command_names": COMMAND_NAMES,
-            "devin_outposts_worker_token": TOKEN,
-            "devin_outposts_worker_api_url": "https://api.example.test",
-            "devin_outposts_worker_windows_root": ROOT_DIR,
-            "devin_outposts_worker_windows_account_type": "user",
-            "devin_outposts_worker_windows_account": r".\devin-worker",
-            "devin_outposts_worker_windows_account_password": PASSWORD,
-            "devin_outposts_worker_ca_certificate": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
-            "devin_outposts_worker_https_proxy": "http://proxy.example.test:3128",
-            "devin_outposts_worker_instances": [
-                {"name": name, "outpost": "win", **({"env": {"INJECT": "a\nDEVIN_OUTPOSTS_TOKEN=stolen"}} if i == 0 else {})}
-                for i, name in enumerate(NAMES)
-            ],
+        "role_path": str(WORKER),
+        # A variable, not a literal in the expression: Jinja string literals and backslashes do not mix.
+        "command_names": COMMAND_NAMES,
+        "devin_outposts_worker_token": TOKEN,
+        "devin_outposts_worker_api_url": "https://api.example.test",
+        "devin_outposts_worker_windows_root": ROOT_DIR,
+        "devin_outposts_worker_windows_account_type": "user",
+        "devin_outposts_worker_windows_account": r".\devin-worker",
+        "devin_outposts_worker_windows_account_password": PASSWORD,
+        "devin_outposts_worker_ca_certificate": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        "devin_outposts_worker_https_proxy": "http://proxy.example.test:3128",
+        "devin_outposts_worker_instances": [
+            {"name": name, "outpost": "win", **({"env": {"INJECT": "a\nDEVIN_OUTPOSTS_TOKEN=stolen"}} if i == 0 else {})}
+            for i, name in enumerate(NAMES)
+        ],
     }  # fmt: skip
 
 
