@@ -13,6 +13,7 @@ The templates and command lines are checked in test_windows_templates.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,76 @@ def test_the_syntax_check_fails_on_a_broken_windows_task_file(tmp_path: Path) ->
     assert done is not None
     assert done.returncode != 0, done.stdout
     assert "windows_service.yml" in done.stdout + done.stderr
+
+
+# --- Module arguments against the modules' own documentation -----------------------------------------------
+
+WINDOWS_COLLECTION = ROOT / ".cache" / "collections" / "ansible_collections" / "ansible" / "windows" / "plugins"
+WINDOWS_TASK_FILES = sorted([*ROOT.glob("roles/*/tasks/windows*.yml"), *ROOT.glob("extensions/molecule/windows/*.yml")])
+
+
+def _documentation(source: str) -> Any:
+    found = re.search(r"DOCUMENTATION\s*=\s*r?(?P<q>'{3}|\"{3})(?P<body>.*?)(?P=q)", source, re.S)
+    assert found, "no DOCUMENTATION string"
+    return yaml.safe_load(found.group("body"))
+
+
+def _module_options(module: str) -> dict[str, Any]:
+    """The documented options of ``ansible.windows.<module>`` (with its doc fragment), aliases included."""
+    path = WINDOWS_COLLECTION / "modules"
+    if (path / f"{module}.py").is_file():
+        source = (path / f"{module}.py").read_text(encoding="utf-8")
+        doc = _documentation(source)
+    else:
+        doc = yaml.safe_load((path / f"{module}.yml").read_text(encoding="utf-8"))["DOCUMENTATION"]
+    options = dict(doc.get("options") or {})
+    for fragment in doc.get("extends_documentation_fragment") or []:
+        if fragment.startswith("ansible.windows."):
+            text = (WINDOWS_COLLECTION / "doc_fragments" / f"{fragment.split('.')[-1]}.py").read_text(encoding="utf-8")
+            options.update(_documentation(text)["options"])
+    for option in list(options.values()):
+        for alias in option.get("aliases") or []:
+            options[alias] = option
+    return options
+
+
+def _windows_module_tasks() -> list[tuple[str, str, dict[str, Any]]]:
+    found = []
+    stack: list[tuple[Path, Any]] = [(path, yaml.safe_load(path.read_text(encoding="utf-8"))) for path in WINDOWS_TASK_FILES]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, list):
+            stack.extend((path, entry) for entry in item)
+        elif isinstance(item, dict):
+            for key in ("tasks", "block", "rescue", "always"):
+                stack.extend((path, entry) for entry in item.get(key) or [])
+            for key, args in item.items():
+                if key.startswith("ansible.windows.") and isinstance(args, dict):
+                    found.append((f"{path.relative_to(ROOT)}: {item.get('name')}", key.split(".")[-1], args))
+    return found
+
+
+def test_windows_module_arguments_are_documented_options() -> None:
+    """Every argument a Windows task gives an ansible.windows module is one of its options, and a literal value of
+    an option with choices is one of them (ansible-lint does not check these modules' arguments)."""
+    tasks = _windows_module_tasks()
+    assert len(tasks) > 40, len(tasks)
+    problems = []
+    for label, module, args in tasks:
+        options = _module_options(module)
+        for name, value in args.items():
+            if name not in options:
+                problems.append(f"{label}: {module} has no option {name}")
+            elif "choices" in options[name] and isinstance(value, str) and "{{" not in value:
+                if value not in [str(choice) for choice in options[name]["choices"]]:
+                    problems.append(f"{label}: {module} {name}={value} not in {options[name]['choices']}")
+    assert problems == []
+
+
+def test_the_argument_check_finds_an_unknown_option() -> None:
+    assert "excludes" not in _module_options("win_find")
+    assert "pre_shutdown_timeout_ms" in _module_options("win_service")
+    assert "proxy_url" in _module_options("win_get_url")
 
 
 # --- The Windows preflight, for real on this machine ----------------------------------------------------------
