@@ -152,9 +152,9 @@ def worker_windows_account_problems(account_type, account):
             return ["a gMSA is DOMAIN\\name$ (at most 15 characters before the $), got {0!r}".format(account)]
         return []
     if not account or "\\" not in account and "@" not in account:
-        return ["a user account is DOMAIN\\user, .\\user (local) or user@domain, got {0!r}".format(account)]
+        return ["a user account is DOMAIN\\user, .\\user (local) or user@domain, got '{0}'".format(account)]
     if account.endswith("$"):
-        return ["{0!r} ends with $: that is a gMSA, set devin_outposts_worker_windows_account_type=gmsa".format(account)]
+        return ["'{0}' ends with $: that is a gMSA, set devin_outposts_worker_windows_account_type=gmsa".format(account)]
     return []
 
 

@@ -12,8 +12,10 @@ The templates and command lines are checked in test_windows_templates.py.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,8 +99,6 @@ def test_a_playbook_applying_both_roles_to_windows_hosts_passes_the_syntax_check
 
 def test_the_syntax_check_fails_on_a_broken_windows_task_file(tmp_path: Path) -> None:
     """A copy of the roles with one Windows task file damaged fails the same check (it reads those files)."""
-    import shutil
-
     collection = tmp_path / "collections" / "ansible_collections" / "devin" / "outposts"
     shutil.copytree(ROOT / "roles", collection / "roles")
     shutil.copytree(ROOT / "plugins", collection / "plugins")
@@ -106,12 +106,12 @@ def test_the_syntax_check_fails_on_a_broken_windows_task_file(tmp_path: Path) ->
     shutil.copytree(ROOT / "meta", collection / "meta")
     broken = collection / "roles" / "worker" / "tasks" / "windows_service.yml"
     broken.write_text(broken.read_text() + "\n- name: Broken\n  ansible.windows.win_service:\n    name: x\n  loop: [\n")
+    (tmp_path / "site.yml").write_text(yaml.safe_dump(SYNTAX_PLAYBOOK[1:], sort_keys=False))
     done = subprocess.run(
         [ANSIBLE_PLAYBOOK, "--syntax-check", "-i", "localhost,", str(tmp_path / "site.yml")],
         env=ansible_env(ANSIBLE_COLLECTIONS_PATH=f"{tmp_path / 'collections'}:{ROOT / '.cache' / 'collections'}"),
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    ) if (tmp_path / "site.yml").write_text(yaml.safe_dump(SYNTAX_PLAYBOOK[1:], sort_keys=False)) else None
-    assert done is not None
+    )
     assert done.returncode != 0, done.stdout
     assert "windows_service.yml" in done.stdout + done.stderr
 
@@ -216,78 +216,98 @@ def run_role(tmp_path: Path, role: str, facts: Optional[dict[str, Any]], role_va
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("instances", "expected"),
-    [
-        ([{"name": "con", "outpost": "win"}], "is a device name Windows reserves (CON)"),
-        ([{"name": "LPT1.main", "outpost": "win"}], "is a device name Windows reserves (LPT1)"),
-        ([{"name": "main.", "outpost": "win"}], "must not end with a dot"),
-        ([{"name": "two words", "outpost": "win"}], "must match"),
-        ([{"name": "a\\b", "outpost": "win"}], "must match"),
-        ([{"name": "main", "outpost": "win", "implementation": "devin_cli"}], "runs the bundled worker only"),
-        ([{"name": "main", "outpost": "win", "workdir": "/srv/work"}], "absolute path with a drive letter"),
-        ([{"name": "main", "outpost": "win", "extra_args": ["--watch"]}], "extra_args are Linux-only"),
-    ],
-    ids=["con", "lpt1-ext", "trailing-dot", "space", "backslash", "devin-cli", "posix-workdir", "extra-args"],
-)
-def test_the_windows_preflight_refuses_unsafe_instances(tmp_path: Path, instances: list[Any], expected: str) -> None:
-    done = run_role(tmp_path, "devin.outposts.worker", WINDOWS_2022,
-                    {**WORKER_VARS, "devin_outposts_worker_instances": instances})
-    out = done.stdout + done.stderr
-    assert done.returncode == 2, out
-    assert "Check the instances (Windows)" in out, out
-    assert expected in out, out
+DEBIAN_SYSVINIT = {**WINDOWS_2022, "system": "Linux", "os_family": "Debian", "distribution": "Debian",
+                   "distribution_version": "12.8", "service_mgr": "sysvinit", "architecture": "x86_64"}  # fmt: skip
+PASSWORD = "pw-never-shown"  # noqa: S105 - a test value
+# One inventory host per case, all in one ansible-playbook run (one run per case would cost ~4 s each): the host's
+# own variables, and what its failure says (None: it must pass every check).
+PREFLIGHT_CASES: dict[str, tuple[dict[str, Any], Optional[str]]] = {
+    "con": ({"devin_outposts_worker_instances": [{"name": "con", "outpost": "win"}]},
+            "is a device name Windows reserves (CON)"),
+    "lpt1-ext": ({"devin_outposts_worker_instances": [{"name": "LPT1.main", "outpost": "win"}]},
+                 "is a device name Windows reserves (LPT1)"),
+    "trailing-dot": ({"devin_outposts_worker_instances": [{"name": "main.", "outpost": "win"}]},
+                     "must not end with a dot"),
+    "space": ({"devin_outposts_worker_instances": [{"name": "two words", "outpost": "win"}]}, "must match"),
+    "backslash": ({"devin_outposts_worker_instances": [{"name": "a\\b", "outpost": "win"}]}, "must match"),
+    "devin-cli": ({"devin_outposts_worker_instances": [{"name": "main", "outpost": "win", "implementation": "devin_cli"}]},
+                  "runs the bundled worker only"),
+    "posix-workdir": ({"devin_outposts_worker_instances": [{"name": "main", "outpost": "win", "workdir": "/srv/work"}]},
+                      "workdir must be an absolute path with a drive letter"),
+    "extra-args": ({"devin_outposts_worker_instances": [{"name": "main", "outpost": "win", "extra_args": ["--watch"]}]},
+                   "extra_args are Linux-only"),
+    "gmsa-without-dollar": ({"devin_outposts_worker_windows_account_type": "gmsa",
+                             "devin_outposts_worker_windows_account": "CORP\\svc"}, "a gMSA is DOMAIN"),
+    "user-that-is-a-gmsa": ({"devin_outposts_worker_windows_account_type": "user",
+                             "devin_outposts_worker_windows_account": "CORP\\gm$",
+                             "devin_outposts_worker_windows_account_password": PASSWORD}, "that is a gMSA"),
+    "user-without-password": ({"devin_outposts_worker_windows_account_type": "user",
+                               "devin_outposts_worker_windows_account": ".\\worker"},
+                              "devin_outposts_worker_windows_account_password must be set"),
+    "install-without-checksum": ({"devin_outposts_worker_windows_python": ""},
+                                 "devin_outposts_worker_windows_python_installer_checksum"),
+    "one-session": ({"devin_outposts_worker_session_id": "devin-1"}, "one-session mode"),
+    "no-token": ({"devin_outposts_worker_token": ""}, "no token"),
+    # Good settings pass every check: each refusal above is its own case's doing.
+    "good": ({"devin_outposts_worker_windows_account_type": "user",
+              "devin_outposts_worker_windows_account": ".\\devin-worker",
+              "devin_outposts_worker_windows_account_password": PASSWORD,
+              "devin_outposts_worker_instances": [{"name": "main", "outpost": "win"},
+                                                  {"name": "gpu.2", "outpost": "win", "state": "stopped"}]}, None),
+    # The same role on a Debian host without systemd: the Linux preflight's own refusal, not a Windows task.
+    "debian": ({"os_facts": DEBIAN_SYSVINIT}, "devin.outposts.worker supports Linux hosts"),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("settings", "expected"),
-    [
-        ({"devin_outposts_worker_windows_account_type": "gmsa", "devin_outposts_worker_windows_account": "CORP\\svc"},
-         "a gMSA is DOMAIN\\\\name$"),
-        ({"devin_outposts_worker_windows_account_type": "user", "devin_outposts_worker_windows_account": "CORP\\gm$",
-          "devin_outposts_worker_windows_account_password": "pw-never-shown"}, "that is a gMSA"),
-        ({"devin_outposts_worker_windows_account_type": "user", "devin_outposts_worker_windows_account": ".\\worker"},
-         "devin_outposts_worker_windows_account_password must be set"),
-        ({"devin_outposts_worker_windows_python": ""}, "devin_outposts_worker_windows_python_installer_checksum"),
-        ({"devin_outposts_worker_session_id": "devin-1"}, "one-session mode"),
-    ],
-    ids=["gmsa-without-dollar", "user-that-is-a-gmsa", "user-without-password", "install-without-checksum",
-         "one-session"],
-)  # fmt: skip
-def test_the_windows_preflight_refuses_wrong_settings(tmp_path: Path, settings: dict[str, Any], expected: str) -> None:
-    done = run_role(tmp_path, "devin.outposts.worker", WINDOWS_2022, {**WORKER_VARS, **settings})
-    out = done.stdout + done.stderr
-    assert done.returncode == 2, out
-    assert expected in out, out
-    assert "pw-never-shown" not in out
-    assert TOKEN not in out
+def run_cases(tmp_path: Path, role: str, common: dict[str, Any], cases: dict[str, dict[str, Any]]) -> str:
+    """Run ``role`` in check mode, only its preflight tag, on one local inventory host per case; each host's facts
+    are its ``os_facts`` (Windows Server 2022 unless the case says otherwise). Returns the output."""
+    play = [{
+        "name": "Preflight cases", "hosts": "all", "connection": "local", "gather_facts": False,
+        "tasks": [
+            {"name": "Pretend", "pretend_os": {"facts": "{{ os_facts }}"}, "tags": ["always"]},
+            {"name": "Run the role", "ansible.builtin.include_role": {"name": role}, "tags": ["always"]},
+        ],
+    }]  # fmt: skip
+    inventory = {"all": {"vars": {"os_facts": WINDOWS_2022, "ansible_python_interpreter": sys.executable, **common},
+                         "hosts": cases}}  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    done = subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "inventory.yml"), "--check", "--forks", "4",
+         "--tags", "devin_outposts_worker_preflight,devin_outposts_cli_preflight", str(tmp_path / "play.yml")],
+        env=ansible_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    return done.stdout + done.stderr
 
 
-def test_a_good_windows_setup_passes_the_preflight(tmp_path: Path) -> None:
-    """The same run with good settings passes every check (each of the refusals above is its own doing)."""
-    settings = {
-        "devin_outposts_worker_windows_account_type": "user",
-        "devin_outposts_worker_windows_account": ".\\devin-worker",
-        "devin_outposts_worker_windows_account_password": "pw-never-shown",
-        "devin_outposts_worker_instances": [{"name": "main", "outpost": "win"},
-                                            {"name": "gpu.2", "outpost": "win", "state": "stopped"}],
-    }  # fmt: skip
-    done = run_role(tmp_path, "devin.outposts.worker", WINDOWS_2022, {**WORKER_VARS, **settings})
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out
-    assert "Check the instances (Windows)" in out and "failed=0" in out, out
-    assert "pw-never-shown" not in out and TOKEN not in out
+def recap(out: str, host: str) -> str:
+    return next(line for line in out.splitlines() if re.match(rf"^{re.escape(host)}\s+:\s+ok=", line))
 
 
-def test_a_linux_host_still_takes_the_linux_branch(tmp_path: Path) -> None:
-    """Facts of a Debian host without systemd: the Linux preflight's own refusal, not a Windows task."""
-    facts = {**WINDOWS_2022, "system": "Linux", "os_family": "Debian", "distribution": "Debian",
-             "distribution_version": "12.8", "service_mgr": "sysvinit", "architecture": "x86_64"}  # fmt: skip
-    done = run_role(tmp_path, "devin.outposts.worker", facts, WORKER_VARS)
-    out = done.stdout + done.stderr
-    assert done.returncode == 2, out
-    assert "devin.outposts.worker supports Linux hosts" in out
-    assert "(Windows)" not in out
+@pytest.fixture(scope="module")
+def preflight_output(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return run_cases(tmp_path_factory.mktemp("preflight"), "devin.outposts.worker", WORKER_VARS,
+                     {host: host_vars for host, (host_vars, dummy) in PREFLIGHT_CASES.items()})
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT_CASES))
+def test_the_windows_preflight(preflight_output: str, case: str) -> None:
+    """Each case's host fails with its own message, or (``good``) passes every check."""
+    expected = PREFLIGHT_CASES[case][1]
+    lines = [line for line in preflight_output.splitlines() if f"[{case}]" in line and "FAILED" in line or
+             f"failed: [{case}]" in line]  # fmt: skip
+    if expected is None:
+        assert lines == [], preflight_output
+        assert "failed=0" in recap(preflight_output, case), preflight_output
+    else:
+        assert any(expected in line for line in lines), (expected, lines, preflight_output[-4000:])
+        assert "failed=1" in recap(preflight_output, case)
+
+
+def test_no_secret_in_the_preflight_output(preflight_output: str) -> None:
+    assert PASSWORD not in preflight_output
+    assert TOKEN not in preflight_output
 
 
 def test_the_cli_role_takes_the_windows_branch(tmp_path: Path) -> None:
@@ -298,3 +318,35 @@ def test_the_cli_role_takes_the_windows_branch(tmp_path: Path) -> None:
     assert "localhost is arm64; devin_outposts_cli_arch_map names an artifact only for x86_64, aarch64" in out, out
     done = run_role(tmp_path, "devin.outposts.cli", WINDOWS_2022, {"devin_outposts_cli_version": "latest"})
     assert "must be a pinned version" in done.stdout, done.stdout
+
+
+def test_outposts_to_create_take_the_platform_of_their_hosts(tmp_path: Path) -> None:
+    """The expression of controller.yml's create task, over real hostvars of a Linux and a Windows host (a play
+    may mix them): each outpost gets its hosts' platform."""
+    controller = yaml.safe_load((ROOT / "roles/worker/tasks/controller.yml").read_text(encoding="utf-8"))
+    create = next(task for task in controller if task["name"].startswith("Create the outposts"))
+    play = [{
+        "name": "Mixed hosts", "hosts": "all", "connection": "local", "gather_facts": False,
+        "tasks": [
+            {"name": "Pretend", "pretend_os": {"facts": {"os_family": "{{ os_family }}"}}},
+            {"name": "Instances", "ansible.builtin.set_fact": {"_devin_outposts_worker_present": "{{ present }}"}},
+            {"name": "Evaluate", "ansible.builtin.copy": {"content": "{{ rows | to_json }}", "dest": str(tmp_path / "rows.json"),
+                                                          "mode": "0600"},
+             "vars": {"rows": create["loop"]}, "run_once": True},
+        ],
+    }]  # fmt: skip
+    inventory = {"all": {"hosts": {
+        "lin": {"os_family": "Debian", "present": [{"outpost": "lin-o"}, {"outpost": "outpost_env-9"}]},
+        "win": {"os_family": "Windows", "present": [{"outpost": "win-o"}]},
+    }}}  # fmt: skip
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    done = subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "inventory.yml"), "-e", f"ansible_python_interpreter={sys.executable}",
+         str(tmp_path / "play.yml")],
+        env=ansible_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((tmp_path / "rows.json").read_text()) == [
+        {"name": "lin-o", "platform": "linux"}, {"name": "win-o", "platform": "windows"},
+    ]
