@@ -149,7 +149,7 @@ def worker_windows_account_problems(account_type, account):
         return [] if not account else ["devin_outposts_worker_windows_account must be empty for virtual accounts"]
     if account_type == "gmsa":
         if not _GMSA.match(account):
-            return ["a gMSA is DOMAIN\\name$ (at most 15 characters before the $), got {0!r}".format(account)]
+            return ["a gMSA is DOMAIN\\name$ (at most 15 characters before the $), got '{0}'".format(account)]
         return []
     if not account or "\\" not in account and "@" not in account:
         return ["a user account is DOMAIN\\user, .\\user (local) or user@domain, got '{0}'".format(account)]
