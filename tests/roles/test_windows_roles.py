@@ -196,26 +196,6 @@ WORKER_VARS = {
 }
 
 
-def run_role(tmp_path: Path, role: str, facts: Optional[dict[str, Any]], role_vars: dict[str, Any],
-             stop_after_preflight: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run ``role`` on localhost in check mode with ``facts``; with ``stop_after_preflight`` the role runs only its
-    preflight tag, so that nothing is asked of the (not Windows) host once the checks have passed."""
-    play = [{
-        "name": "Windows preflight", "hosts": "localhost", "connection": "local", "gather_facts": False,
-        "tasks": ([{"name": "Pretend", "pretend_os": {"facts": facts}, "tags": ["always"]}] if facts else []) + [
-            {"name": "Run the role", "ansible.builtin.include_role": {"name": role}, "vars": role_vars,
-             "tags": ["always"]},
-        ],
-    }]  # fmt: skip
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    tags = ["--tags", "devin_outposts_worker_preflight,devin_outposts_cli_preflight"] if stop_after_preflight else []
-    return subprocess.run(
-        [ANSIBLE_PLAYBOOK, "-i", "localhost,", "--check", *tags, "-e", f"ansible_python_interpreter={sys.executable}",
-         str(tmp_path / "play.yml")],
-        env=ansible_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-
-
 DEBIAN_SYSVINIT = {**WINDOWS_2022, "system": "Linux", "os_family": "Debian", "distribution": "Debian",
                    "distribution_version": "12.8", "service_mgr": "sysvinit", "architecture": "x86_64"}  # fmt: skip
 PASSWORD = "pw-never-shown"  # noqa: S105 - a test value
@@ -311,13 +291,16 @@ def test_no_secret_in_the_preflight_output(preflight_output: str) -> None:
 
 
 def test_the_cli_role_takes_the_windows_branch(tmp_path: Path) -> None:
-    done = run_role(tmp_path, "devin.outposts.cli", {**WINDOWS_2022, "architecture2": "arm64"},
-                    {"devin_outposts_cli_version": "1.2.3"})
-    out = done.stdout + done.stderr
-    assert done.returncode == 2, out
-    assert "localhost is arm64; devin_outposts_cli_arch_map names an artifact only for x86_64, aarch64" in out, out
-    done = run_role(tmp_path, "devin.outposts.cli", WINDOWS_2022, {"devin_outposts_cli_version": "latest"})
-    assert "must be a pinned version" in done.stdout, done.stdout
+    out = run_cases(tmp_path, "devin.outposts.cli", {"devin_outposts_cli_version": "1.2.3"}, {
+        "arm64": {"os_facts": {**WINDOWS_2022, "architecture2": "arm64"}},
+        "latest": {"devin_outposts_cli_version": "latest"},
+        "good": {},
+    })  # fmt: skip
+    assert "arm64 is arm64; devin_outposts_cli_arch_map names an artifact only for x86_64, aarch64" in out, out
+    assert "failed=1" in recap(out, "arm64")
+    assert "must be a pinned version" in out and "failed=1" in recap(out, "latest"), out
+    assert "failed=0" in recap(out, "good"), out
+    assert "Check the download settings (Windows)" in out
 
 
 def test_outposts_to_create_take_the_platform_of_their_hosts(tmp_path: Path) -> None:
