@@ -13,13 +13,9 @@
 * ``worker_windows_abspath``: whether a path is an absolute Windows path (drive letter, nothing to escape);
 * ``worker_windows_env_lines``: worker.env's ``KEY=VALUE`` lines.
 
-Jinja string literals never hold a backslash in the Windows task files: whether Jinja turns ``'\\\\'`` into one
-backslash or keeps two differs between ansible-core versions (and between templates and conditionals), so paths
-are joined here, and checked here.
-
-The layout is the one devin_outposts.worker.windows_service expects (docs/windows.md, "Layout"):
-``<root>\\<instance>\\`` with ``venv\\``, ``state\\``, ``logs\\``, ``worker.env`` and ``service_host.py``.
-Unit tests: tests/unit/plugins/filter/test_worker_windows.py.
+Jinja string literals in the Windows task files never hold a backslash: with ansible-core 2.19, ``'\\\\'`` in a
+task's ``{{ }}`` stays two characters, but one in a conditional or a template file, so paths are joined and
+checked here.
 """
 
 from __future__ import absolute_import, division, print_function
