@@ -28,7 +28,9 @@ SYSTEM_PYTHON = "/usr/bin/python3.11"
 
 
 def _read_as_nobody(pid: int) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["cat", f"/proc/{pid}/environ"], capture_output=True, user=NOBODY, group=NOBODY, check=False)
+    return subprocess.run(
+        ["/bin/cat", f"/proc/{pid}/environ"], capture_output=True, user=NOBODY, group=NOBODY, check=False
+    )
 
 
 def _wait(predicate: object, what: str, timeout: float = 30.0) -> None:
@@ -47,7 +49,6 @@ def nobody_home() -> Iterator[Path]:
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.skip(f"{SYSTEM_PYTHON} (Debian's python3.11) is not installed")
     home = Path(tempfile.mkdtemp(prefix="devin-privacy-"))
-    os.chmod(home, 0o755)
     os.chown(home, NOBODY, NOBODY)
     yield home
     shutil.rmtree(home, ignore_errors=True)
@@ -73,14 +74,14 @@ def test_a_process_of_the_workers_user_cannot_read_the_workers_environment(nobod
             [SYSTEM_PYTHON, "-c", boot, site_packages, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
             user=NOBODY, group=NOBODY,
         )  # fmt: skip
-    control = subprocess.Popen(["sleep", "60"], env=env, user=NOBODY, group=NOBODY)
+    control = subprocess.Popen(["/bin/sleep", "60"], env=env, user=NOBODY, group=NOBODY)
     try:
         _wait(lambda: "retrying in" in log_path.read_text(errors="replace"), "the worker to start and retry")
         assert worker.poll() is None, log_path.read_text(errors="replace")
         status = Path(f"/proc/{worker.pid}/status").read_text()
         assert f"Uid:\t{NOBODY}\t" in status  # the worker really runs as nobody
 
-        # The control: a process of the same user that did not hide its environment is readable, token and all.
+        # The control: a process of the same user that did not hide its environment is readable, token too.
         seen = _read_as_nobody(control.pid)
         assert seen.returncode == 0 and TOKEN.encode() in seen.stdout
 
