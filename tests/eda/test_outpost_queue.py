@@ -210,7 +210,9 @@ async def test_queue_depth_says_how_many_wait_and_how_long(
     assert (got["outpost_id"], got["outpost_name"], got["pending"], got["claimed"]) == (
         outpost.outpost_id, "eda-depth", 2, 0,
     )
-    assert got["oldest_pending_session_id"] == first.session_id
+    # Oldest first, as workers claim: created_at (whole seconds), then the session id.
+    oldest = min((first, second), key=lambda e: (e.metadata.created_at, e.session_id))
+    assert got["oldest_pending_session_id"] == oldest.session_id
     assert got["idle_seconds"] == 0
     for entry in (first, second):
         claim(sim.url, machine_token, entry.session_id, "eda-depth-worker")
