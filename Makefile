@@ -2,10 +2,10 @@
 #   make demo    set everything up and run the demo against the embedded fleet simulator
 #   make test    the whole suite (CI runs exactly this)
 #   make build   the release: both wheels and the collection tarball (with the worker's wheel) in dist/
-#   make <stage> one stage: ruff mypy imports ansible-lint changelog sanity units matrix package integration tarball
+#   make <stage> one stage: ruff mypy imports ansible-lint changelog sanity units matrix package integration eda tarball
 #                molecule, or lint
 
-STAGES := ruff mypy imports ansible-lint changelog sanity units matrix package integration tarball molecule
+STAGES := ruff mypy imports ansible-lint changelog sanity units matrix package integration eda tarball molecule
 
 .PHONY: help demo test build bootstrap lint $(STAGES) clean
 

@@ -28,8 +28,21 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.asyncio
 
 DOCUMENTED = {
-    "type", "session_id", "outpost_id", "created_at", "updated_at", "kind", "platform", "remote_binary_sha",
-    "network_policy", "phase", "session_status", "acceptor_id", "claim_deadline", "cursor", "entry",
+    "type",
+    "session_id",
+    "outpost_id",
+    "created_at",
+    "updated_at",
+    "kind",
+    "platform",
+    "remote_binary_sha",
+    "network_policy",
+    "phase",
+    "session_status",
+    "acceptor_id",
+    "claim_deadline",
+    "cursor",
+    "entry",
 }
 
 
@@ -60,7 +73,10 @@ def claim(url: str, token: str, session_id: str, acceptor: str) -> None:
         ({"token": "t", "timeout": "soon"}, "timeout must be a number"),
         ({"token": "t", "queue_depth_interval": 0.5}, "queue_depth_interval must be 0 (off) or at least 1"),
         ({"token": "t", "validate_certs": "maybe"}, "validate_certs must be true or false"),
-        ({"token": "t", "ca_path": "/nonexistent/ca.pem"}, "ca_path /nonexistent/ca.pem is not a readable file"),
+        (
+            {"token": "t", "ca_path": "/nonexistent/ca.pem"},
+            "ca_path /nonexistent/ca.pem is not a readable file",
+        ),
         ({"token": "t", "outposts": "x"}, "unknown option(s) outposts"),
     ],
 )
@@ -82,7 +98,10 @@ async def test_connection_options_fall_back_to_the_environment(
     monkeypatch.setenv("DEVIN_OUTPOSTS_TOKEN", "cog_from_env")
     options = source["Options"]({})
     assert (options.api_url, options.token, options.validate_certs, options.timeout) == (
-        "https://fleet.example.test", "cog_from_env", True, 30.0,
+        "https://fleet.example.test",
+        "cog_from_env",
+        True,
+        30.0,
     )
     assert "cog_from_env" not in repr(options)
     monkeypatch.delenv("DEVIN_API_URL")
@@ -93,13 +112,21 @@ async def test_the_shared_constants_match_the_module_client(source: dict[str, An
     """The source cannot import module_utils under ansible-rulebook; its copies must not drift."""
     sys.path.insert(0, str(ROOT / ".cache" / "collections"))
     try:
-        from ansible_collections.devin.outposts.plugins.module_utils import _fleet_api as fleet  # noqa: PLC0415
+        from ansible_collections.devin.outposts.plugins.module_utils import _fleet_api as fleet
     finally:
         sys.path.pop(0)
-    for name in ("DEFAULT_API_URL", "DEFAULT_TIMEOUT", "OUTPOSTS_PATH", "QUEUE_PATH", "PHASES",
-                 "OUTPOST_ID_PREFIX", "MAX_PAGE_SIZE", "OUTPOST_NAME_MAX"):
+    for name in (
+        "DEFAULT_API_URL",
+        "DEFAULT_TIMEOUT",
+        "OUTPOSTS_PATH",
+        "QUEUE_PATH",
+        "PHASES",
+        "OUTPOST_ID_PREFIX",
+        "MAX_PAGE_SIZE",
+        "OUTPOST_NAME_MAX",
+    ):
         if name == "OUTPOST_NAME_MAX":
-            assert source["OUTPOST_NAME"].pattern == fleet._OUTPOST_NAME.pattern  # noqa: SLF001
+            assert source["OUTPOST_NAME"].pattern == fleet._OUTPOST_NAME.pattern
         else:
             assert source[name] == getattr(fleet, name), name
     for url in ("https://api.devin.ai/", "https://x.test/opbeta", "https://x.test/opbeta/outposts"):
@@ -120,7 +147,11 @@ async def test_a_queued_session_produces_one_event_with_the_documented_fields(
     assert set(got) == DOCUMENTED
     assert got["type"] == "MODIFIED"
     assert (got["outpost_id"], got["phase"], got["session_status"], got["kind"], got["platform"]) == (
-        outpost.outpost_id, "pending", "pending", "new", "linux",
+        outpost.outpost_id,
+        "pending",
+        "pending",
+        "new",
+        "linux",
     )
     assert got["remote_binary_sha"] == "abc1234"
     assert got["acceptor_id"] is None
@@ -144,18 +175,26 @@ async def test_sessions_queued_before_the_start_are_listed(
     await events.wait_for(lambda e: e.get("session_id") == after and e["type"] == "MODIFIED")
     assert sorted(e["session_id"] for e in events.changes()) == sorted([*before, after])
 
-    quiet = collect({"api_url": sim.url, "token": machine_token, "queue_depth_interval": 0, "emit_listed": False})
+    quiet = collect(
+        {"api_url": sim.url, "token": machine_token, "queue_depth_interval": 0, "emit_listed": False}
+    )
     await watching(2)
     last = sim.admin.enqueue(outpost.outpost_id).session_id
     await quiet.wait_for(lambda e: e.get("session_id") == last)
     assert [e["session_id"] for e in quiet.changes()] == [last]
 
 
-async def test_the_outpost_filter_takes_a_name_or_an_id(sim: SimHandle, machine_token: str, collect: Any, watching: Any) -> None:
+async def test_the_outpost_filter_takes_a_name_or_an_id(
+    sim: SimHandle, machine_token: str, collect: Any, watching: Any
+) -> None:
     mine = sim.admin.create_outpost("eda-mine", "linux")
     other = sim.admin.create_outpost("eda-other", "linux")
-    by_name = collect({"api_url": sim.url, "token": machine_token, "outpost": "eda-mine", "queue_depth_interval": 0})
-    by_id = collect({"api_url": sim.url, "token": machine_token, "outpost": mine.outpost_id, "queue_depth_interval": 0})
+    by_name = collect(
+        {"api_url": sim.url, "token": machine_token, "outpost": "eda-mine", "queue_depth_interval": 0}
+    )
+    by_id = collect(
+        {"api_url": sim.url, "token": machine_token, "outpost": mine.outpost_id, "queue_depth_interval": 0}
+    )
     await watching(2)
     noise = sim.admin.enqueue(other.outpost_id).session_id
     wanted = sim.admin.enqueue(mine.outpost_id).session_id
@@ -183,8 +222,12 @@ async def test_a_refused_token_stops_the_source(source: dict[str, Any], sim: Sim
 
 async def test_the_phase_filter(sim: SimHandle, machine_token: str, collect: Any, watching: Any) -> None:
     outpost = sim.admin.create_outpost("eda-phase", "linux")
-    pending = collect({"api_url": sim.url, "token": machine_token, "phase": "pending", "queue_depth_interval": 0})
-    claimed = collect({"api_url": sim.url, "token": machine_token, "phase": ["claimed"], "queue_depth_interval": 0})
+    pending = collect(
+        {"api_url": sim.url, "token": machine_token, "phase": "pending", "queue_depth_interval": 0}
+    )
+    claimed = collect(
+        {"api_url": sim.url, "token": machine_token, "phase": ["claimed"], "queue_depth_interval": 0}
+    )
     everything = collect({"api_url": sim.url, "token": machine_token, "queue_depth_interval": 0})
     await watching(3)
     sid = sim.admin.enqueue(outpost.outpost_id).session_id
@@ -205,10 +248,15 @@ async def test_queue_depth_says_how_many_wait_and_how_long(
     outpost = sim.admin.create_outpost("eda-depth", "linux")
     first = sim.admin.enqueue(outpost.outpost_id)
     second = sim.admin.enqueue(outpost.outpost_id)
-    events = collect({"api_url": sim.url, "token": machine_token, "outpost": "eda-depth", "queue_depth_interval": 1})
+    events = collect(
+        {"api_url": sim.url, "token": machine_token, "outpost": "eda-depth", "queue_depth_interval": 1}
+    )
     got = await events.wait_for(lambda e: e["type"] == "queue_depth" and e["oldest_wait_seconds"] >= 1)
     assert (got["outpost_id"], got["outpost_name"], got["pending"], got["claimed"]) == (
-        outpost.outpost_id, "eda-depth", 2, 0,
+        outpost.outpost_id,
+        "eda-depth",
+        2,
+        0,
     )
     # Oldest first, as workers claim: created_at (whole seconds), then the session id.
     oldest = min((first, second), key=lambda e: (e.metadata.created_at, e.session_id))
@@ -216,7 +264,9 @@ async def test_queue_depth_says_how_many_wait_and_how_long(
     assert got["idle_seconds"] == 0
     for entry in (first, second):
         claim(sim.url, machine_token, entry.session_id, "eda-depth-worker")
-    got = await events.wait_for(lambda e: e["type"] == "queue_depth" and e["claimed"] == 2 and e["idle_seconds"] >= 1)
+    got = await events.wait_for(
+        lambda e: e["type"] == "queue_depth" and e["claimed"] == 2 and e["idle_seconds"] >= 1
+    )
     assert (got["pending"], got["oldest_pending_session_id"], got["oldest_wait_seconds"]) == (0, None, 0.0)
 
 
@@ -230,8 +280,12 @@ async def test_a_simulator_restart_loses_and_repeats_no_event(tmp_path: Path, co
         token = server.create_token("machine")
         outpost = server.admin.create_outpost("eda-restart", "linux")
         args = {
-            "api_url": server.url, "token": token, "cursor_file": str(cursor_file), "queue_depth_interval": 0,
-            "backoff_initial": 0.2, "backoff_max": 1.0,
+            "api_url": server.url,
+            "token": token,
+            "cursor_file": str(cursor_file),
+            "queue_depth_interval": 0,
+            "backoff_initial": 0.2,
+            "backoff_max": 1.0,
         }
         events = collect(args)
         while not cursor_file.exists():  # written after the first list: changes from here on are watched
@@ -266,8 +320,14 @@ async def test_the_cursor_file_is_private_and_written_whole(
 ) -> None:
     cursor_file = tmp_path / "eda" / "cursor.json"
     outpost = sim.admin.create_outpost("eda-file", "linux")
-    events = collect({"api_url": sim.url, "token": machine_token, "cursor_file": str(cursor_file),
-                      "queue_depth_interval": 0})
+    events = collect(
+        {
+            "api_url": sim.url,
+            "token": machine_token,
+            "cursor_file": str(cursor_file),
+            "queue_depth_interval": 0,
+        }
+    )
     await watching()
     sid = sim.admin.enqueue(outpost.outpost_id).session_id
     got = await events.wait_for(lambda e: e.get("session_id") == sid)
@@ -286,8 +346,15 @@ async def test_the_token_is_in_no_log_line_and_no_event(
     with sim_process(tmp_path / "sim.db", keepalive_interval=1.0) as server:
         token = server.create_token("machine")
         outpost = server.admin.create_outpost("eda-secret", "linux")
-        events = collect({"api_url": server.url, "token": token, "queue_depth_interval": 1,
-                          "backoff_initial": 0.2, "backoff_max": 0.5})
+        events = collect(
+            {
+                "api_url": server.url,
+                "token": token,
+                "queue_depth_interval": 1,
+                "backoff_initial": 0.2,
+                "backoff_max": 0.5,
+            }
+        )
         sid = server.admin.enqueue(outpost.outpost_id).session_id
         await events.wait_for(lambda e: e.get("session_id") == sid)
         server.stop()  # the source now logs its failed reconnects
