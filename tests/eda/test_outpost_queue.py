@@ -365,3 +365,21 @@ async def test_the_token_is_in_no_log_line_and_no_event(
     assert "reconnecting in" in caplog.text  # the failures were logged ...
     assert token not in caplog.text  # ... without the token
     assert token not in json.dumps(events.events)
+
+
+async def test_a_refused_stored_cursor_starts_over_from_a_list(
+    sim: SimHandle, machine_token: str, collect: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    outpost = sim.admin.create_outpost("eda-stale", "linux")
+    waiting = sim.admin.enqueue(outpost.outpost_id).session_id
+    cursor_file = tmp_path / "cursor.json"
+    cursor_file.write_text(
+        json.dumps({"version": 1, "api_url": sim.url, "outpost_id": None, "cursor": "not-a-cursor", "seen": []})
+    )
+    events = collect(
+        {"api_url": sim.url, "token": machine_token, "cursor_file": str(cursor_file), "queue_depth_interval": 0}
+    )
+    got = await events.wait_for(lambda e: e.get("session_id") == waiting)
+    assert got["type"] == "LISTED"
+    assert "422" in caplog.text and "listing the queue again" in caplog.text
+    assert json.loads(cursor_file.read_text())["cursor"] not in (None, "not-a-cursor")

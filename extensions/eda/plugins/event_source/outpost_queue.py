@@ -768,9 +768,13 @@ class QueueSource:
                     await asyncio.sleep(1.0)
                 continue  # a clean end: streams are bounded in time; reopen from the cursor at once
             except CursorRejected as exc:
-                log.warning("%s; listing the queue again and watching from a fresh cursor", exc)
+                # Paced like an error: an API that keeps refusing must not be hammered with lists.
+                delay = self.backoff(attempt)
+                attempt += 1
+                log.warning("%s; listing the queue again in %.1fs, then watching from its cursor", exc, delay)
                 self.need_list = True
                 first = False
+                await asyncio.sleep(delay)
             except FleetError as exc:
                 if not exc.retry:
                     raise
