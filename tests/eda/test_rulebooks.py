@@ -73,7 +73,7 @@ def test_provision_per_session_runs_the_playbooks_for_each_session(
         "remote_binary_sha": "abc1234",
     }
     sim.admin.end_session(later)
-    rulebook.wait_until(lambda: (records / f"{later}.torn-down").exists(), f"the teardown of {later}")
+    rulebook.wait_until((records / f"{later}.torn-down").exists, f"the teardown of {later}")
     assert not (records / f"{later}.json").exists()
     assert (records / f"{early}.json").exists()  # still waiting: untouched
     assert sorted(p.name for p in records.iterdir()) == sorted([f"{early}.json", f"{later}.torn-down"])
