@@ -452,6 +452,8 @@ class QueueSource:
         #: session id -> fingerprint of the last state sent (or filtered out), least recently changed first.
         self.seen: OrderedDict[str, str] = OrderedDict()
         self.need_list = True
+        #: Watch events handled so far: a stream that carried one was healthy, even if it then broke.
+        self.handled = 0
         self.http: Optional[aiohttp.ClientSession] = None
 
     # --- HTTP ---
@@ -590,6 +592,7 @@ class QueueSource:
             sid = entry["metadata"]["session_id"]
         except (ValueError, KeyError, TypeError):
             raise CursorRejected(operation, f"malformed watch event: {data[:200]!r}") from None
+        self.handled += 1
         kind = str(event.get("type") or "MODIFIED")
         deleted = kind == "DELETED"
         if deleted:
@@ -755,7 +758,7 @@ class QueueSource:
         quick_ends = 0
         while True:
             started = time.monotonic()
-            count = 0
+            handled = self.handled
             try:
                 if self.need_list:
                     await self.relist(stored if first else None)
@@ -778,7 +781,7 @@ class QueueSource:
             except FleetError as exc:
                 if not exc.retry:
                     raise
-                if count or time.monotonic() - started >= HEALTHY_STREAM:
+                if self.handled > handled or time.monotonic() - started >= HEALTHY_STREAM:
                     attempt = 0
                 delay = self.backoff(attempt)
                 attempt += 1
