@@ -33,6 +33,8 @@ REQUIRE=(
     '^roles/cli/tasks/main\.yml$' '^plugins/module_utils/_fleet_api\.py$' '^tests/sanity/ignore-2\.[0-9]+\.txt$'
     '^extensions/eda/plugins/event_source/outpost_queue\.py$' '^extensions/eda/rulebooks/autoscale_workers\.yml$'
     '^extensions/eda/rulebooks/provision_per_session\.yml$' '^meta/extensions\.yml$' '^playbooks/scale_workers\.yml$'
+    # the AWX credential type (docs/awx.md); docs/examples/awx/configure.yml reads it from here
+    '^credential_types/devin_outposts/input\.yml$' '^credential_types/devin_outposts/injectors\.yml$'
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/devin-outposts-tarball.XXXXXX")

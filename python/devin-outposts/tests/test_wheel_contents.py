@@ -23,6 +23,8 @@ NEEDED = (
     "devin_outposts/api/client.py",
     "devin_outposts/worker/runner.py",
     "devin_outposts/worker/platform.py",
+    "devin_outposts/worker/windows_service.py",
+    "devin_outposts/worker/envfile.py",
     "devin_outposts/cli/worker.py",
 )
 
@@ -57,8 +59,10 @@ def test_the_wheel_holds_what_the_worker_needs(wheel: Path) -> None:
     requires = sorted(line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:"))
     # What a worker host installs; the orchestrator's kubernetes and ansible drivers add lightkube and
     # ansible-runner only as extras.
-    plain = [r for r in requires if "extra ==" not in r]
+    plain = [r for r in requires if "extra ==" not in r and "sys_platform" not in r]
     assert [r.split(">")[0].split("<")[0] for r in plain] == ["httpx", "pydantic"], requires
+    # The Windows service host's pywin32, on Windows hosts only (docs/windows-worker.md).
+    assert [r for r in requires if "sys_platform" in r] == ['pywin32>=306; sys_platform == "win32"'], requires
     extras = sorted(r for r in requires if "extra ==" in r)
     assert extras == [
         'ansible-runner>=2.3; extra == "ansible"',

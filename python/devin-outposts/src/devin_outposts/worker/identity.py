@@ -11,7 +11,9 @@ across restarts and never shared by two running workers (docs/fleet-api.md §1 a
 * the working directory is locked the same way (``<workdir>/.devin-outposts-worker.lock``), because two
   workers sharing checkouts race on them.
 
-The kernel drops an ``flock`` when its process dies, so a ``kill -9`` never leaves a stale lock behind.
+The kernel drops an ``flock`` when its process dies, so a ``kill -9`` never leaves a stale lock behind. On
+Windows the lock is an ``msvcrt.locking`` byte-range lock on byte 0 (the platform module), which Windows also
+drops with the process; :meth:`FileLock.release` unlocks it before closing, as msvcrt asks.
 """
 
 from __future__ import annotations
@@ -115,8 +117,11 @@ class FileLock:
 
     def release(self) -> None:
         if self._handle is not None:
-            self._handle.close()  # closing drops the lock
-            self._handle = None
+            try:
+                platform.current().unlock(self._handle)  # Windows wants it before the close
+            finally:
+                self._handle.close()  # closing drops an flock
+                self._handle = None
 
     def __enter__(self) -> FileLock:
         return self.acquire()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from devin_outposts.api.client import DEFAULT_API_URL, normalize_api_url
+from devin_outposts.worker import platform
 from devin_outposts.worker.identity import IdentityError, validate_acceptor_id
 
 DEFAULT_CACHE_DIR = "~/.devin/worker/cache"
@@ -112,7 +113,18 @@ def _static_url(name: str, raw: str) -> str:
 
 
 def _path(name: str, raw: str) -> Path:
-    return Path(os.path.expandvars(raw)).expanduser().absolute()
+    r"""A state or cache directory: absolute; on Windows with a drive or share, ``\\?\`` when long."""
+    try:
+        return platform.current().config_path(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from exc
+
+
+def _workdir(name: str, raw: str) -> Path:
+    try:
+        return platform.current().config_path(raw, state=False)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from exc
 
 
 def validate_sha(value: str, source: str) -> str:
@@ -213,7 +225,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_sessions", ("--max-sessions",), "concurrent sessions, each in its own working directory "
            "(default 1)", "ours", env="DEVIN_WORKER_MAX_SESSIONS", parse=_N(int, 1)),
     Option("workdir", ("--workdir",), "sessions' working directory, repos under <workdir>/repos (default "
-           "the current directory)", "ours", env="DEVIN_WORKER_WORKDIR", parse=_path),
+           "the current directory)", "ours", env="DEVIN_WORKER_WORKDIR", parse=_workdir),
     Option("watch", ("--watch",), "follow the queue with the SSE watch (default) or poll it (--no-watch)",
            "ours", env="DEVIN_WORKER_WATCH", parse=_bool, switch=True),
     Option("claim_spread", ("--claim-spread",), "spread the workers of an outpost over its oldest pending "

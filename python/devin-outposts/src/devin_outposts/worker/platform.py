@@ -1,41 +1,54 @@
-"""Everything the worker does differently per operating system, in one place.
+r"""Everything the worker does differently per operating system, in one place.
 
 The rest of the worker asks :func:`current` instead of testing ``os.name`` or ``sys.platform``:
 
 * the OS as an outpost platform name, and the ``devin-remote`` build suffix (docs/fleet-api.md §8);
-* which variables of the worker's environment a session inherits (§6.2; Windows also passes its system
-  environment, §7.5);
+* which variables a session inherits (§6.2; on Windows the system environment, §7.5, minus anything
+  that looks like a secret: :func:`windows_session_env`);
+* how a configured directory is checked and spelled (Windows: drive letters, UNC shares, and the ``\\?\``
+  prefix for paths that would pass ``MAX_PATH``: :func:`windows_state_path`);
 * how a remote is started in a process group of its own, and how that group is stopped;
-* the exclusive, non-blocking file lock behind the data-dir and workdir locks;
+* the exclusive, non-blocking file lock behind the data-dir and workdir locks (``flock``; ``msvcrt.locking``
+  on Windows, unlocked explicitly before the file is closed);
 * directory privacy (POSIX modes; on Windows the role sets ACLs) and directory fsync;
 * how SIGTERM/SIGINT (POSIX) or Ctrl-Break/Ctrl-C (Windows console, and the service host) reach the
   worker;
 * the kernel start time of a process, to tell an orphaned remote from a reused pid (Linux only).
 
 :class:`Posix` and :class:`Windows` are plain classes, so tests on Linux can switch to the Windows
-behaviour with :func:`use` and check environment building, suffixes and signal mapping. The Windows
-branches that call Windows APIs (``msvcrt``, ``CTRL_BREAK_EVENT``) are only exercised on Windows hosts.
+behaviour with :func:`use` and check environment building, suffixes, paths, locks and signal mapping.
+What calls a Windows API (``msvcrt``, ``winreg``, ``CTRL_BREAK_EVENT``) is reached through a module or a
+reader the :class:`Windows` constructor accepts, so tests hand it fakes; on Linux nothing of it has ever
+run against the real API (docs/windows-worker.md, "What has never run").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import ntpath
 import os
 import platform as stdlib_platform
+import re
 import signal
 import stat
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any, Callable, Optional
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
 
 #: What a session inherits from the worker's environment on every OS (docs/fleet-api.md §6.2).
 PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "TZ")
 #: What the desktop stream needs on Linux/X11 and Wayland.
 DESKTOP_PASSTHROUGH = ("DISPLAY", "WAYLAND_DISPLAY", "XAUTHORITY")
-#: "The Windows system environment" (§7.5): what Windows programs need to start at all. Matched without
-#: regard to case, as Windows does.
+#: The per-process variables Windows gives every process (profile, temp, machine identity): a Windows session
+#: takes them from the worker's environment, and the machine-wide variables from the registry
+#: (:func:`windows_session_env`). Matched without regard to case, as Windows does.
 WINDOWS_PASSTHROUGH = (
     "SYSTEMROOT",
     "SYSTEMDRIVE",
@@ -73,6 +86,159 @@ _SUFFIXES = {
 }
 
 
+#: Where Windows keeps the machine-wide ("system") environment variables.
+WINDOWS_ENVIRONMENT_KEY = r"SYSTEM\CurrentControlSet\Control\Session Manager\Environment"
+#: A variable whose name says it holds a credential never reaches a Windows session, wherever it came from.
+SECRET_NAME = re.compile(
+    r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY"
+)
+#: The worker's own configuration (and the spawn-contract names, which the worker sets itself).
+WORKER_PREFIX = "DEVIN_"
+_PROXY_NAMES = frozenset(["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "FTP_PROXY"])
+#: ``CreateDirectoryW`` refuses paths of MAX_PATH (260) minus 12 characters or more without ``\\?\``.
+WINDOWS_DIR_LIMIT = 248
+#: What the worker appends to its data directory: ``\sessions\`` + an id of up to 100 characters (paths.py)
+#: + ``\.remote.pid.tmp``, with room to spare. A data directory longer than the limit minus this gets
+#: the ``\\?\`` prefix.
+WINDOWS_STATE_HEADROOM = 140
+#: A working directory holds ``slot-<n>\repos\<repo>``; it cannot have the prefix at all.
+WINDOWS_WORKDIR_HEADROOM = 48
+_VERBATIM = "\\\\?\\"
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a credential (``GITHUB_TOKEN``,
+    ``AWS_SECRET_ACCESS_KEY``, ``DEVIN_OUTPOSTS_TOKEN``, ...)."""
+    return SECRET_NAME.search(name.upper()) is not None
+
+
+def _has_credentials(url: str) -> bool:
+    try:
+        parts = urlsplit(url.strip() if "://" in url else f"http://{url.strip()}")
+    except ValueError:
+        return True  # unparsable: do not guess
+    return parts.username is not None or parts.password is not None
+
+
+def _strip_pywin32_dirs(path_value: str) -> str:
+    """``Path`` without the ``pywin32_system32`` directory the service launcher prepends for its own DLLs."""
+    entries = [entry for entry in path_value.split(";") if entry]
+    kept = [entry for entry in entries if ntpath.basename(entry.rstrip("\\/")).lower() != "pywin32_system32"]
+    return ";".join(kept)
+
+
+def windows_session_env(process_env: Mapping[str, str], machine_env: Mapping[str, str]) -> dict[str, str]:
+    """What a session inherits on Windows: "the Windows system environment" (docs/fleet-api.md §7.5).
+
+    That is the machine-wide variables (``machine_env``: the registry's system environment, as every new
+    process gets it) plus the per-process variables Windows sets (:data:`WINDOWS_PASSTHROUGH` and the
+    spawn contract's :data:`PASSTHROUGH`, from ``process_env``, which win). Never the rest of the worker's
+    own environment: the service host loads ``worker.env`` (token, proxy, ``DEVIN_*`` options) into it.
+    Then, whatever the source, these are dropped: ``DEVIN_*`` (the worker's options; it sets the
+    spawn-contract variables itself), names that say they hold a credential (:func:`is_secret_name`), a
+    proxy URL with a user name or password in it, and empty values. Names are compared without regard to
+    case, as Windows does, and the first spelling seen is kept.
+    """
+    merged: dict[str, tuple[str, str]] = {}  # upper-case name -> (name as spelt, value)
+    for name, value in machine_env.items():
+        merged.setdefault(name.upper(), (name, value))
+    wanted = {name.upper() for name in PASSTHROUGH + WINDOWS_PASSTHROUGH}
+    for name, value in process_env.items():
+        upper = name.upper()
+        if upper in wanted:
+            spelt = merged.get(upper, (name, ""))[0]
+            merged[upper] = (spelt, value)
+    env: dict[str, str] = {}
+    for upper, (name, value) in merged.items():
+        if not value or not name or "=" in name or upper.startswith(WORKER_PREFIX) or is_secret_name(upper):
+            continue
+        if upper in _PROXY_NAMES and _has_credentials(value):
+            continue
+        if upper == "PATH":
+            value = _strip_pywin32_dirs(value)
+        env[name] = value
+    return env
+
+
+def windows_state_path(raw: str, *, headroom: int = WINDOWS_STATE_HEADROOM, verbatim: bool = True) -> str:
+    r"""A configured Windows directory (state, cache, workdir), checked and spelt for the worker.
+
+    * ``%VAR%`` and ``~`` are expanded by the caller (options.py), never here;
+    * it must be absolute: a drive letter and a root (``D:\devin\state``, ``d:/devin/state``) or a UNC
+      share (``\\server\share\dir``). ``D:state`` (relative to drive D's current directory) and
+      ``\state`` (relative to the current drive) are refused: a service's current drive and directory are
+      not the operator's;
+    * it is normalised (``/`` to ``\``, ``.`` and ``..`` resolved, the drive letter upper case);
+    * when it is so long that a session's files under it would pass ``MAX_PATH``, it gets the ``\\?\``
+      (or ``\\?\UNC\``) prefix, which lifts the limit for every file API whatever the machine's
+      ``LongPathsEnabled`` setting; an already prefixed path is kept as it is. With ``verbatim=False``
+      (a working directory: Windows cannot start a process in a directory of ``MAX_PATH`` or more, prefix
+      or not) such a path is refused instead.
+    """
+    text = raw.strip()
+    if text.startswith(_VERBATIM) and verbatim:
+        return text
+    if "\x00" in text:
+        raise ValueError("the path contains a NUL character")
+    drive, rest = ntpath.splitdrive(text)
+    if not drive or not rest.startswith(("\\", "/")):
+        raise ValueError(
+            f"{raw!r} is not an absolute Windows path: give a drive and a root (C:\\ProgramData\\...) or a "
+            "UNC share (\\\\server\\share\\...)"
+        )
+    if len(drive) == 2 and drive[1] == ":":
+        drive = drive.upper()
+    path = ntpath.normpath(drive + rest)
+    if len(path) + headroom < WINDOWS_DIR_LIMIT:
+        return path
+    if not verbatim:
+        raise ValueError(
+            f"{raw!r} is too long: a working directory must be shorter than {WINDOWS_DIR_LIMIT - headroom} "
+            "characters on Windows"
+        )
+    if path.startswith("\\\\"):
+        return _VERBATIM + "UNC\\" + path[2:]
+    return _VERBATIM + path
+
+
+def _import_msvcrt() -> ModuleType:
+    if sys.platform == "win32":
+        import msvcrt
+
+        return msvcrt
+    raise OSError("msvcrt locks exist only on Windows")
+
+
+def _read_machine_env(registry: Optional[ModuleType] = None) -> dict[str, str]:
+    """The registry's system environment, ``REG_EXPAND_SZ`` values expanded as Windows expands them for a
+    new process; {} off Windows or when the key cannot be read. ``registry`` stands in for ``winreg``."""
+    if registry is None and sys.platform == "win32":
+        import winreg
+
+        registry = winreg
+    if registry is None:
+        return {}
+    env: dict[str, str] = {}
+    try:
+        with registry.OpenKey(registry.HKEY_LOCAL_MACHINE, WINDOWS_ENVIRONMENT_KEY) as key:
+            index = 0
+            while True:
+                try:
+                    name, value, kind = registry.EnumValue(key, index)
+                except OSError:  # no more values
+                    break
+                index += 1
+                if not isinstance(value, str):
+                    continue
+                if kind == registry.REG_EXPAND_SZ:
+                    env[name] = registry.ExpandEnvironmentStrings(value)
+                elif kind == registry.REG_SZ:
+                    env[name] = value
+    except OSError:
+        return {}  # unreadable: the per-process variables alone
+    return env
+
+
 class UnsupportedHost(Exception):
     """No devin-remote build exists for this OS/architecture."""
 
@@ -100,6 +266,9 @@ class HostPlatform:
     def __init__(self, system: Optional[str] = None, machine: Optional[str] = None) -> None:
         self.name = _os_name(system or sys.platform)
         self.machine = (machine or stdlib_platform.machine()).lower()
+        #: Signal handlers :meth:`install_stop_handler` replaced through ``signal.signal`` (where the event
+        #: loop cannot take them), to be put back by :meth:`remove_stop_handler`.
+        self._replaced_handlers: dict[int, Any] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.machine!r})"
@@ -124,6 +293,13 @@ class HostPlatform:
             if value is not None and value != "":
                 env[name] = value
         return env
+
+    # --- configured directories ----------------------------------------------------------------------
+
+    def config_path(self, raw: str, *, state: bool = True) -> Path:
+        """A directory given in a flag or the environment: ``$VAR`` and ``~`` expanded, made absolute.
+        ``state`` is False for a working directory (Windows spells the two differently)."""
+        return Path(os.path.expandvars(raw)).expanduser().absolute()
 
     # --- processes ----------------------------------------------------------------------------------
 
@@ -168,6 +344,10 @@ class HostPlatform:
         else:
             raise OSError("fcntl locks do not exist on Windows")
 
+    def unlock(self, handle: IO[bytes]) -> None:
+        """Let go of the lock :meth:`lock` took, before ``handle`` is closed (closing drops an ``flock``)."""
+        return
+
     def make_private(self, path: Path) -> None:
         """Give a directory (or file) the worker just created to its owner alone."""
         os.chmod(path, 0o700 if path.is_dir() else 0o600)
@@ -203,17 +383,26 @@ class HostPlatform:
         return (signal.SIGTERM, signal.SIGINT)
 
     def install_stop_handler(self, loop: asyncio.AbstractEventLoop, handler: Callable[[int], None]) -> None:
+        """Route the stop signals to ``handler`` on ``loop``: through the loop where it can take them,
+        else (Windows' proactor loop, which has no ``add_signal_handler``) through ``signal.signal``, which
+        only the main thread may call; the Windows service host sends its stops by itself."""
         for signum in self.stop_signals():
             try:
                 loop.add_signal_handler(signum, handler, signum)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-                with contextlib.suppress(ValueError):
-                    signal.signal(signum, lambda s, f: loop.call_soon_threadsafe(handler, s))
+            except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
+                with contextlib.suppress(ValueError, OSError):
+                    previous = signal.signal(signum, lambda s, f: loop.call_soon_threadsafe(handler, s))
+                    self._replaced_handlers.setdefault(signum, previous)
 
     def remove_stop_handler(self, loop: asyncio.AbstractEventLoop) -> None:
         for signum in self.stop_signals():
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
+        # A handler left behind would call into a closed loop on the next Ctrl-C.
+        for signum, previous in list(self._replaced_handlers.items()):
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            del self._replaced_handlers[signum]
 
     def signal_name(self, signum: int) -> str:
         with contextlib.suppress(ValueError):
@@ -226,28 +415,58 @@ class Posix(HostPlatform):
 
 
 class Windows(HostPlatform):
-    """Windows Server and desktop Windows (never run here: see docs/worker.md, "Windows")."""
+    """Windows Server and desktop Windows (never run on Windows here: docs/windows-worker.md).
+
+    ``msvcrt_module`` and ``machine_env`` stand in for the real ``msvcrt`` module and the registry's
+    system environment in tests on Linux.
+    """
 
     windows = True
 
+    def __init__(
+        self,
+        system: Optional[str] = "windows",
+        machine: Optional[str] = None,
+        *,
+        msvcrt_module: Optional[ModuleType] = None,
+        machine_env: Optional[Callable[[], Mapping[str, str]]] = None,
+    ) -> None:
+        super().__init__(system, machine)
+        self._msvcrt = msvcrt_module
+        self._machine_env = machine_env or _read_machine_env
+
     def inherited_env(self, source: Mapping[str, str]) -> dict[str, str]:
-        env = super().inherited_env(source)
-        by_upper = {key.upper(): key for key in source}
-        for name in WINDOWS_PASSTHROUGH:
-            key = by_upper.get(name)
-            if key is not None:
-                env[key] = source[key]
-        return env
+        return windows_session_env(source, self._machine_env())
+
+    def config_path(self, raw: str, *, state: bool = True) -> Path:
+        # ntpath.expandvars knows %VAR% as well as $VAR; expanduser uses USERPROFILE.
+        text = ntpath.expanduser(ntpath.expandvars(raw.strip()))
+        if state:
+            return Path(windows_state_path(text))
+        return Path(windows_state_path(text, headroom=WINDOWS_WORKDIR_HEADROOM, verbatim=False))
 
     def process_group_options(self) -> dict[str, Any]:
         return {"creationflags": 0x00000200}  # CREATE_NEW_PROCESS_GROUP: Ctrl-Break reaches only it
 
     def signal_group(self, proc: Any, pid: int, *, kill: bool) -> None:
-        with contextlib.suppress(ProcessLookupError, OSError):
-            if kill:
+        if kill:
+            with contextlib.suppress(ProcessLookupError, OSError):
                 proc.kill()  # TerminateProcess
-            else:
-                proc.send_signal(getattr(signal, "CTRL_BREAK_EVENT", signal.SIGTERM))
+            return
+        try:
+            proc.send_signal(getattr(signal, "CTRL_BREAK_EVENT", signal.SIGTERM))
+        except ProcessLookupError:
+            pass
+        except OSError as exc:
+            # GenerateConsoleCtrlEvent needs a console shared with the remote, which a service does not have
+            # (docs/windows-worker.md, "What has never run"): the remote is then killed after the grace.
+            log.warning(
+                "could not send Ctrl-Break to devin-remote pid %d (%s); it will be terminated after the stop "
+                "grace period",
+                pid,
+                exc,
+                extra={"pid": pid},
+            )
 
     def kill_orphan_group(self, pgid: int) -> bool:
         return False  # no start time to check a pid against: leave it rather than hit the wrong process
@@ -255,17 +474,26 @@ class Windows(HostPlatform):
     def process_start_time(self, pid: int) -> Optional[str]:
         return None
 
-    def lock(self, handle: IO[bytes]) -> None:
-        if sys.platform == "win32":
-            import msvcrt
+    def _locking(self) -> ModuleType:
+        return self._msvcrt if self._msvcrt is not None else _import_msvcrt()
 
-            handle.seek(0)
-            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-        else:
-            raise OSError("msvcrt locks exist only on Windows")
+    def lock(self, handle: IO[bytes]) -> None:
+        # A mandatory byte-range lock on byte 0, taken without waiting (LK_NBLCK; LK_LOCK would retry for
+        # 10 s). Windows frees it when the process dies, so a killed worker leaves no stale lock.
+        module = self._locking()
+        handle.seek(0)
+        module.locking(handle.fileno(), module.LK_NBLCK, 1)
+
+    def unlock(self, handle: IO[bytes]) -> None:
+        # msvcrt asks for the region to be unlocked before the file is closed; it starts where the file
+        # position is, which writing the pid has moved.
+        module = self._locking()
+        handle.seek(0)
+        with contextlib.suppress(OSError):
+            module.locking(handle.fileno(), module.LK_UNLCK, 1)
 
     def make_private(self, path: Path) -> None:
-        return  # ACLs on the data directories are set by the role (docs/windows.md)
+        return  # ACLs on the instance directory are set by the role (docs/windows-worker.md)
 
     def check_not_shared(self, path: Path) -> None:
         if not path.is_dir():
@@ -275,6 +503,8 @@ class Windows(HostPlatform):
         return  # directories cannot be opened for fsync on Windows; NTFS journals the rename
 
     def stop_signals(self) -> tuple[int, ...]:
+        # SIGBREAK is Ctrl-Break in a console (and what a parent's CTRL_BREAK_EVENT raises); the service
+        # host turns SERVICE_CONTROL_STOP/PRESHUTDOWN into the same drain (windows_service.py).
         return tuple(
             getattr(signal, name) for name in ("SIGINT", "SIGBREAK", "SIGTERM") if hasattr(signal, name)
         )

@@ -1,0 +1,234 @@
+# Copyright (c) devin.outposts contributors
+# MIT License (see https://opensource.org/licenses/MIT)
+# SPDX-License-Identifier: MIT
+
+"""The AWX configuration-as-code playbook (docs/examples/awx/configure.yml), without an AWX.
+
+* ``ansible-playbook --syntax-check`` passes with awx.awx on the collections path (bootstrap unpacks it into
+  .cache/collections), and so does every playbook a job template names;
+* the job templates, as Ansible templates them (the playbook's own vars, rendered by a real run of a generated
+  play), name playbooks that exist, carry surveys AWX accepts, and ask only for variables that their playbook
+  or the role it runs reads;
+* the credential type it creates is read from credential_types/devin_outposts/, the shipped definition.
+
+The ansible-lint stage lints the playbook itself (production profile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGURE = ROOT / "docs" / "examples" / "awx" / "configure.yml"
+AWX_COLLECTIONS = ROOT / ".cache" / "collections"
+IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
+SURVEY_TYPES = {"text", "textarea", "password", "integer", "float", "multiplechoice", "multiselect"}
+#: Where a survey variable may be read, per playbook: the playbook, and the role it runs.
+ROLE_OF = {
+    "playbooks/deploy_workers.yml": "worker",
+    "playbooks/rolling_upgrade.yml": "worker",
+    "playbooks/decommission.yml": "worker",
+    "playbooks/deploy_orchestrator.yml": "orchestrator",
+}
+
+
+def ansible_playbook() -> str:
+    local = Path(sys.executable).parent / "ansible-playbook"
+    found = str(local) if local.exists() else shutil.which("ansible-playbook")
+    if not found:
+        if IN_CI:
+            pytest.fail("ansible-playbook is not installed (CI=true: a missing tool fails)", pytrace=False)
+        pytest.skip("ansible-playbook is not installed")
+    return found
+
+
+@pytest.fixture(scope="module")
+def ansible_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    if not (AWX_COLLECTIONS / "ansible_collections" / "awx" / "awx").is_dir():
+        message = "awx.awx is not in .cache/collections (run scripts/bootstrap.sh)"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    base = tmp_path_factory.mktemp("collections")
+    (base / "ansible_collections" / "devin").mkdir(parents=True)
+    (base / "ansible_collections" / "devin" / "outposts").symlink_to(ROOT, target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "DEVIN_", "CONTROLLER_"))}
+    env.update(
+        ANSIBLE_COLLECTIONS_PATH=os.pathsep.join([str(base), str(AWX_COLLECTIONS)]),
+        ANSIBLE_HOME=str(base / "ansible-home"),
+        ANSIBLE_LOCAL_TEMP=str(base / "tmp"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_RETRY_FILES_ENABLED="0",
+        ANSIBLE_DEPRECATION_WARNINGS="0",
+        ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
+    return env
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def play_vars() -> dict[str, Any]:
+    plays = yaml.safe_load(CONFIGURE.read_text())
+    assert len(plays) == 1
+    return dict(plays[0]["vars"])
+
+
+@pytest.fixture(scope="module")
+def job_templates(
+    ansible_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
+    """awx_job_templates as Ansible renders it from configure.yml's own vars."""
+    work = tmp_path_factory.mktemp("render")
+    out = work / "job_templates.json"
+    play = {
+        "name": "Render the job templates of configure.yml",
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars": play_vars(),
+        "tasks": [
+            {"ansible.builtin.copy": {"content": "{{ awx_job_templates | to_json }}", "dest": str(out)}}
+        ],
+    }
+    (work / "render.yml").write_text(yaml.safe_dump([play], sort_keys=False))
+    proc = run([ansible_playbook(), "-i", "localhost,", "-c", "local", "render.yml"], ansible_env, work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rendered: list[dict[str, Any]] = json.loads(out.read_text())
+    return rendered
+
+
+def test_syntax_check(ansible_env: dict[str, str]) -> None:
+    proc = run([ansible_playbook(), "--syntax-check", str(CONFIGURE)], ansible_env, ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_syntax_check_catches_an_unknown_module(ansible_env: dict[str, str], tmp_path: Path) -> None:
+    # The check above means something: a misspelt awx.awx module fails it.
+    broken = tmp_path / "configure.yml"
+    broken.write_text(CONFIGURE.read_text().replace("awx.awx.job_template:", "awx.awx.job_templat:"))
+    proc = run([ansible_playbook(), "--syntax-check", str(broken)], ansible_env, ROOT)
+    assert proc.returncode != 0
+    assert "awx.awx.job_templat" in proc.stdout + proc.stderr
+
+
+def test_the_job_templates_playbooks_pass_syntax_check(
+    job_templates: list[dict[str, Any]], ansible_env: dict[str, str]
+) -> None:
+    playbooks = sorted({jt["playbook"] for jt in job_templates})
+    assert playbooks == [
+        "playbooks/decommission.yml",
+        "playbooks/deploy_orchestrator.yml",
+        "playbooks/deploy_workers.yml",
+        "playbooks/outpost_status.yml",
+        "playbooks/register_outpost.yml",
+        "playbooks/rolling_upgrade.yml",
+    ]
+    proc = run([ansible_playbook(), "--syntax-check", *playbooks], ansible_env, ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def check_question(question: dict[str, Any]) -> list[str]:
+    """What AWX would refuse in one survey question (or what would surprise a user)."""
+    errors = []
+    name = question.get("variable", "?")
+    for key in ("question_name", "variable", "type", "required"):
+        if key not in question:
+            errors.append(f"{name}: needs {key}")
+    kind = question.get("type")
+    if kind not in SURVEY_TYPES:
+        errors.append(f"{name}: unknown type {kind!r}")
+    if kind in ("multiplechoice", "multiselect"):
+        choices = question.get("choices", [])
+        if not choices or question.get("default", choices[0] if choices else None) not in choices:
+            errors.append(f"{name}: the default must be one of the choices")
+    if (
+        kind == "integer"
+        and not question["min"] <= int(question.get("default", question["min"])) <= question["max"]
+    ):
+        errors.append(f"{name}: the default is out of range")
+    if not question.get("required") and "default" in question and kind == "text":
+        # An optional text question with a default always sends it, overriding the inventory's value.
+        errors.append(f"{name}: an optional text question must have no default")
+    return errors
+
+
+def test_the_surveys(job_templates: list[dict[str, Any]]) -> None:
+    assert len(job_templates) == 6
+    for jt in job_templates:
+        playbook = (ROOT / jt["playbook"]).read_text()
+        role = ROLE_OF.get(jt["playbook"])
+        readers = playbook + ((ROOT / "roles" / role / "defaults" / "main.yml").read_text() if role else "")
+        variables = [question["variable"] for question in jt["survey"]]
+        assert len(set(variables)) == len(variables), jt["name"]
+        for question in jt["survey"]:
+            assert check_question(question) == [], jt["name"]
+            assert question["variable"] in readers, f"{jt['name']}: nothing reads {question['variable']}"
+        # The instance list comes from the inventory, never from a survey.
+        assert "devin_outposts_worker_instances" not in variables
+        assert jt["name"].startswith("Devin Outposts: ")
+
+
+def test_the_token_scopes(job_templates: list[dict[str, Any]]) -> None:
+    # What creates or deletes outposts, or claims for machines, needs the orchestrator scope; the rest gets
+    # the machine-scoped credential when there is one, so that worker hosts never hold the orchestrator token.
+    scopes = {jt["playbook"]: jt["scope"] for jt in job_templates}
+    assert scopes == {
+        "playbooks/register_outpost.yml": "orchestrator",
+        "playbooks/outpost_status.yml": "machine",
+        "playbooks/deploy_workers.yml": "machine",
+        "playbooks/rolling_upgrade.yml": "machine",
+        "playbooks/decommission.yml": "orchestrator",
+        "playbooks/deploy_orchestrator.yml": "orchestrator",
+    }
+
+
+def test_the_survey_check_can_fail() -> None:
+    assert check_question({"question_name": "x", "variable": "v", "type": "radio", "required": True})
+    assert check_question(
+        {
+            "question_name": "x",
+            "variable": "v",
+            "type": "integer",
+            "min": 1,
+            "max": 9,
+            "default": 0,
+            "required": True,
+        }
+    )
+    assert check_question(
+        {
+            "question_name": "x",
+            "variable": "v",
+            "type": "multiplechoice",
+            "choices": ["a"],
+            "default": "b",
+            "required": True,
+        }
+    )
+    assert check_question(
+        {"question_name": "x", "variable": "v", "type": "text", "required": False, "default": ""}
+    )
+
+
+def test_the_credential_type_comes_from_the_shipped_files() -> None:
+    variables = play_vars()
+    assert (
+        variables["awx_credential_type_dir"] == "{{ playbook_dir }}/../../../credential_types/devin_outposts"
+    )
+    type_dir = (CONFIGURE.parent / "../../../credential_types/devin_outposts").resolve()
+    assert type_dir == ROOT / "credential_types" / "devin_outposts"
+    assert (type_dir / "input.yml").is_file() and (type_dir / "injectors.yml").is_file()
+    text = CONFIGURE.read_text()
+    assert "awx_credential_type_dir ~ '/input.yml'" in text
+    assert "awx_credential_type_dir ~ '/injectors.yml'" in text
