@@ -2,12 +2,14 @@
 #   make demo    set everything up and run the demo against the embedded fleet simulator
 #   make test    the whole suite (CI runs exactly this)
 #   make build   the release: both wheels and the collection tarball (with the worker's wheel) in dist/
-#   make <stage> one stage: ruff mypy imports ansible-lint changelog sanity units matrix package integration eda tarball
-#                molecule, or lint
+#   make release-notes  regenerate CHANGELOG.md from changelogs/ (docs/release.md)
+#   make docsite the docs site, docs/site/build/html/index.html
+#   make <stage> one stage: ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda
+#                tarball molecule, or lint
 
-STAGES := ruff mypy imports ansible-lint changelog sanity units matrix package integration eda tarball molecule
+STAGES := ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda tarball molecule
 
-.PHONY: help demo test build bootstrap lint $(STAGES) clean
+.PHONY: help demo test build bootstrap lint release-notes docsite $(STAGES) clean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -24,6 +26,13 @@ build:
 
 bootstrap:
 	scripts/bootstrap.sh
+
+release-notes:
+	scripts/release.sh changelog
+
+docsite:
+	scripts/bootstrap.sh
+	PATH="$(CURDIR)/.venv/bin:$$PATH" docs/site/build.sh
 
 lint:
 	scripts/test.sh lint

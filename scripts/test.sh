@@ -14,13 +14,14 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-STAGES=(ruff mypy imports ansible-lint changelog sanity units matrix package integration eda tarball molecule)
+STAGES=(ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda tarball molecule)
 declare -A ABOUT=(
     [ruff]="ruff check on python/ and the benchmarks"
     [mypy]="mypy --strict on both Python distributions (the worker also for win32 and darwin)"
     [imports]="import-linter: the import layers of python/ (no circles, no upward imports)"
     [ansible-lint]="ansible-lint, production profile"
-    [changelog]="antsibull-changelog lint"
+    [changelog]="antsibull-changelog lint; versions agree with galaxy.yml; CHANGELOG.md matches the fragments"
+    [docs]="the docs site (docs/site/build.sh): antsibull-docs lint and build, Sphinx -W; tests/docs"
     [sanity]="ansible-test sanity --venv --python 3.11"
     [units]="ansible-test units --venv --python 3.11 (tests/unit)"
     [matrix]="sanity and units on the oldest and the newest supported ansible-core (scripts/core-matrix.sh --ends)"

@@ -14,7 +14,8 @@ parse it back. These filters do the same work where it can be read and unit-test
 * ``worker_outpost_checks``: the outposts that the preflight looked up, one row per instance;
 * ``worker_pip_argv``: the pip command line that installs the worker package;
 * ``worker_exec_args``: extra worker arguments, quoted for a systemd ``ExecStart=`` line;
-* ``worker_host_instances``: the instances installed on a host, read from their drop-ins.
+* ``worker_host_instances``: the instances installed on a host, read from their drop-ins;
+* ``worker_outposts_to_create``: the outposts (by name) of every host of the play, with their host's platform.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -85,7 +86,8 @@ def worker_instances(instances, defaults):
     """Resolve ``devin_outposts_worker_instances`` against the role's defaults.
 
     ``defaults`` holds ``max_sessions``, ``drain_timeout``, ``workdir_root``, ``data_dir``, ``env``,
-    ``api_url``, ``extra_args`` (the global extra worker arguments) and ``has_token`` (whether there is a default token: the token itself is never passed, so
+    ``api_url``, ``extra_args`` (the global extra worker arguments), ``sep`` (the path separator that joins the
+    roots and the instance name: ``/``, or ``\\`` on Windows) and ``has_token`` (whether there is a default token: the token itself is never passed, so
     this filter's input and output can be shown and logged; an item's own ``token`` only counts as present).
     Unknown keys and wrong types fail with one line naming the instance, so a typo is not silently ignored.
     """
@@ -118,14 +120,15 @@ def worker_instances(instances, defaults):
         has_token = bool(item.get("token")) or _bool(defaults.get("has_token"))
         extra_args = (_extra_args(defaults.get("extra_args"), "devin_outposts_worker_extra_args")
                       + _extra_args(item.get("extra_args"), label + ": extra_args"))
+        sep = _text(defaults.get("sep"), "/") or "/"
         rows.append({
             "name": name,
             "outpost": _text(item.get("outpost")),
             "state": state,
             "implementation": implementation,
             "max_sessions": _int(item.get("max_sessions", defaults.get("max_sessions", 1)), label + ": max_sessions"),
-            "workdir": _text(item.get("workdir")) or "{0}/{1}".format(defaults.get("workdir_root", ""), name),
-            "data_dir": "{0}/{1}".format(defaults.get("data_dir", ""), name),
+            "workdir": _text(item.get("workdir")) or "{0}{1}{2}".format(defaults.get("workdir_root", ""), sep, name),
+            "data_dir": "{0}{1}{2}".format(defaults.get("data_dir", ""), sep, name),
             "drain_timeout": _int(item.get("drain_timeout", defaults.get("drain_timeout", 30)), label + ": drain_timeout"),
             "acceptor_id": _text(item.get("acceptor_id")),
             "env": env,
@@ -240,6 +243,29 @@ def worker_host_instances(slurped, unit):
     return rows
 
 
+def worker_outposts_to_create(hosts):
+    """``{"name", "platform"}`` for every outpost named by the hosts' started or stopped instances.
+
+    ``hosts`` are the play's hostvars; an outpost given by id (``outpost_env-...``) already exists. The platform is
+    ``windows`` for hosts whose facts say Windows, ``linux`` otherwise. One outpost wanted on two platforms fails:
+    an outpost serves one platform.
+    """
+    platforms = {}
+    for host in hosts or []:
+        facts = host.get("ansible_facts") or {}
+        platform = "windows" if facts.get("os_family") == "Windows" else "linux"
+        for instance in host.get("_devin_outposts_worker_present") or []:
+            outpost = _text(instance.get("outpost"))
+            if not outpost or outpost.startswith("outpost_env-"):
+                continue
+            if platforms.setdefault(outpost, platform) != platform:
+                raise AnsibleFilterError(
+                    "outpost {0} is wanted by Linux and by Windows hosts; an outpost serves one platform: give the "
+                    "Windows instances an outpost of their own".format(outpost)
+                )
+    return [{"name": name, "platform": platforms[name]} for name in sorted(platforms)]
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -250,4 +276,5 @@ class FilterModule(object):
             "worker_pip_argv": worker_pip_argv,
             "worker_exec_args": worker_exec_args,
             "worker_host_instances": worker_host_instances,
+            "worker_outposts_to_create": worker_outposts_to_create,
         }

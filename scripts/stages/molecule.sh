@@ -32,7 +32,16 @@ if [[ -z "${MOLECULE_SCENARIOS:-}" ]]; then
 fi
 read -r -a scenarios <<<"${MOLECULE_SCENARIOS:-$(find extensions/molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -n1 basename | sort | tr '\n' ' ')}"
 failed=0
+skipped=0
 for scenario in "${scenarios[@]}"; do
+    # The windows scenario needs a Windows host that the user provides (extensions/molecule/windows/molecule.yml):
+    # none can be built here, so it is skipped, also in CI, unless one is named. Not a cannot_run: nothing is wrong.
+    if [[ $scenario == windows && -z "${DEVIN_OUTPOSTS_WINDOWS_HOST:-}" ]]; then
+        say "molecule windows: SKIPPED: it needs a real Windows host (no Windows machine can run here or in CI);" \
+            "set DEVIN_OUTPOSTS_WINDOWS_HOST, _USER, _PASSWORD (and _CONNECTION) to run it (docs/windows.md)"
+        skipped=$((skipped + 1))
+        continue
+    fi
     start=$SECONDS
     if molecule test -s "$scenario"; then
         say "molecule $scenario: passed in $((SECONDS - start)) s"
@@ -41,5 +50,5 @@ for scenario in "${scenarios[@]}"; do
         failed=$((failed + 1))
     fi
 done
-say "molecule: $(( ${#scenarios[@]} - failed )) passed, $failed failed"
+say "molecule: $(( ${#scenarios[@]} - failed - skipped )) passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 ]]

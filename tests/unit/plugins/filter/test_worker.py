@@ -43,6 +43,7 @@ def test_every_filter_is_registered():
         "worker_instance_leftovers",
         "worker_instances",
         "worker_outpost_checks",
+        "worker_outposts_to_create",
         "worker_pip_argv",
     ]
 

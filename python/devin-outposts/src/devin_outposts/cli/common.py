@@ -14,6 +14,7 @@ from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 
 # One table of exit codes for every verb (documented in docs/worker.md).
+from devin_outposts.worker import platform
 from devin_outposts.worker.exits import (
     EXIT_AUTH,
     EXIT_CONFLICT,
@@ -97,6 +98,8 @@ def print_json(data: Any) -> None:
 def run_until_done(main: Callable[[], Coroutine[Any, Any, int]], log: logging.Logger) -> int:
     """Run a long-lived command's coroutine: its exit code, or the one a ``WorkerExit`` carries (one line on
     stderr and in the log); 130 for a Ctrl-C that came before the signal handlers were installed."""
+    # Before anything starts a session: the token in this process's environment stays out of its reach.
+    platform.current().hide_environment()
     try:
         return asyncio.run(main())
     except WorkerExit as exc:

@@ -3,8 +3,10 @@ r"""Everything the worker does differently per operating system, in one place.
 The rest of the worker asks :func:`current` instead of testing ``os.name`` or ``sys.platform``:
 
 * the OS as an outpost platform name, and the ``devin-remote`` build suffix (docs/fleet-api.md §8);
-* which variables a session inherits (§6.2; on Windows the system environment, §7.5, minus anything
-  that looks like a secret: :func:`windows_session_env`);
+* keeping the worker's own environment (its token) from the sessions of its user
+  (:meth:`HostPlatform.hide_environment`);
+* which variables a session inherits (§6.2, plus proxy URLs without credentials; on Windows the system
+  environment, §7.5, minus anything that looks like a secret: :func:`windows_session_env`);
 * how a configured directory is checked and spelled (Windows: drive letters, UNC shares, and the ``\\?\``
   prefix for paths that would pass ``MAX_PATH``: :func:`windows_state_path`);
 * how a remote is started in a process group of its own, and how that group is stopped;
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import ntpath
 import os
@@ -44,6 +47,12 @@ log = logging.getLogger(__name__)
 
 #: What a session inherits from the worker's environment on every OS (docs/fleet-api.md §6.2).
 PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "TZ")
+#: Proxy settings a session needs to reach the network the way the worker does (docs/security.md): passed
+#: on, both spellings, unless the URL carries a user name or password (then the session gets none).
+PROXY_PASSTHROUGH = (
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+    "http_proxy", "https_proxy", "all_proxy", "no_proxy",
+)  # fmt: skip
 #: What the desktop stream needs on Linux/X11 and Wayland.
 DESKTOP_PASSTHROUGH = ("DISPLAY", "WAYLAND_DISPLAY", "XAUTHORITY")
 #: The per-process variables Windows gives every process (profile, temp, machine identity): a Windows session
@@ -95,6 +104,8 @@ SECRET_NAME = re.compile(
 #: The worker's own configuration (and the spawn-contract names, which the worker sets itself).
 WORKER_PREFIX = "DEVIN_"
 _PROXY_NAMES = frozenset(["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "FTP_PROXY"])
+#: prctl(2) option: whether the process may be ptraced by its user and its /proc files read.
+_PR_SET_DUMPABLE = 4
 #: ``CreateDirectoryW`` refuses paths of MAX_PATH (260) minus 12 characters or more without ``\\?\``.
 WINDOWS_DIR_LIMIT = 248
 #: What the worker appends to its data directory: ``\sessions\`` + an id of up to 100 characters (paths.py)
@@ -288,11 +299,37 @@ class HostPlatform:
     def inherited_env(self, source: Mapping[str, str]) -> dict[str, str]:
         """What a session inherits from ``source`` (the worker's environment): nothing else."""
         env: dict[str, str] = {}
-        for name in PASSTHROUGH + DESKTOP_PASSTHROUGH:
+        for name in PASSTHROUGH + DESKTOP_PASSTHROUGH + PROXY_PASSTHROUGH:
             value = source.get(name)
-            if value is not None and value != "":
-                env[name] = value
+            if value is None or value == "":
+                continue
+            if name.upper() in _PROXY_NAMES and _has_credentials(value):
+                continue
+            env[name] = value
         return env
+
+    # --- the worker's own process --------------------------------------------------------------------
+
+    def hide_environment(self) -> bool:
+        """Keep this process's environment (the account token) from the sessions it starts.
+
+        Sessions run as the worker's user, and a process may read ``/proc/<pid>/environ`` and the memory
+        of any dumpable process of its user; clearing ``os.environ`` would not help, because that file
+        shows the environment the process started with. On Linux, ``prctl(PR_SET_DUMPABLE, 0)`` makes
+        both readable to root only (and stops core dumps); a session's own ``devin-remote`` is dumpable
+        again, because ``execve`` resets the flag. Returns whether it was done: elsewhere nothing is
+        (docs/security.md, "What a session can reach").
+        """
+        if self.name != "linux":
+            return False
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            done = bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+        except (OSError, AttributeError):
+            done = False
+        if not done:
+            log.warning("not undumpable: sessions of this user can read this process's environment")
+        return done
 
     # --- configured directories ----------------------------------------------------------------------
 
