@@ -37,8 +37,9 @@ description:
     C(watch=true) over server-sent events from the list's final cursor), and puts one event on the rulebook's
     queue per queue change.
   - It never returns on its own. A stream the server ends (streams last at most a few minutes) is reopened
-    at once from the last cursor; an error (connection, HTTP 429 or 5xx) is retried with exponential backoff
-    and full jitter between O(backoff_initial) and O(backoff_max) seconds. A token the API refuses (HTTP 401
+    at once from the last cursor; an error (connection, HTTP 429 or 5xx) is retried after a random wait that
+    starts at half of O(backoff_initial), doubles its ceiling after each further error, and never passes
+    O(backoff_max) seconds. A token the API refuses (HTTP 401
     or 403) stops the source with an error, since retrying cannot fix it.
   - With O(cursor_file) the cursor of the last event is kept on disk (written atomically, mode 0600), so a
     restarted rulebook resumes where it stopped instead of starting from the current queue.
