@@ -4,10 +4,10 @@
 #   make build   the release: both wheels and the collection tarball (with the worker's wheel) in dist/
 #   make release-notes  regenerate CHANGELOG.md from changelogs/ (docs/release.md)
 #   make docsite the docs site, docs/site/build/html/index.html
-#   make <stage> one stage: ruff mypy imports ansible-lint changelog docs sanity units matrix package integration tarball
-#                molecule, or lint
+#   make <stage> one stage: ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda
+#                tarball molecule, or lint
 
-STAGES := ruff mypy imports ansible-lint changelog docs sanity units matrix package integration tarball molecule
+STAGES := ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda tarball molecule
 
 .PHONY: help demo test build bootstrap lint release-notes docsite $(STAGES) clean
 

@@ -14,7 +14,7 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-STAGES=(ruff mypy imports ansible-lint changelog docs sanity units matrix package integration tarball molecule)
+STAGES=(ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda tarball molecule)
 declare -A ABOUT=(
     [ruff]="ruff check on python/ and the benchmarks"
     [mypy]="mypy --strict on both Python distributions (the worker also for win32 and darwin)"
@@ -27,6 +27,7 @@ declare -A ABOUT=(
     [matrix]="sanity and units on the oldest and the newest supported ansible-core (scripts/core-matrix.sh --ends)"
     [package]="pytest python/*/tests (both Python distributions)"
     [integration]="pytest tests/integration (playbooks against the simulator)"
+    [eda]="pytest tests/eda: the EDA event source, ansible-rulebook runs the example rulebooks (one on an nspawn host)"
     [tarball]="make build, then the installed tarball: contents, ansible-doc, modules, the worker role on a host"
     [molecule]="roles: tests/roles, then the Molecule scenarios on systemd-nspawn hosts"
 )

@@ -14,3 +14,7 @@ done
 cd "$SIM_DIR"
 say "mypy devin-outposts-sim"
 mypy src "$@"
+# The EDA event source (a lone file that ansible-rulebook runs with runpy; aiohttp comes with ansible-rulebook).
+cd "$ROOT"
+say "mypy --strict extensions/eda/plugins/event_source"
+mypy --strict extensions/eda/plugins/event_source "$@"

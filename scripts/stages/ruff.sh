@@ -10,3 +10,5 @@ say "ruff $(ruff --version | cut -d' ' -f2) in python/"
 (cd python && ruff check --no-cache . "$@")
 say "ruff in benchmarks"
 ruff check --no-cache benchmarks "$@"
+say "ruff in extensions/eda (the event source)"
+ruff check --no-cache extensions/eda "$@"

@@ -19,18 +19,20 @@ cd "$ROOT"
 
 # Developer files that must never be in the tarball (extended regular expressions on the member paths).
 DENY=(
-    '^Makefile$' '^scripts/' '^extensions/' '^benchmarks/' '^python/' '^\.ci/' '^dist/'
+    '^Makefile$' '^scripts/' '^extensions/molecule/' '^benchmarks/' '^python/' '^\.ci/' '^dist/'
     '(^|/)\.venv/' '(^|/)\.cache/' '(^|/)\.ansible/' '(^|/)__pycache__/' '\.pyc$' '\.egg-info(/|$)'
     '(^|/)\.(pytest|mypy|ruff|import_linter)_cache/' '\.tar\.gz$'
     '^\.gitignore$' '^\.ansible-lint$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
     '^pytest\.ini$' '^conftest\.py$'
-    '^tests/(output|unit|integration|roles|orchestrator|tarball)/' '^changelogs/fragments/' '^playbooks/demo\.yml$'
+    '^tests/(output|unit|integration|roles|orchestrator|tarball|eda)/' '^changelogs/fragments/' '^playbooks/demo\.yml$'
 )
 # What a user needs and must find.
 REQUIRE=(
     '^MANIFEST\.json$' '^FILES\.json$' '^LICENSE$' '^README\.md$' '^meta/runtime\.yml$'
     '^roles/worker/files/wheels/devin_outposts-[^/]+-py3-none-any\.whl$' '^roles/worker/tasks/main\.yml$'
     '^roles/cli/tasks/main\.yml$' '^plugins/module_utils/_fleet_api\.py$' '^tests/sanity/ignore-2\.[0-9]+\.txt$'
+    '^extensions/eda/plugins/event_source/outpost_queue\.py$' '^extensions/eda/rulebooks/autoscale_workers\.yml$'
+    '^extensions/eda/rulebooks/provision_per_session\.yml$' '^meta/extensions\.yml$' '^playbooks/scale_workers\.yml$'
     # the AWX credential type (docs/awx.md); docs/examples/awx/configure.yml reads it from here
     '^credential_types/devin_outposts/input\.yml$' '^credential_types/devin_outposts/injectors\.yml$'
 )
