@@ -24,4 +24,5 @@ elif in_ci; then
     die "the eda stage's host test needs root and cgroups (systemd-nspawn); CI=true fails instead of skipping"
 fi
 export NO_COLOR=1 PY_COLORS=0 ANSIBLE_FORCE_COLOR=0
-run_pytest tests/eda -q -p no:cacheprovider "$@"
+# Two workers: the host test (about 100 s) runs beside the rest instead of after it.
+run_pytest tests/eda -q -p no:cacheprovider -n 2 "$@"

@@ -13,7 +13,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 ensure_env
 cd "$ROOT"
-run_pytest tests/roles -q -p no:cacheprovider
+# Two workers: most of these tests wait on ansible-playbook runs (120 s serial, about 80 s so).
+run_pytest tests/roles -q -p no:cacheprovider -n 2
 # Without root or cgroups the scenarios cannot run: a developer sees "skipped", CI fails (cannot_run).
 [[ $(id -u) -eq 0 ]] || cannot_run "the Molecule scenarios need root (debootstrap, systemd-nspawn)"
 [[ -d /sys/fs/cgroup/systemd || -f /sys/fs/cgroup/cgroup.controllers ]] ||

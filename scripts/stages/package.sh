@@ -6,4 +6,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 has_pytest_files "$PKG_DIR/tests" || skip "python/devin-outposts/tests holds no test files yet"
 ensure_env
 cd "$ROOT"
-run_pytest "$PKG_DIR/tests" "$SIM_DIR/tests" "$@"
+# Two workers (the machines have two cores): most tests wait on subprocesses, servers and timers.
+run_pytest "$PKG_DIR/tests" "$SIM_DIR/tests" -n 2 "$@"

@@ -144,6 +144,16 @@ def test_the_registry_reader_is_empty_off_windows() -> None:
     assert platform._read_machine_env() == {}
 
 
+class FakeRegistryKey:
+    """An open registry key: a context manager and nothing else."""
+
+    def __enter__(self) -> FakeRegistryKey:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        return None
+
+
 def fake_winreg(values: list[tuple[str, object, int]], *, readable: bool = True) -> types.ModuleType:
     """``winreg`` as far as the reader uses it: one key, its values in order, %VAR% expansion."""
     module = types.ModuleType("winreg")
@@ -151,20 +161,13 @@ def fake_winreg(values: list[tuple[str, object, int]], *, readable: bool = True)
     module.REG_SZ, module.REG_EXPAND_SZ, module.REG_DWORD = 1, 2, 4  # type: ignore[attr-defined]
     opened: list[tuple[int, str]] = []
 
-    class Key:
-        def __enter__(self) -> Key:
-            return self
-
-        def __exit__(self, *args: object) -> None:
-            return None
-
-    def open_key(root: int, path: str) -> Key:
+    def open_key(root: int, path: str) -> FakeRegistryKey:
         opened.append((root, path))
         if not readable:
             raise PermissionError(5, "Access is denied")
-        return Key()
+        return FakeRegistryKey()
 
-    def enum_value(key: Key, index: int) -> tuple[str, object, int]:
+    def enum_value(key: FakeRegistryKey, index: int) -> tuple[str, object, int]:
         if index >= len(values):
             raise OSError(259, "No more data is available")
         return values[index]
