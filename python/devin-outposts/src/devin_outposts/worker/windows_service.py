@@ -152,7 +152,8 @@ class StatusSink(Protocol):
 
     def __call__(
         self, state: int, *, wait_hint_ms: int = 0, win32_exit_code: int = 0, service_exit_code: int = 0
-    ) -> None: ...
+    ) -> None:
+        """Report ``state`` (a ``SERVICE_*`` state) with its wait hint and exit codes."""
 
 
 def _default_worker(config: WorkerConfig) -> Any:
@@ -309,9 +310,13 @@ class WorkerService:
 
 
 class EventLog(Protocol):
-    def info(self, message: str) -> None: ...
+    """The Windows event log, as far as the service host writes to it."""
 
-    def error(self, message: str) -> None: ...
+    def info(self, message: str) -> None:
+        """Write an information entry."""
+
+    def error(self, message: str) -> None:
+        """Write an error entry."""
 
 
 class ServicemanagerEventLog:
