@@ -201,12 +201,24 @@ def test_three_workers_serve_90_sessions_each_exactly_once(harness: Harness) -> 
     assert len(servers) == 3  # the work was shared by all three
 
 
+def wait_for_pid_record(h: Harness, run: dict[str, Any]) -> None:
+    """Wait until the worker has recorded the remote's pid (``remote.pid`` in its state directory).
+
+    The stand-in reports its run as soon as it starts, a moment before its worker writes that record; a
+    ``kill -9`` inside that moment leaves a remote the next worker cannot know about (docs/worker.md,
+    "Restarts"), which is not what these tests are about.
+    """
+    record = Path(run["env"]["DEVIN_REMOTE_STATE_DIR"]) / "remote.pid"
+    wait(h, record.exists, "the worker to record the remote's pid")
+
+
 def test_kill_9_then_restart_with_the_same_identity_takes_the_session_back(harness: Harness) -> None:
     h = harness
     worker = h.worker("w1")
     entry = h.sim.admin.enqueue(h.outpost.outpost_id)
     first = wait(h, lambda: h.remote.runs(entry.session_id), "the remote")[0]
     acceptor = h.claims(entry.session_id, "claim")[0]["acceptor_id"]
+    wait_for_pid_record(h, first)
     worker.kill9()
     assert alive(first["pid"])  # the orphaned remote survives its worker, as after a real crash
 
@@ -230,6 +242,7 @@ def test_a_restarted_worker_stops_orphans_of_sessions_that_ended_meanwhile(harne
     worker = h.worker("w1")
     entry = h.sim.admin.enqueue(h.outpost.outpost_id)
     orphan = wait(h, lambda: h.remote.runs(entry.session_id), "the remote")[0]
+    wait_for_pid_record(h, orphan)
     worker.kill9()
     h.sim.admin.set_status(entry.session_id, "terminated")  # the session ends while no worker watches
     wait(
