@@ -49,7 +49,7 @@ from devin_outposts.worker.logs import register_secret
 from devin_outposts.worker.metrics import MetricsServer, serve_metrics
 from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.queue_mode import QueueMode
+from devin_outposts.worker.queue_mode import ClaimOutcome, QueueMode
 from devin_outposts.worker.serving import SessionResult
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,17 @@ LOCK_FILE = "orchestrator.lock"
 AUTH_HINT = "(check DEVIN_OUTPOSTS_TOKEN and its scopes)"
 #: The pool's drain timeout: never reached, since a stopping orchestrator detaches its sessions.
 DETACH_DRAIN = 3600.0
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an unexpected error: its type and the start of its message."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def _debugging() -> bool:
+    """Tracebacks of unexpected errors go to the log at debug level only (one line otherwise)."""
+    return log.isEnabledFor(logging.DEBUG)
 
 
 class OrchestratorQueue(QueueMode):
@@ -97,7 +108,11 @@ class OrchestratorQueue(QueueMode):
         self.metrics.labels["pool_id"] = outpost.outpost_id
 
     async def recover(self, outpost_id: str) -> None:
-        """Find the machines a previous run left, then take back our claims with them."""
+        """Find the machines a previous run left, then take back our claims with them.
+
+        Any failure is a :class:`FleetError`, which :meth:`QueueMode.run` retries: a reply that could not
+        be read (or any other surprise) must not end the run with every adopted machine left alone.
+        """
         assert self.orchestrator.driver is not None
         try:
             machines = await self.orchestrator.driver.list_owned(self.acceptor_id, outpost_id)
@@ -108,8 +123,39 @@ class OrchestratorQueue(QueueMode):
         }
         try:
             await super().recover(outpost_id)
+        except FleetError:
+            raise
+        except Exception as exc:  # one bad reply must not stop the orchestrator
+            raise FleetError("take back this orchestrator's sessions", _describe(exc)) from exc
         finally:
             self.orchestrator.adoptable.clear()
+
+    async def claim_next(self) -> ClaimOutcome:
+        """One claim turn; any error in it (a claim answer that cannot be read, a bug) is one log line and
+        a retry after the backoff, never the end of the loop. A claim whose answer was lost stays ours on
+        the server until its deadline, then returns to the queue."""
+        try:
+            return await super().claim_next()
+        except Exception as exc:  # no single reply may stop the claim loop
+            self.metrics.inc("api_errors")
+            outpost = self.outpost.outpost_id if self.outpost is not None else "?"
+            log.error(
+                "claiming a session of outpost %s failed on an unexpected error: %s",
+                outpost,
+                _describe(exc),
+                exc_info=_debugging(),
+                extra={"outpost": outpost},
+            )
+            return ClaimOutcome.ERROR
+
+    async def claim_loop(self) -> None:
+        """The claim loop; if it ends on an error all the same, every running session is detached (kept
+        running, its claim held, for the next start to adopt) so that the run can end at once."""
+        try:
+            await super().claim_loop()
+        except BaseException:
+            self.orchestrator.stop()
+            raise
 
     def _finished(self, result: SessionResult) -> None:
         super()._finished(result)
@@ -288,6 +334,15 @@ class Orchestrator:
                     raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
                 except FleetError as exc:
                     raise WorkerExit(EXIT_ERROR, str(exc)) from exc
+                except WorkerExit:
+                    raise
+                except Exception as exc:  # a bug: exit non-zero with one line, never hang
+                    log.debug("the claim loop stopped", exc_info=True)
+                    raise WorkerExit(
+                        EXIT_ERROR,
+                        f"the claim loop stopped on an unexpected error ({_describe(exc)}); running "
+                        "sessions keep their machines and claims for the next start",
+                    ) from exc
             if self.pool.fatal is not None:
                 raise WorkerExit(EXIT_AUTH, f"{self.pool.fatal} {AUTH_HINT}")
             if self.lost_lead:

@@ -105,6 +105,14 @@ class Sweeper:
         except (DriverError, FleetError) as exc:
             orch.metrics.inc("reconcile_failures")
             log.warning("garbage collection failed: %s; trying again next pass", exc)
+        except Exception as exc:  # a reply no one foresaw must not end the sweeps for good
+            orch.metrics.inc("reconcile_failures")
+            log.error(
+                "garbage collection failed on an unexpected error: %s: %s; trying again next pass",
+                type(exc).__name__,
+                " ".join(str(exc).split())[:200],
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
         self._check_stuck()
 
     async def _machines(self) -> None:

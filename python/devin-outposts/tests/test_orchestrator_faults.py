@@ -1,0 +1,62 @@
+"""The orchestrator against faults, for real: ``devin-outposts orchestrate --driver process`` processes.
+
+* a claim answer the client cannot read (a deadline of ``1e400``, nesting deeper than any decoder's
+  recursion limit), from a hostile proxy in front of the simulator (:mod:`fault_proxy`): one log line,
+  the loop keeps claiming, ``/healthz`` stays up and SIGTERM still ends the process cleanly.
+
+Every assertion is on observed state: the simulator's claim history and gateway connections, the
+machines directory, ``/healthz``, the process's exit code and its log.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, Callable
+
+import httpx
+import pytest
+from fault_proxy import FaultProxy, deep_nesting, huge_deadline
+from test_orchestrator_process import Harness, free_port, harness
+
+from devin_outposts_sim.remote import tools
+
+__all__ = ["harness"]
+
+
+def _health(port: int) -> Any:
+    try:
+        response = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+    except httpx.HTTPError:
+        return None
+    return response.status_code, response.json()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fault", [huge_deadline, deep_nesting], ids=["deadline-1e400", "deep-nesting"])
+def test_an_unreadable_claim_answer_is_one_log_line_and_the_loop_keeps_claiming(
+    harness: Harness, fault: Callable[[bytes], bytes]
+) -> None:
+    h = harness
+    port = free_port()
+    with FaultProxy(h.sim.url) as proxy:
+        orch = h.orchestrator("--metrics-addr", f"127.0.0.1:{port}", api_url=proxy.url)
+        first = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+        h.wait(lambda: h.connections(first), "the first session to be served")
+        proxy.inject("/claim", fault)
+        hit = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+        h.wait(lambda: proxy.injected, "the unreadable claim answer to be sent")
+        later = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+        # The loop goes on: the next session is claimed and served, and so, once its claim is back in
+        # the queue, is the one whose claim answer could not be read.
+        h.wait(lambda: h.connections(later), "a session queued after the fault to be served", timeout=60)
+        h.wait(lambda: h.connections(hit), "the session of the unreadable answer to be served", timeout=90)
+        assert h.wait(lambda: _health(port), "/healthz") == (200, {"status": "ok"})
+        h.sim.admin.add_calls(first, [tools.run("echo still-served")])
+        [call] = h.sim.admin.wait_calls(first, timeout=60)
+        assert call["result"]["output"] == "still-served\n"
+        orch.signal(signal.SIGTERM)
+        assert orch.wait(30) == 0
+    log = orch.log()
+    assert "Traceback" not in log
+    failures = [line for line in log.splitlines() if f"claim session {hit}" in line or "unexpected" in line]
+    assert len(failures) == 1, log
