@@ -60,3 +60,35 @@ def test_an_unreadable_claim_answer_is_one_log_line_and_the_loop_keeps_claiming(
     assert "Traceback" not in log
     failures = [line for line in log.splitlines() if f"claim session {hit}" in line or "unexpected" in line]
     assert len(failures) == 1, log
+
+
+@pytest.mark.timeout(240)
+def test_a_restart_with_a_lower_max_concurrent_keeps_every_live_session_and_waits_to_claim(
+    harness: Harness,
+) -> None:
+    h = harness
+    first = h.orchestrator(name="at-five", max_concurrent=5)
+    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for dummy in range(5)]
+    h.wait(lambda: all(h.connections(s) for s in sessions), "five sessions to be served", timeout=90)
+    first.signal(signal.SIGTERM)  # what changing a Deployment's cap does: a restart
+    assert first.wait(30) == 0
+    second = h.orchestrator(name="at-two", max_concurrent=2)
+    h.wait(lambda: second.log().count("adopting machine") == 5, "the five machines to be adopted")
+    queued = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+    # Every live session keeps its machine, its claim and its worker: nothing was released or torn down.
+    for sid in sessions:
+        h.sim.admin.add_calls(sid, [tools.run(f"echo {sid}")])
+        [call] = h.sim.admin.wait_calls(sid, timeout=60)
+        assert call["result"]["output"] == f"{sid}\n"
+    assert not any(h.released(sid) for sid in sessions)
+    assert len(h.machines()) == 5
+    assert all(len(h.connections(sid)) == 1 for sid in sessions)  # never started again
+    # Over the cap nothing is claimed: the queued session waits until fewer than two run.
+    assert h.claims(queued) == []
+    for sid in sessions[:3]:
+        h.sim.admin.end_session(sid, "terminated")
+    h.wait(lambda: all(h.released(sid) for sid in sessions[:3]), "three sessions to end")
+    assert h.claims(queued) == []  # two still run: the cap is full
+    h.sim.admin.end_session(sessions[3], "terminated")
+    h.wait(lambda: h.connections(queued), "the queued session to be served once one slot is free")
+    assert len(h.connections(sessions[4])) == 1

@@ -49,11 +49,14 @@ class SweepOwner(Protocol):
     config: OrchestratorConfig
     driver: Optional[Driver]
     client: Optional[FleetClient]
-    pool: SessionPool
     metrics: Metrics
     acceptor_id: str
     outpost_id: Optional[str]
     adoptable: dict[str, Machine]
+
+    @property
+    def pool(self) -> SessionPool:
+        """The sessions and their slots."""
 
     @property
     def following(self) -> Optional[Following]:
