@@ -1,10 +1,16 @@
-"""A hostile fleet API for the orchestrator's fault tests: a real HTTP proxy in front of the simulator.
+"""An independent, hostile fleet API for the orchestrator's tests: a real HTTP proxy before the simulator.
 
-:class:`FaultProxy` forwards every request to the simulator (the SSE watch too, chunk by chunk) and, for
-the next ``count`` answers to a request whose path ends with ``suffix`` (``/claim``), replaces the answer
-body by what a fault function makes of it: :func:`huge_deadline` (``"claim_deadline": 1e400``) or
-:func:`deep_nesting`. The request itself still reaches the simulator, as it would behind a broken relay:
-the claim is made, only its answer cannot be read.
+:class:`FaultProxy` forwards every request to the simulator (the SSE watch and the gateway's long polls
+too, line by line) with the ``Host`` the client used, so claim answers name the proxy as the gateway and
+the machines' remotes talk through it as well. On top of that:
+
+* :meth:`FaultProxy.inject`: the next ``count`` answers to a request whose path ends with ``suffix``
+  (``/claim``) are replaced by what a fault function makes of them: :func:`huge_deadline`
+  (``"claim_deadline": 1e400``) or :func:`deep_nesting`. The request itself still reaches the simulator,
+  as behind a broken relay: the claim is made, only its answer cannot be read;
+* :meth:`FaultProxy.alias`: a session the simulator knows as ``real`` is shown to clients as ``shown``,
+  in every answer and request path, so clients meet ids the simulator itself would refuse (``-x``,
+  ``--help``).
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
+from urllib.parse import quote, unquote
 
 import httpx
 
 Fault = Callable[[bytes], bytes]
 #: Request headers that describe one hop, not the request.
-_HOP = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "accept-encoding"}
+_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "accept-encoding"}
 
 
 def huge_deadline(body: bytes) -> bytes:
@@ -42,6 +49,8 @@ class FaultProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self._faults: list[tuple[str, Fault]] = []
+        #: real id -> the id clients see.
+        self._aliases: dict[str, str] = {}
         self._lock = threading.Lock()
         #: (path, fault name) of every answer replaced.
         self.injected: list[tuple[str, str]] = []
@@ -57,6 +66,27 @@ class FaultProxy:
         """Replace the next ``count`` answers to requests whose path ends with ``suffix``."""
         with self._lock:
             self._faults.extend([(suffix, fault)] * count)
+
+    def alias(self, real: str, shown: str) -> None:
+        """Show the simulator's session ``real`` to clients as ``shown``."""
+        with self._lock:
+            self._aliases[real] = shown
+
+    def _path(self, path: str) -> str:
+        """A client's request path with shown ids turned back into the simulator's."""
+        with self._lock:
+            back = {shown: real for real, shown in self._aliases.items()}
+        head, sep, query = path.partition("?")
+        parts = [quote(back[unquote(p)], safe="") if unquote(p) in back else p for p in head.split("/")]
+        return "/".join(parts) + sep + query
+
+    def _body(self, data: bytes) -> bytes:
+        """An answer (or one line of a stream) with the simulator's ids replaced by the shown ones."""
+        with self._lock:
+            aliases = dict(self._aliases)
+        for real, shown in aliases.items():
+            data = data.replace(json.dumps(real).encode(), json.dumps(shown).encode())
+        return data
 
     def _take(self, path: str) -> Optional[Fault]:
         with self._lock:
@@ -77,16 +107,17 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-                path = self.path.split("?", 1)[0]
+                target = proxy._path(self.path)
                 with httpx.Client(timeout=httpx.Timeout(30.0, read=None)) as client:
                     request = client.build_request(
-                        self.command, proxy.upstream + self.path, headers=headers, content=body
+                        self.command, proxy.upstream + target, headers=headers, content=body
                     )
                     response = client.send(request, stream=True)
                     try:
+                        path = self.path.split("?", 1)[0]
                         fault = proxy._take(path) if response.status_code == 200 else None
                         if fault is not None:
-                            self._answer(response, fault(response.read()))
+                            self._answer(response, fault(proxy._body(response.read())))
                         else:
                             self._stream(response)
                     finally:
@@ -110,14 +141,22 @@ class FaultProxy:
                 self.send_header("Connection", "close")
                 self.end_headers()
                 try:
-                    for chunk in response.iter_raw():
-                        if chunk:
-                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                            self.wfile.flush()
+                    pending = b""
+                    for chunk in response.iter_bytes():
+                        pending += chunk
+                        lines, sep, pending = pending.rpartition(b"\n")
+                        if sep:
+                            self._chunk(proxy._body(lines + sep))
+                    self._chunk(proxy._body(pending))
                     self.wfile.write(b"0\r\n\r\n")
                 except (ConnectionError, httpx.HTTPError):
                     pass
                 self.close_connection = True
+
+            def _chunk(self, data: bytes) -> None:
+                if data:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
 

@@ -10,7 +10,10 @@ machines directory, ``/healthz``, the process's exit code and its log.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
+from pathlib import Path
 from typing import Any, Callable
 
 import httpx
@@ -18,6 +21,8 @@ import pytest
 from fault_proxy import FaultProxy, deep_nesting, huge_deadline
 from test_orchestrator_process import Harness, free_port, harness
 
+from devin_outposts.orchestrator.drivers.base import DriverError, SessionSpec, fnv1a32
+from devin_outposts.orchestrator.drivers.process import ProcessDriver
 from devin_outposts_sim.remote import tools
 
 __all__ = ["harness"]
@@ -92,3 +97,57 @@ def test_a_restart_with_a_lower_max_concurrent_keeps_every_live_session_and_wait
     h.sim.admin.end_session(sessions[3], "terminated")
     h.wait(lambda: h.connections(queued), "the queued session to be served once one slot is free")
     assert len(h.connections(sessions[4])) == 1
+
+
+def colliding_ids() -> tuple[str, str]:
+    """Two session ids whose machine names were equal: the same letters in other cases (the name keeps
+    them lower-cased) and the same 32-bit FNV-1a hash, found by a birthday search."""
+    base = "devin-collide-abcdefghijklmnopqrstuvw"
+    seen: dict[str, str] = {}
+    for n in range(1 << len(base)):
+        sid = "".join(c.upper() if n >> i & 1 and c.isalpha() else c for i, c in enumerate(base))
+        digest = fnv1a32(sid)
+        if digest in seen and seen[digest] != sid:
+            return seen[digest], sid
+        seen[digest] = sid
+    raise AssertionError("no collision found")
+
+
+@pytest.mark.timeout(180)
+def test_session_ids_that_look_like_options_or_collide_are_each_served_once(harness: Harness) -> None:
+    h = harness
+    one, two = colliding_ids()
+    # The simulator refuses ids that start with "-"; the proxy shows two of its sessions under them.
+    shown = {"devin-dash-x": "-x", "devin-dash-help": "--help", one: one, two: two}
+    with FaultProxy(h.sim.url) as proxy:
+        for real, name in shown.items():
+            proxy.alias(real, name)
+            h.sim.admin.enqueue(h.outpost.outpost_id, session_id=real)
+        orch = h.orchestrator(api_url=proxy.url)
+        for sid in shown:
+            h.wait(lambda sid=sid: h.connections(sid), f"session {shown[sid]} to be served", timeout=90)
+        for sid in shown:  # each worker serves its own session; none was stopped by another's
+            h.sim.admin.add_calls(sid, [tools.run("echo served")])
+            [call] = h.sim.admin.wait_calls(sid, timeout=60)
+            assert call["result"]["output"] == "served\n", shown[sid]
+        assert len(h.machines()) == 4
+        for sid in shown:
+            assert len(h.connections(sid)) == 1, shown[sid]
+            assert len(h.claims(sid, "claim")) == 1, shown[sid]  # never given up and claimed again
+            assert not h.released(sid), shown[sid]
+        assert "-x" in orch.log() and "--help" in orch.log()
+
+
+def test_provision_never_reuses_the_machine_directory_of_another_session(tmp_path: Path) -> None:
+    """The check behind every name: a directory that has this session's machine name but another
+    session's labels (two ids whose names collide) is never handed out, so its worker is never stopped."""
+    driver = ProcessDriver(tmp_path / "process", ("true",))
+    mine = SessionSpec(session_id="devin-mine", outpost_id="outpost_env-1", acceptor_id="orch-a")
+    theirs = SessionSpec(session_id="devin-theirs", outpost_id="outpost_env-1", acceptor_id="orch-a")
+    taken = Path(asyncio.run(driver.provision(mine)).ref)
+    # What a colliding id's provision left there: the same directory, labelled with the other session.
+    meta = json.loads((taken / "machine.json").read_text())
+    (taken / "machine.json").write_text(json.dumps({**meta, "session_id": theirs.session_id}))
+    with pytest.raises(DriverError, match=r"already belongs to session 'devin-theirs'"):
+        asyncio.run(driver.provision(mine))
+    assert json.loads((taken / "machine.json").read_text())["session_id"] == "devin-theirs"

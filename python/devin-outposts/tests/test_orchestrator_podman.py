@@ -339,7 +339,7 @@ def test_the_launch_reaches_podman_in_a_0600_env_file_that_is_gone_after(
     assert argv[argv.index("--network") + 1 :][:1] == ["host"]
     assert argv[argv.index("--volume") + 1 :][:1] == ["state-1:/var/lib/devin-worker"]
     assert argv[argv.index("--entrypoint") + 1 :] == [
-        '["devin-outposts"]', driver.image, "worker", "start", "--session", "devin-x",
+        '["devin-outposts"]', driver.image, "worker", "start", "--session=devin-x",
     ]  # fmt: skip
     assert [p for p in (tmp_path / "orchestrator").rglob("*") if p.is_file()] == []
 

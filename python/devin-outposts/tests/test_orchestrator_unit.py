@@ -140,7 +140,7 @@ def test_the_machine_gets_the_connect_token_and_never_the_account_token(
     assert launch.connect_token not in " ".join(argv)  # never argv
     assert env["DEVIN_WORKER_REMOTE_SHA"] == "abc1234"
     assert env["DEVIN_WORKER_STATIC_BASE_URL"] == "https://static.example/remote/"
-    assert argv == ["worker", "start", "--session", sid]
+    assert argv == ["worker", "start", f"--session={sid}"]
     assert launch.connect_token not in repr(launch)
 
 

@@ -8,7 +8,7 @@ worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). 
   session, or provisions one within ``--provision-timeout`` (a failure or a timeout ends the session as
   an infrastructure error: the claim is released at once); a ``kind=resume`` session with the
   ``snapshot`` policy gets its kept state restored;
-* :meth:`~MachineSession.launch` starts ``devin-outposts worker start --session <id>`` in the machine in
+* :meth:`~MachineSession.launch` starts ``devin-outposts worker start --session=<id>`` in the machine in
   direct-serve mode with the claim's connect token (the account token never enters a machine). A
   platform that restarts failed workers itself (a Pod) is only re-attached to;
 * :meth:`~MachineSession.finish` snapshots a suspended session (``snapshot`` policy), then tears the

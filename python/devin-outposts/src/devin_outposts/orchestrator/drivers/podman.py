@@ -8,7 +8,7 @@ What a machine is, in podman objects (every one labelled with :meth:`SessionSpec
   working directory, which are what a snapshot keeps. The random suffix lets a fresh machine of a session
   live beside a snapshot of the same session;
 * a **container** ``outpost-worker-<id>-<fnv>`` (:func:`machine_name`) that runs
-  ``devin-outposts worker start --session <id>`` in direct-serve mode, with podman's ``--init`` as PID 1
+  ``devin-outposts worker start --session=<id>`` in direct-serve mode, with podman's ``--init`` as PID 1
   (it forwards signals and reaps what the session's commands leave behind). Its labels name its state
   volume, so a restarted orchestrator finds the whole machine with one label query.
 
@@ -62,6 +62,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerStatus,
     label_value,
     machine_name,
+    name_taken,
     option_text,
 )
 from devin_outposts.worker.paths import make_private_dir
@@ -445,6 +446,8 @@ class PodmanDriver(Driver):
             if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or labels.get(LABEL_KIND) != KIND_MACHINE:
                 raise DriverError(f"container {name} exists and is not one of ours")
             owner = _ids(labels)
+            if owner["session_id"] != spec.session_id:
+                raise name_taken(f"container {name}", owner["session_id"])
             if (owner["acceptor_id"], owner["outpost_id"]) != (spec.acceptor_id, spec.outpost_id):
                 # Another orchestrator's machine for this session (names are per host, not per acceptor):
                 # never adopted here, as its worker may still serve the session with that one's token.

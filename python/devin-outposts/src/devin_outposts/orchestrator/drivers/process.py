@@ -11,7 +11,7 @@ only where every session may see every other. A machine is ``<root>/machines/<na
   ``worker.exit``: its exit code, written by the group leader (``sh``), so that an orchestrator that did
   not start the worker (it restarted meanwhile) still learns how it ended; ``worker.log``: its output.
 
-The worker runs ``<worker_command> worker start --session <id>`` in direct-serve mode. Its environment is
+The worker runs ``<worker_command> worker start --session=<id>`` in direct-serve mode. Its environment is
 built from scratch: ``PATH HOME USER LOGNAME LANG TZ TMPDIR`` and the launch's variables; the connect
 token is in the environment only, never in argv. Each worker leads its own session (``setsid``), so it
 outlives an orchestrator that is stopped or killed; teardown stops it (SIGTERM twice: the worker then
@@ -47,6 +47,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerState,
     WorkerStatus,
     machine_name,
+    name_taken,
     option_text,
 )
 from devin_outposts.worker import platform
@@ -139,6 +140,12 @@ class ProcessDriver(Driver):
         path = self._dir(name)
         meta = _read_json(path / META)
         if meta is not None:
+            if (meta.get("session_id"), meta.get("acceptor_id"), meta.get("outpost_id")) != (
+                spec.session_id,
+                spec.acceptor_id,
+                spec.outpost_id,
+            ):
+                raise name_taken(f"machine directory {path}", str(meta.get("session_id")))
             return self._machine(name, meta)
         try:
             make_private_dir(self.machines_dir)
