@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,9 +22,11 @@ import pytest
 from fault_proxy import FaultProxy, deep_nesting, huge_deadline
 from test_orchestrator_process import Harness, free_port, harness
 
-from devin_outposts.orchestrator.drivers.base import DriverError, SessionSpec, fnv1a32
+from devin_outposts.orchestrator.drivers.base import DriverError, SessionSpec, fnv1a32, machine_name
 from devin_outposts.orchestrator.drivers.process import ProcessDriver
 from devin_outposts_sim.remote import tools
+
+from worker_fakes import pids_working_under
 
 __all__ = ["harness"]
 
@@ -151,3 +154,36 @@ def test_provision_never_reuses_the_machine_directory_of_another_session(tmp_pat
     with pytest.raises(DriverError, match=r"already belongs to session 'devin-theirs'"):
         asyncio.run(driver.provision(mine))
     assert json.loads((taken / "machine.json").read_text())["session_id"] == "devin-theirs"
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_runs_but_never_serves_is_given_up_at_the_boot_timeout(harness: Harness) -> None:
+    h = harness
+    hung = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+    # The machines' worker command: the real worker, except for one session, where it just hangs.
+    command = h.tmp / "worker-or-hang"
+    command.write_text(
+        f'#!/bin/sh\ncase "$*" in *{hung}*) exec sleep 3600 ;; esac\n'
+        f'exec {sys.executable} -m devin_outposts "$@"\n'
+    )
+    command.chmod(0o755)
+    orch = h.orchestrator(
+        "--boot-timeout", "6", "--driver-opt", f"worker_command={command}", max_concurrent=1
+    )
+    h.wait(lambda: h.claims(hung, "claim"), "the hanging session to be claimed")
+    queued = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+    # Its worker runs and serves nothing: it is given up, its claim released and its machine removed,
+    # and the slot serves the next session.
+    h.wait(lambda: h.released(hung), "the hanging session's claim to be released", timeout=60)
+    h.wait(lambda: h.connections(queued), "the next session to be served in the freed slot", timeout=60)
+    assert h.connections(hung) == []
+    assert [p.name for p in h.machines()] == [machine_name("outpost-worker", queued)]
+    assert not [pid for pid in pids_working_under(h.tmp) if "sleep" in _comm(pid)]
+    assert "without the session being served" in orch.log()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
