@@ -187,3 +187,43 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+#: Loaded by the first orchestrator of the test below (PYTHONPATH): it SIGKILLs itself the moment its
+#: first worker's process exists, before it can note anything about it: a kill in that window, every time.
+DIE_AFTER_SPAWN = """
+import asyncio, os, signal
+_spawn = asyncio.create_subprocess_exec
+async def _spawn_then_die(*args, **kwargs):
+    proc = await _spawn(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return proc
+asyncio.create_subprocess_exec = _spawn_then_die
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_started_just_before_the_orchestrator_was_killed_is_adopted(harness: Harness) -> None:
+    h = harness
+    hooks = h.tmp / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(DIE_AFTER_SPAWN)
+    first = h.orchestrator(name="killed", extra_env={"PYTHONPATH": str(hooks)})
+    sid = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+    assert first.wait(60) == -signal.SIGKILL  # killed right after starting the session's worker
+    h.wait(lambda: h.connections(sid), "the orphaned worker to serve the session")
+    second = h.orchestrator("--boot-timeout", "8", name="successor")
+    # The successor finds the worker it could not have started itself, and keeps it: not given up.
+    h.wait(
+        lambda: "worker running on" in second.log() or "did not come up" in second.log(),
+        "the successor to judge the adopted machine",
+    )
+    assert "adopting machine" in second.log()
+    assert "did not come up" not in second.log()
+    h.sim.admin.add_calls(sid, [tools.run("echo adopted")])
+    [call] = h.sim.admin.wait_calls(sid, timeout=60)
+    assert call["result"]["output"] == "adopted\n"
+    assert len(h.connections(sid)) == 1 and not h.released(sid)
+    h.sim.admin.end_session(sid, "terminated")
+    h.wait(lambda: h.released(sid), "the claim to be released")
+    h.wait(lambda: not h.machines(), "the machine to be torn down")
