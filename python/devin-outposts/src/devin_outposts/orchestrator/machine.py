@@ -192,6 +192,8 @@ class MachineSession(ClaimedSession):
         #: The worker is running now, as of the last status read.
         self.running_now = False
         self.claimed_at = time.monotonic()
+        #: Since when (monotonic) the session has been waiting for its worker: its claim, then each start.
+        self.booting_since = self.claimed_at
         #: The queue said ``running`` already in the claim answer: ``served`` cannot be told from it.
         self.running_at_claim = claim.status.session_status == SessionStatus.RUNNING
         self.phases: dict[str, float] = {}
@@ -213,6 +215,10 @@ class MachineSession(ClaimedSession):
             return self.running_now
         latest = self.latest
         return latest is not None and latest.status.session_status == SessionStatus.RUNNING
+
+    def not_up_for(self) -> float:
+        """Seconds the session has waited for its worker to run (0 while it runs)."""
+        return 0.0 if self.running_now else time.monotonic() - self.booting_since
 
     def worker_running(self) -> None:
         self.running_now = True
@@ -314,6 +320,7 @@ class MachineSession(ClaimedSession):
         except DriverError as exc:
             raise LaunchError(f"starting the worker in machine {self.machine.name} failed: {exc}") from exc
         self.running_now = False
+        self.booting_since = time.monotonic()
         return MachineRun(self, base_restarts=await self._restarts())
 
     async def _restarts(self) -> int:

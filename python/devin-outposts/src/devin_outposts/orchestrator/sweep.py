@@ -12,8 +12,8 @@ collection"):
 * **orphaned per-session secrets** (the driver's :meth:`~.drivers.base.Driver.sweep_orphans`).
 
 Each pass counts as a ``reconciliation``; a pass the driver or the API failed, as a
-``reconcile_failure`` (the next pass tries again). It also warns when every slot is taken but no
-session's worker is running: capacity is full of machines that do not come up.
+``reconcile_failure`` (the next pass tries again). It also warns when every slot is taken by a session
+whose worker has not run for half ``--boot-timeout``: capacity is full of machines that do not come up.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: Sweeps between two "capacity full, nothing running" warnings.
 STUCK_WARNING_EVERY = 5
+#: The share of --boot-timeout a session's worker may take to run before it counts as not coming up.
+STUCK_AFTER = 0.5
 
 
 class Following(Protocol):
@@ -194,16 +196,21 @@ class Sweeper:
         log.info("removed snapshot %s: %s", snapshot.ref, why, extra={"session_id": snapshot.session_id})
 
     def _check_stuck(self) -> None:
+        """Warn when every slot is taken by a session whose worker has not run for half the boot timeout.
+        Machines that are still being made (every run starts with full slots and no worker up yet, and a
+        podman or Kubernetes machine takes seconds) are not "not coming up"."""
         orch = self.orchestrator
         sessions = orch.sessions
         full = orch.pool.free_slot() is None
-        if full and sessions and not any(s.running_now for s in sessions):
+        patience = orch.config.boot_timeout * STUCK_AFTER
+        if full and sessions and all(s.not_up_for() > patience for s in sessions):
             if self._stuck_passes % STUCK_WARNING_EVERY == 0:
                 log.warning(
-                    "capacity is full (%d of %d sessions) but no session's worker is running: machines "
-                    "are not coming up (see the driver's errors above)",
+                    "capacity is full (%d of %d sessions) but no session's worker has run for %gs: "
+                    "machines are not coming up (see the driver's errors above)",
                     len(sessions),
                     orch.config.max_concurrent,
+                    patience,
                 )
             self._stuck_passes += 1
         else:
