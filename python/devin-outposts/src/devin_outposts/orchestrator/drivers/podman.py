@@ -107,7 +107,17 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 #: What podman writes to stderr when the container or volume asked for does not exist (its exit code,
 #: 125, is the one of every other failure too).
-_NOT_FOUND_TEXT = ("no such container", "no such volume", "no such object", "not found")
+_NOT_FOUND_TEXT = (
+    "no such container",
+    "no such volume",
+    "no such object",
+    "not found",
+    "no container with name",
+    "no volume with name",
+)
+#: Attempts at a listing that failed because an object in it vanished meanwhile (``podman volume ls``
+#: inspects every volume it lists: one removed by a concurrent teardown fails the whole listing).
+LIST_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -384,7 +394,15 @@ class PodmanDriver(Driver):
         return None
 
     async def _list(self, args: Iterable[str], what: str) -> list[dict[str, Any]]:
-        result = await self._check(*args, "--format", "json", what=what)
+        """A listing as mappings. One that failed because something in it was removed meanwhile (another
+        session's teardown) is asked again: that object is simply not listed any more."""
+        argv = [*args, "--format", "json"]
+        for attempt in range(LIST_ATTEMPTS):
+            result = await self._run(*argv, what=what)
+            if result.code == 0 or not result.not_found() or attempt + 1 == LIST_ATTEMPTS:
+                break
+        if result.code != 0:
+            raise DriverError(f"Could not {what}: {result.error_line()}")
         data = _parse_json(result.stdout, what)
         return [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []
 
@@ -605,11 +623,11 @@ class PodmanDriver(Driver):
                 volumes.add(labels[LABEL_STATE_VOLUME])
             await self._stop_and_remove(machine.name)
         # Also the session's state volumes no container names any more (a provision or restore that was
-        # interrupted), but never one a snapshot keeps.
-        for volume in await self._state_volumes(machine.acceptor_id, machine.outpost_id):
-            if _ids(_labels_of(volume))["session_id"] == machine.session_id:
-                volumes.add(str(volume.get("Name", "")))
-        kept = await self._snapshot_volumes(machine.acceptor_id, machine.outpost_id)
+        # interrupted), but never one a snapshot keeps. Listed by this session's label alone: a listing
+        # of every session's volumes fails when another session's teardown removes one meanwhile.
+        states, markers = await self._session_volumes(machine)
+        volumes.update(str(volume.get("Name", "")) for volume in states)
+        kept = {_labels_of(marker).get(LABEL_STATE_VOLUME, "") for marker in markers}
         for volume_name in sorted(volumes - kept - {""}):
             await self._remove_volume(volume_name)
         self._remove_env_files(machine.name)
@@ -646,15 +664,27 @@ class PodmanDriver(Driver):
         )
         return [item for item in listed if _owned_by(_labels_of(item), acceptor_id, outpost_id, kind)]
 
+    async def _session_volumes(self, machine: Machine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The state volumes and snapshot markers of ``machine``'s session (ours, for its acceptor and
+        outpost), from one listing filtered on the session's label only (one filter: podman 4.3 ORs
+        several), so that no other session's volume is looked at."""
+        label = f"label={LABEL_SESSION}={label_value(machine.session_id)}"
+        listed = await self._list(["volume", "ls", "--filter", label], f"list the volumes of {machine.name}")
+        found: dict[str, list[dict[str, Any]]] = {KIND_STATE: [], KIND_SNAPSHOT: []}
+        for item in listed:
+            labels = _labels_of(item)
+            if _ids(labels)["session_id"] != machine.session_id:
+                continue
+            for kind, items in found.items():
+                if _owned_by(labels, machine.acceptor_id, machine.outpost_id, kind):
+                    items.append(item)
+        return found[KIND_STATE], found[KIND_SNAPSHOT]
+
     async def _state_volumes(self, acceptor_id: str, outpost_id: str) -> list[dict[str, Any]]:
         return await self._volumes(acceptor_id, outpost_id, KIND_STATE)
 
     async def _markers(self, acceptor_id: str, outpost_id: str) -> list[dict[str, Any]]:
         return await self._volumes(acceptor_id, outpost_id, KIND_SNAPSHOT)
-
-    async def _snapshot_volumes(self, acceptor_id: str, outpost_id: str) -> set[str]:
-        markers = await self._markers(acceptor_id, outpost_id)
-        return {_labels_of(m).get(LABEL_STATE_VOLUME, "") for m in markers}
 
     def _snapshot_of(self, marker: Mapping[str, Any]) -> Snapshot:
         labels = _labels_of(marker)
