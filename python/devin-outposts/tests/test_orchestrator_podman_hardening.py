@@ -129,7 +129,7 @@ def test_a_token_secret_left_by_a_dead_orchestrator_is_swept(pod: Podman) -> Non
     labels = {**pod.spec("devin-left-secret").labels(), "outposts.devin.ai/ids": ids_label(
         "devin-left-secret", pod.outpost.outpost_id, pod.acceptor
     )}  # fmt: skip
-    run(pod.driver._create_secret("outpost-session-token-00112233aabbccdd", "ct_left_behind", labels))
+    run(pod.driver.secrets.create("outpost-session-token-00112233aabbccdd", "ct_left_behind", labels))
     assert _token_secrets_of(pod.acceptor) == ["outpost-session-token-00112233aabbccdd"]
     assert run(pod.driver.sweep_orphans(pod.acceptor, pod.outpost.outpost_id, set())) == 1
     assert _token_secrets_of(pod.acceptor) == []

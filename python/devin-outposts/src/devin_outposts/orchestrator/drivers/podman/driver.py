@@ -31,7 +31,6 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerLaunch,
     WorkerState,
     WorkerStatus,
-    label_value,
     machine_name,
     name_taken,
 )
@@ -41,7 +40,6 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
     KIND_MACHINE,
     KIND_SNAPSHOT,
     KIND_STATE,
-    KIND_TOKEN,
     LABEL_CREATED,
     LABEL_IDS,
     LABEL_KIND,
@@ -49,7 +47,6 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
     MARKER_SUFFIX,
     MOUNT,
     TOKEN_ENTRYPOINT,
-    TOKEN_SECRET,
     TOKEN_SECRET_PREFIX,
     TOKEN_TARGET,
     TOKEN_VARIABLE,
@@ -64,6 +61,7 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
     owner_filters,
 )
 from devin_outposts.orchestrator.drivers.podman.settings import BUILTIN_NETWORKS, Settings
+from devin_outposts.orchestrator.drivers.podman.store import PodmanVolumes, TokenSecrets, snapshot_of
 from devin_outposts.worker.paths import make_private_dir
 
 log = logging.getLogger(__name__)
@@ -79,10 +77,10 @@ class PodmanDriver(Driver):
         self.settings = settings
         self.image = settings.image
         self.cli = PodmanCli(settings.podman, settings.command_timeout)
+        self.volumes = PodmanVolumes(self.cli)
+        self.secrets = TokenSecrets(self.cli)
         #: Env files of ``podman create`` calls in progress (the sweep removes any other one).
         self._env_files_in_use: set[Path] = set()
-        #: Token secrets of ``podman create`` calls in progress (the sweep removes any other one).
-        self._secrets_in_use: set[str] = set()
         #: The uid the image's worker runs as (the owner of the token file in the container), once known.
         self._uid: Optional[int] = None
 
@@ -203,7 +201,7 @@ class PodmanDriver(Driver):
         ids = ids_label(spec.session_id, spec.outpost_id, spec.acceptor_id)
         common = {**spec.labels(), LABEL_IDS: ids, LABEL_CREATED: f"{created:.3f}"}
         volume = f"{machine_name('outpost-state', spec.session_id, limit=54)}-{secrets.token_hex(4)}"
-        await self._create_volume(volume, {**common, LABEL_KIND: KIND_STATE})
+        await self.volumes.create(volume, {**common, LABEL_KIND: KIND_STATE})
         labels = {**common, LABEL_KIND: KIND_MACHINE, LABEL_STATE_VOLUME: volume}
         try:
             await self.cli.check(
@@ -212,7 +210,7 @@ class PodmanDriver(Driver):
             )
         except DriverError:
             with contextlib.suppress(DriverError):
-                await self._remove_volume(volume)
+                await self.volumes.remove(volume)
             raise
         return self._machine(name, labels)
 
@@ -228,22 +226,6 @@ class PodmanDriver(Driver):
             # The image the container was made from: after an upgrade it may differ from the option.
             details={"volume": labels.get(LABEL_STATE_VOLUME, ""), "image": image or self.image},
         )
-
-    async def _create_volume(self, name: str, labels: Mapping[str, str]) -> None:
-        args = ["volume", "create"]
-        for key, value in labels.items():
-            args += ["--label", f"{key}={value}"]
-        await self.cli.check(*args, name, what=f"create volume {name}")
-
-    async def _remove_volume(self, name: str) -> bool:
-        """Remove volume ``name`` (gone already: False). Never ``--force``: that would also remove the
-        containers using it; a volume still in use is an error."""
-        result = await self.cli.run("volume", "rm", name, what=f"remove volume {name}")
-        if result.code == 0:
-            return True
-        if result.not_found():
-            return False
-        raise DriverError(f"Could not remove volume {name}: {result.error_line()}")
 
     async def _machine_container(self, machine: Machine) -> dict[str, Any]:
         found = await self.cli.inspect("container", machine.name)
@@ -284,9 +266,9 @@ class PodmanDriver(Driver):
         uid = await self._worker_uid()
         env_file = self._write_env_file(machine.name, env)
         secret = f"{TOKEN_SECRET_PREFIX}{secrets.token_hex(8)}"  # podman allows 64 characters
-        self._secrets_in_use.add(secret)
+        self.secrets.in_use.add(secret)
         try:
-            await self._create_secret(secret, token, labels)
+            await self.secrets.create(secret, token, labels)
             # podman copies the secret into the container when it creates it: the secret can go at once.
             await self.cli.check(
                 *self._create_arguments(
@@ -298,30 +280,8 @@ class PodmanDriver(Driver):
             self._env_files_in_use.discard(env_file)
             with contextlib.suppress(FileNotFoundError):
                 env_file.unlink()
-            await self._remove_secret(secret)
-            self._secrets_in_use.discard(secret)
-
-    async def _create_secret(self, name: str, token: str, labels: Mapping[str, str]) -> None:
-        """A podman secret holding ``token``, read from stdin (never argv, never a file of ours)."""
-        args = ["secret", "create", "--driver", "file"]
-        for key in (LABEL_MANAGED_BY, LABEL_ACCEPTOR, LABEL_OUTPOST, LABEL_SESSION, LABEL_IDS):
-            if key in labels:
-                args += ["--label", f"{key}={labels[key]}"]
-        args += ["--label", f"{LABEL_KIND}={KIND_TOKEN}", name, "-"]
-        await self.cli.check(*args, what=f"create secret {name}", stdin=token.encode())
-
-    async def _remove_secret(self, name: str) -> bool:
-        """Remove secret ``name`` (gone already: False). Never raises: the sweep removes what is left."""
-        try:
-            result = await self.cli.run("secret", "rm", name, what=f"remove secret {name}")
-        except DriverError as exc:
-            log.warning("%s; the sweep removes it later", exc)
-            return False
-        if result.code != 0 and not result.not_found():
-            log.warning(
-                "Could not remove secret %s: %s; the sweep removes it later", name, result.error_line()
-            )
-        return result.code == 0
+            await self.secrets.remove(secret)
+            self.secrets.in_use.discard(secret)
 
     def _write_env_file(self, name: str, env: Mapping[str, str]) -> Path:
         text = env_file_text(env)
@@ -386,11 +346,11 @@ class PodmanDriver(Driver):
         # Also the session's state volumes no container names any more (a provision or restore that was
         # interrupted), but never one a snapshot keeps. Listed by this session's label alone: a listing
         # of every session's volumes fails when another session's teardown removes one meanwhile.
-        states, markers = await self._session_volumes(machine)
+        states, markers = await self.volumes.of_session(machine)
         volumes.update(str(volume.get("Name", "")) for volume in states)
         kept = {labels_of(marker).get(LABEL_STATE_VOLUME, "") for marker in markers}
         for volume_name in sorted(volumes - kept - {""}):
-            await self._remove_volume(volume_name)
+            await self.volumes.remove(volume_name)
         self._remove_env_files(machine.name)
 
     def _remove_env_files(self, name: str) -> None:
@@ -419,46 +379,6 @@ class PodmanDriver(Driver):
 
     # --- snapshots ---------------------------------------------------------------------------------
 
-    async def _volumes(self, acceptor_id: str, outpost_id: str, kind: str) -> list[dict[str, Any]]:
-        listed = await self.cli.listing(
-            ["volume", "ls", *owner_filters(acceptor_id, outpost_id, kind)], f"list {kind} volumes"
-        )
-        return [item for item in listed if owned_by(labels_of(item), acceptor_id, outpost_id, kind)]
-
-    async def _session_volumes(self, machine: Machine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The state volumes and snapshot markers of ``machine``'s session (ours, for its acceptor and
-        outpost), from one listing filtered on the session's label only (one filter: podman 4.3 ORs
-        several), so that no other session's volume is looked at."""
-        label = f"label={LABEL_SESSION}={label_value(machine.session_id)}"
-        what = f"list the volumes of {machine.name}"
-        listed = await self.cli.listing(["volume", "ls", "--filter", label], what)
-        found: dict[str, list[dict[str, Any]]] = {KIND_STATE: [], KIND_SNAPSHOT: []}
-        for item in listed:
-            labels = labels_of(item)
-            if ids_of(labels)["session_id"] != machine.session_id:
-                continue
-            for kind, items in found.items():
-                if owned_by(labels, machine.acceptor_id, machine.outpost_id, kind):
-                    items.append(item)
-        return found[KIND_STATE], found[KIND_SNAPSHOT]
-
-    async def _state_volumes(self, acceptor_id: str, outpost_id: str) -> list[dict[str, Any]]:
-        return await self._volumes(acceptor_id, outpost_id, KIND_STATE)
-
-    async def _markers(self, acceptor_id: str, outpost_id: str) -> list[dict[str, Any]]:
-        return await self._volumes(acceptor_id, outpost_id, KIND_SNAPSHOT)
-
-    def _snapshot_of(self, marker: Mapping[str, Any]) -> Snapshot:
-        labels = labels_of(marker)
-        ids = ids_of(labels)
-        return Snapshot(
-            session_id=ids["session_id"],
-            outpost_id=ids["outpost_id"],
-            acceptor_id=ids["acceptor_id"],
-            created_at=created_at_of(labels),
-            ref=labels.get(LABEL_STATE_VOLUME, ""),
-        )
-
     async def snapshot(self, machine: Machine) -> Snapshot:
         found = await self._machine_container(machine)
         labels = labels_of(found)
@@ -473,13 +393,13 @@ class PodmanDriver(Driver):
         )  # fmt: skip
         marker_name = volume + MARKER_SUFFIX
         # An older snapshot of this session: the newer state wins.
-        for marker in await self._markers(machine.acceptor_id, machine.outpost_id):
-            older = self._snapshot_of(marker)
+        for marker in await self.volumes.markers(machine.acceptor_id, machine.outpost_id):
+            older = snapshot_of(marker)
             if older.session_id == machine.session_id and older.ref != volume:
                 await self.delete_snapshot(older)
         existing = await self.cli.inspect("volume", marker_name)
         if existing is not None:  # snapshot() again after a failure: the marker is there already
-            return self._snapshot_of(existing)
+            return snapshot_of(existing)
         created = round(time.time(), 3)  # what the label keeps
         marker_labels = {
             key: value
@@ -489,21 +409,11 @@ class PodmanDriver(Driver):
         marker_labels.update(
             {LABEL_KIND: KIND_SNAPSHOT, LABEL_STATE_VOLUME: volume, LABEL_CREATED: f"{created:.3f}"}
         )
-        await self._create_volume(marker_name, marker_labels)
+        await self.volumes.create(marker_name, marker_labels)
         return Snapshot(machine.session_id, machine.outpost_id, machine.acceptor_id, created, volume)
 
-    async def _kept_volume(self, snapshot: Snapshot) -> dict[str, str]:
-        """The labels of ``snapshot``'s state volume, after checking it is ours and still a snapshot."""
-        volume = await self.cli.inspect("volume", snapshot.ref) if snapshot.ref else None
-        labels = labels_of(volume) if volume is not None else {}
-        if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or labels.get(LABEL_KIND) != KIND_STATE:
-            raise DriverError(f"snapshot {snapshot.ref or '(none)'} is not one of ours")
-        if await self.cli.inspect("volume", snapshot.ref + MARKER_SUFFIX) is None:
-            raise DriverError(f"snapshot {snapshot.ref} is gone (restored or deleted)")
-        return labels
-
     async def restore(self, machine: Machine, snapshot: Snapshot) -> None:
-        kept = await self._kept_volume(snapshot)
+        kept = await self.volumes.kept(snapshot)
         if ids_of(kept)["session_id"] != machine.session_id:
             raise DriverError(f"snapshot {snapshot.ref} is of another session than machine {machine.name}")
         found = await self._machine_container(machine)
@@ -514,31 +424,16 @@ class PodmanDriver(Driver):
         # In this order, so that an interruption never leaves the kept state unnamed: the container names
         # it first, then the marker goes, then the fresh volume (an orphan the sweep collects otherwise).
         await self._recreate(machine, ours, snapshot.ref, None)
-        await self._remove_volume(snapshot.ref + MARKER_SUFFIX)
+        await self.volumes.remove(snapshot.ref + MARKER_SUFFIX)
         if fresh and fresh != snapshot.ref:
-            await self._remove_volume(fresh)
+            await self.volumes.remove(fresh)
         machine.details["volume"] = snapshot.ref
 
     async def list_snapshots(self, acceptor_id: str, outpost_id: str) -> list[Snapshot]:
-        found = [self._snapshot_of(marker) for marker in await self._markers(acceptor_id, outpost_id)]
-        return sorted((s for s in found if s.ref), key=lambda s: (s.created_at, s.ref))
+        return await self.volumes.list_snapshots(acceptor_id, outpost_id)
 
     async def delete_snapshot(self, snapshot: Snapshot) -> None:
-        if not snapshot.ref:
-            return
-        marker = await self.cli.inspect("volume", snapshot.ref + MARKER_SUFFIX)
-        if marker is None:
-            # Restored (the volume is a machine's now) or deleted already: nothing of the snapshot is left.
-            return
-        if labels_of(marker).get(LABEL_MANAGED_BY) != MANAGED_BY:
-            raise DriverError(f"snapshot {snapshot.ref} is not one of ours")
-        volume = await self.cli.inspect("volume", snapshot.ref)
-        if volume is not None:
-            labels = labels_of(volume)
-            if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or labels.get(LABEL_KIND) != KIND_STATE:
-                raise DriverError(f"snapshot {snapshot.ref} is not one of ours")
-            await self._remove_volume(snapshot.ref)
-        await self._remove_volume(snapshot.ref + MARKER_SUFFIX)
+        await self.volumes.delete_snapshot(snapshot)
 
     # --- garbage ---------------------------------------------------------------------------------
 
@@ -547,9 +442,9 @@ class PodmanDriver(Driver):
         provision or restore), markers whose volume is gone, and env files no ``podman create`` uses."""
         removed = 0
         named = {m.details.get("volume", "") for m in await self.list_owned(acceptor_id, outpost_id)}
-        markers = await self._markers(acceptor_id, outpost_id)
+        markers = await self.volumes.markers(acceptor_id, outpost_id)
         kept = {labels_of(m).get(LABEL_STATE_VOLUME, "") for m in markers}
-        states = await self._state_volumes(acceptor_id, outpost_id)
+        states = await self.volumes.states(acceptor_id, outpost_id)
         for volume in states:
             labels = labels_of(volume)
             name = str(volume.get("Name", ""))
@@ -557,12 +452,12 @@ class PodmanDriver(Driver):
                 continue
             if name in named or name in kept or ids_of(labels)["session_id"] in live_sessions:
                 continue
-            if await self._remove_volume(name):
+            if await self.volumes.remove(name):
                 removed += 1
         existing = {str(v.get("Name", "")) for v in states}
         for marker in markers:
             gone = labels_of(marker).get(LABEL_STATE_VOLUME, "") not in existing
-            if gone and await self._remove_volume(str(marker.get("Name", ""))):
+            if gone and await self.volumes.remove(str(marker.get("Name", ""))):
                 removed += 1
         if self.env_dir.is_dir():
             for path in self.env_dir.glob("*.env"):
@@ -570,22 +465,7 @@ class PodmanDriver(Driver):
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
                         removed += 1
-        return removed + await self._sweep_secrets(acceptor_id, outpost_id)
-
-    async def _sweep_secrets(self, acceptor_id: str, outpost_id: str) -> int:
-        """Token secrets no ``podman create`` uses: an orchestrator died between making one and removing
-        it. podman 4.3 lists secrets without their labels, so each candidate is inspected."""
-        listed = await self.cli.check("secret", "ls", "--format", "{{.Name}}", what="list secrets")
-        removed = 0
-        for name in listed.stdout.split():
-            if not TOKEN_SECRET.fullmatch(name) or name in self._secrets_in_use:
-                continue
-            found = await self.cli.inspect("secret", name)
-            spec = found.get("Spec") if found is not None else None
-            labels = labels_of(spec) if isinstance(spec, dict) else {}
-            if owned_by(labels, acceptor_id, outpost_id, KIND_TOKEN) and await self._remove_secret(name):
-                removed += 1
-        return removed
+        return removed + await self.secrets.sweep(acceptor_id, outpost_id)
 
     async def aclose(self) -> None:
         return None
