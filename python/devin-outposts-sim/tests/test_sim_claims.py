@@ -248,7 +248,9 @@ def test_a_lapsed_running_claim_returns_once_the_session_stops_running(make_sim,
     wait_until(lambda: client.get(f"{QUEUE}/{sid}").json()["status"]["phase"] == "pending")
 
 
-def test_a_late_reclaim_by_the_former_holder_is_a_new_claim(make_sim, api) -> None:
+def test_a_late_reclaim_by_the_former_holder_is_a_new_claim_that_keeps_its_earlier_tokens(
+    make_sim, api
+) -> None:
     handle = make_sim(claim_ttl=0.3, sweep_interval=3600)
     client = api(handle.create_token("machine"), handle=handle)
     sid = handle.admin.enqueue(handle.admin.create_outpost("late").outpost_id).session_id
@@ -257,7 +259,8 @@ def test_a_late_reclaim_by_the_former_holder_is_a_new_claim(make_sim, api) -> No
     again = _claim(client, sid, "w1")
     assert again.status_code == 200
     assert [r["action"] for r in handle.admin.claims(session_id=sid)] == ["claim", "expire", "claim"]
-    assert not handle.store.gateway.check_connect_token(sid, old)
+    # Contract 4.3: tokens outlive the claim (the operator keeps the first one in the pod's Secret).
+    assert handle.store.gateway.check_connect_token(sid, old)
     assert handle.store.gateway.check_connect_token(sid, again.json()["status"]["connect_token"])
 
 
