@@ -1,6 +1,7 @@
 """The simulated gateway (HTTP long-poll under the claim's ``gateway_url``) and the brain API.
 
-The gateway accepts a connect token only while its claim chain lasts; every other token is a 401. These
+The gateway accepts a connect token only while its acceptor holds the session (a tombstoned session's
+remote is told the end first); every other token is a 401. These
 tests speak the gateway protocol directly; test_sim_remote_standin.py runs the stand-in ``devin-remote``.
 """
 
