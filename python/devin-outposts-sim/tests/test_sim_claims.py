@@ -367,4 +367,12 @@ def test_a_losing_claim_is_recognised_without_a_write_exactly_when_the_full_path
     assert quick("acct-default", sid, "w2")  # running past its deadline: stays with its worker
     store.queue.tombstone(sid)
     assert not quick("acct-default", sid, "w2")
+    # An ended session still within its claim's grace, but due to be tombstoned: the full path answers 404.
+    ended = store.queue.enqueue(oid).session_id
+    store.queue.claim("acct-default", ended, "w1", ttl=300, gateway_url="ws://g")
+    store.queue.set_session_status(ended, "terminated")
+    clock.now += 59
+    assert quick("acct-default", ended, "w2")
+    clock.now += 1
+    assert not quick("acct-default", ended, "w2")
     store.close()

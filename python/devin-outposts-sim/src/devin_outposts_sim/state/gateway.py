@@ -270,8 +270,9 @@ class Gateway:
     def add_calls(self, session_id: str, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """Append validated ``(tool, args)`` calls to a live session; returns them with their ids."""
         with self._db.tx() as conn:
-            live_row(conn, None, session_id)
             now = self._db.clock()
+            self._db.expire_locked(conn, now)
+            live_row(conn, None, session_id)
             seqs = []
             for tool, args in calls:
                 cur = conn.execute(

@@ -155,6 +155,7 @@ class Queue:
         session_id = session_id or f"devin-{secrets.token_hex(16)}"
         with self._db.tx() as conn:
             now = self._db.clock()
+            self._db.expire_locked(conn, now)  # an entry due to be tombstoned is gone: it may be replaced
             outpost = conn.execute("SELECT * FROM outposts WHERE outpost_id = ?", (outpost_id,)).fetchone()
             if outpost is None:
                 raise NotFound(OUTPOST_NOT_FOUND)
@@ -351,8 +352,12 @@ class Queue:
             return False
         if row["acceptor_id"] in (None, acceptor_id):
             return False
+        now = self._db.clock()
+        tombstone_at = self._db.tombstone_at(row["ended_at"])
+        if tombstone_at is not None and tombstone_at <= now:
+            return False  # an ended session due to be tombstoned: the full path answers 404
         deadline = row["claim_deadline"]
-        return row["session_status"] == "running" or (deadline is not None and deadline > self._db.clock())
+        return row["session_status"] == "running" or (deadline is not None and deadline > now)
 
     def claim(
         self, account_id: str, session_id: str, acceptor_id: str, *, ttl: float, gateway_url: str
