@@ -10,6 +10,7 @@ sandbox orchestrator does: claim, spawn, exit 0, release) claimed one ended sess
 from __future__ import annotations
 
 import math
+import sqlite3
 import subprocess
 import sys
 import time
@@ -223,7 +224,7 @@ def _serve_once(handle: SimHandle, token: str, sid: str, workdir: Path, state: P
 def test_a_client_that_claims_every_pending_row_stops_serving_an_ended_session_once_it_is_tombstoned(
     make_sim: Any, watch: Any, tmp_path: Path
 ) -> None:
-    handle: SimHandle = make_sim(tombstone_after=2.0, sweep_interval=0.05)
+    handle: SimHandle = make_sim(tombstone_after=2.0, sweep_interval=0.05, watch_max_duration=120)
     token = handle.create_token("machine")
     outpost_id = handle.admin.create_outpost("vercel", "linux").outpost_id
     client = httpx.Client(base_url=handle.url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
@@ -306,3 +307,46 @@ def test_sim_serve_takes_the_delay_from_its_flag_and_its_environment(tmp_path: P
         )
         assert bad.returncode == 2, (value, bad.stderr)
         assert "tombstone" in bad.stderr
+
+
+# --- a database of schema version 3 ---------------------------------------------------------------
+
+SCHEMA_3_SESSIONS = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY, account_id TEXT NOT NULL, outpost_id TEXT NOT NULL,
+    kind TEXT NOT NULL, platform TEXT, remote_binary_sha TEXT, network_policy TEXT,
+    phase TEXT NOT NULL, acceptor_id TEXT, claim_deadline REAL, claim_chain INTEGER,
+    session_status TEXT NOT NULL, created_at REAL NOT NULL, rev REAL NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0, claim_ttl REAL, ending_status TEXT, ending_at REAL);
+CREATE TABLE connect_tokens (
+    token_hash TEXT PRIMARY KEY, session_id TEXT NOT NULL, acceptor_id TEXT NOT NULL,
+    chain INTEGER NOT NULL, issued_at REAL NOT NULL, revoked_at REAL, revoked_reason TEXT);
+INSERT INTO meta VALUES ('schema_version', '3'), ('last_rev', '1000.5');
+INSERT INTO sessions
+    (session_id, account_id, outpost_id, kind, platform, phase, session_status, created_at, rev)
+VALUES
+    ('devin-ended', 'acct-default', 'outpost_env-x', 'new', 'linux', 'pending', 'terminated', 900, 1000.0),
+    ('devin-running', 'acct-default', 'outpost_env-x', 'new', 'linux', 'pending', 'running', 900, 1000.5);
+"""
+
+
+def test_an_older_database_counts_a_session_that_had_ended_as_ended_at_its_last_change(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v3.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA_3_SESSIONS)
+    conn.close()
+    clock = SteppingClock(1059.0)
+    store = Store(str(path), clock=clock, tombstone_after=60.0)
+    try:
+        [ended] = store.records.admin_sessions(session_id="devin-ended")
+        assert (ended["ended_at"], ended["tombstone_at"]) == (1000.0, 1060.0)
+        assert store.queue.get_entry(ACCT, "devin-ended").status.session_status == "terminated"
+        clock.now = 1060.0
+        assert _gone(store, "devin-ended")
+        clock.now = 1_781_050_000.0
+        assert store.queue.get_entry(ACCT, "devin-running").status.session_status == "running"
+    finally:
+        store.close()
