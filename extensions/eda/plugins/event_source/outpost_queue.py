@@ -39,13 +39,13 @@ description:
     C(watch=true) over server-sent events from the list's final cursor), and puts one event on the rulebook's
     queue per queue change.
   - It never returns on its own. A stream the server ends (streams last at most a few minutes) is reopened
-    at once from the last cursor. An error is retried after a random wait between half and all of a ceiling
-    that starts at O(backoff_initial), doubles after each further error, and never passes O(backoff_max)
-    seconds: a connection error, HTTP 429 or 5xx reconnects from the last cursor; any other answer (a 404, a
-    cursor refused with 400 or 422) and any reply that is not what the API sends (not JSON, larger than the
-    caps, nested too deeply, of the wrong shape) is logged in one line and the queue is listed again. A
-    malformed entry in a list is skipped with one log line. A token the API refuses (HTTP 401 or 403) stops
-    the source with an error, since retrying cannot fix it.
+    at once from the last cursor. An error is logged in one line and retried after a random wait between
+    half and all of a ceiling that starts at O(backoff_initial), doubles after each further error, and never
+    passes O(backoff_max) seconds. After a connection error, HTTP 429 or 5xx the watch resumes from the last
+    cursor. After any other answer (a 404, a cursor refused with 400 or 422), and after any reply that is not
+    what the API sends (not JSON, larger than the caps, nested too deeply, of the wrong shape), the queue is
+    listed again first. A malformed entry in a list is skipped with one log line.
+  - A token the API refuses (HTTP 401 or 403) stops the source with an error, since retrying cannot fix it.
   - With O(cursor_file) the cursor of the last event is kept on disk (written atomically, mode 0600), so a
     restarted rulebook resumes where it stopped instead of starting from the current queue.
   - Every O(queue_depth_interval) seconds it also sends a C(queue_depth) event per outpost, saying how many
