@@ -97,9 +97,12 @@ done
 clean_path=$(tr ':' '\n' <<<"$PATH" | grep -vxF "$VENV/bin" | paste -sd:)
 # The build venv is cached in this checkout's .cache (its stamp follows requirements-dev.txt and build.sh).
 build_venv="$ROOT/.cache/build-venv"
+build_rc=0
 env -u VIRTUAL_ENV -u OUTPOSTS_BOOTSTRAPPED -u OUTPOSTS_SKIP_APT -u ANSIBLE_COLLECTIONS_PATH -u ANSIBLE_CONFIG \
-    PATH="$shims:$clean_path" OUTPOSTS_BUILD_VENV="$build_venv" make -C "$fresh" --no-print-directory build
+    PATH="$shims:$clean_path" OUTPOSTS_BUILD_VENV="$build_venv" make -C "$fresh" --no-print-directory build ||
+    build_rc=$?
 bad=0
+if [[ $build_rc -ne 0 ]]; then say "make build failed (exit $build_rc)"; bad=1; fi
 if [[ -s "$work/shims.log" ]]; then
     say "make build called system tools it must not need:"
     sed 's/^/  /' "$work/shims.log"
@@ -107,6 +110,7 @@ if [[ -s "$work/shims.log" ]]; then
 fi
 if [[ -e "$fresh/.venv" ]]; then say "make build created the development venv, $fresh/.venv"; bad=1; fi
 # Every distribution in the build venv is a build tool or what one of them requires (pip aside).
+[[ -x "$build_venv/bin/python" ]] || die "make build must need only its build venv (scripts/build.sh), and made none"
 "$build_venv/bin/python" - ansible-core setuptools antsibull-changelog <<'PY' || bad=1
 import importlib.metadata
 import re
