@@ -44,6 +44,10 @@ REQUIRE=(
     '^extensions/eda/rulebooks/provision_per_session\.yml$' '^meta/extensions\.yml$' '^playbooks/scale_workers\.yml$'
     # the AWX credential type (docs/awx.md); docs/examples/awx/configure.yml reads it from here
     '^credential_types/devin_outposts/input\.yml$' '^credential_types/devin_outposts/injectors\.yml$'
+    # Galaxy's importer refuses a role without a README; the release history; the README's first deployment
+    '^roles/cli/README\.md$' '^roles/worker/README\.md$' '^roles/orchestrator/README\.md$'
+    '^CHANGELOG\.md$' '^changelogs/changelog\.yaml$'
+    '^docs/examples/site\.yml$' '^docs/examples/inventory/hosts\.yml$' '^docs/examples/requirements\.yml$'
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/devin-outposts-tarball.XXXXXX")
