@@ -135,8 +135,10 @@ def released_sections(changelog_md: str, version: str) -> list[str]:
 
 def test_a_first_release_breaks_deprecates_and_removes_nothing() -> None:
     release = load_release()
-    titles = ("Breaking Changes / Porting Guide", "Deprecated Features", "Removed Features (previously deprecated)")
-    recorded = yaml.safe_load((ROOT / "changelogs/changelog.yaml").read_text(encoding="utf-8"))["releases"] or {}
+    titles = ("Breaking Changes / Porting Guide", "Deprecated Features",
+              "Removed Features (previously deprecated)")
+    changes = yaml.safe_load((ROOT / "changelogs/changelog.yaml").read_text(encoding="utf-8"))
+    recorded = changes["releases"] or {}
     if recorded:  # released: the first release in changelog.yaml
         first = min(recorded, key=lambda version: tuple(map(int, str(version).split("."))))
         sections = sorted(recorded[first].get("changes") or {})
