@@ -56,7 +56,8 @@ class FaultFleet:
 
     def enqueue(self, session_id: str) -> None:
         with self.lock:
-            self.sessions[session_id] = {"holder": None, "status": "pending", "created": len(self.sessions) + 1}
+            created = len(self.sessions) + 1
+            self.sessions[session_id] = {"holder": None, "status": "pending", "created": created}
 
     def set_status(self, session_id: str, status: str) -> None:
         with self.lock:
