@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import ntpath
 import os
@@ -42,6 +41,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, Callable, Optional
 from urllib.parse import urlsplit
+
+from devin_outposts import privacy
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,6 @@ SECRET_NAME = re.compile(
 #: The worker's own configuration (and the spawn-contract names, which the worker sets itself).
 WORKER_PREFIX = "DEVIN_"
 _PROXY_NAMES = frozenset(["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "FTP_PROXY"])
-#: prctl(2) option: whether the process may be ptraced by its user and its /proc files read.
-_PR_SET_DUMPABLE = 4
 #: ``CreateDirectoryW`` refuses paths of MAX_PATH (260) minus 12 characters or more without ``\\?\``.
 WINDOWS_DIR_LIMIT = 248
 #: What the worker appends to its data directory: ``\sessions\`` + an id of up to 100 characters (paths.py)
@@ -330,11 +329,7 @@ class HostPlatform:
         """
         if self.name != "linux":
             return False
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            done = bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
-        except (OSError, AttributeError):
-            done = False
+        done = privacy.make_undumpable()
         if not done:
             log.warning("not undumpable: sessions of this user can read this process's environment")
         return done
