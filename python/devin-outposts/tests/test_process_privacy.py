@@ -124,7 +124,8 @@ import json, os, sys
 print("ready", flush=True)
 pid = int(sys.stdin.readline())
 marker, stop = sys.argv[1].encode(), sys.argv[2]
-seen = {"loops": 0, "maps_reads": 0, "environ_reads": 0, "token_reads": 0, "token_reads_after_slow_imports": 0}
+names = ("loops", "maps_reads", "environ_reads", "token_reads", "token_reads_after_slow_imports")
+seen = dict.fromkeys(names, 0)
 while not os.path.exists(stop):
     seen["loops"] += 1
     slow = False
@@ -187,7 +188,8 @@ def wait_running(process: subprocess.Popen[bytes], log_path: Path, text: str, wh
         _wait(lambda: process.poll() is not None or text in log_path.read_text(errors="replace"), what)
     except AssertionError as exc:
         raise AssertionError(f"{exc}:\n{log_path.read_text(errors='replace')[-3000:]}") from None
-    assert process.poll() is None, f"exit {process.returncode}:\n{log_path.read_text(errors='replace')[-3000:]}"
+    log = log_path.read_text(errors="replace")[-3000:]
+    assert process.poll() is None, f"exit {process.returncode}:\n{log}"
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:
@@ -219,12 +221,14 @@ def test_the_environment_is_hidden_before_anything_slow_is_imported(nobody_home:
         saw = seen()
         stop_process(process)
     # The reader was running before the process and read its files from the moment it existed.
-    assert saw["token_reads_after_slow_imports"] == 0, f"{command}: the token was readable after slow imports: {saw}"
+    assert saw["token_reads_after_slow_imports"] == 0, f"{command}: readable after slow imports: {saw}"
     assert TOKEN not in log_path.read_text(errors="replace")
 
 
 @pytest.mark.parametrize("command", ["worker", "orchestrate"])
-def test_a_token_given_on_a_file_descriptor_is_never_in_the_environment(nobody_home: Path, command: str) -> None:
+def test_a_token_given_on_a_file_descriptor_is_never_in_the_environment(
+    nobody_home: Path, command: str
+) -> None:
     with run_sim(claim_ttl=20, keepalive_interval=0.5, sweep_interval=0.05) as sim:
         sim.admin.create_outpost("rhel", "linux")
         token = sim.create_token("machine" if command == "worker" else "orchestrator")
@@ -239,7 +243,8 @@ def test_a_token_given_on_a_file_descriptor_is_never_in_the_environment(nobody_h
             )
         try:
             wait_running(process, log_path, "serving outpost rhel", f"{command} to serve")
-            refused = subprocess.run(["/bin/cat", str(token_file)], capture_output=True, user=NOBODY, check=False)
+            cat = ["/bin/cat", str(token_file)]
+            refused = subprocess.run(cat, capture_output=True, user=NOBODY, check=False)
             assert refused.returncode != 0 and token.encode() not in refused.stdout
         finally:
             saw = seen()

@@ -1,4 +1,5 @@
-"""The account token from a file descriptor or a 0600 file (worker/tokenfile.py; docs/security.md, "What a session can reach").
+"""The account token from a file descriptor or a 0600 file (worker/tokenfile.py; docs/security.md, "What a
+session can reach").
 
 test_process_privacy.py shows, with real processes as ``nobody``, that a token given this way is never in
 the environment; these tests hold the rules: which files are refused, that a descriptor is read once and
@@ -19,7 +20,7 @@ import pytest
 from devin_outposts.worker.options import ConfigError, parse_start_args
 from devin_outposts.worker.tokenfile import TokenSourceError, token_from_source
 
-TOKEN = "cog_token_from_a_file_0123"  # noqa: S105 - a test value
+TOKEN = "cog_token_from_a_file_0123"
 
 
 def token_file(tmp_path: Path, text: str = TOKEN + "\n", mode: int = 0o600) -> Path:
@@ -112,7 +113,8 @@ def test_standard_input_is_read_then_pointed_at_dev_null_and_the_variables_dropp
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIN_")}
     env["DEVIN_OUTPOSTS_TOKEN_FD"] = "0"
     with open(token_file(tmp_path), "rb") as stdin:
-        out = subprocess.run([sys.executable, "-c", code], stdin=stdin, env=env, capture_output=True, check=True)
+        argv = [sys.executable, "-c", code]
+        out = subprocess.run(argv, stdin=stdin, env=env, capture_output=True, check=True)
     assert json.loads(out.stdout) == {"token": TOKEN, "stdin": "/dev/null", "left": []}
 
 

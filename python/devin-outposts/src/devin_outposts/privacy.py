@@ -23,7 +23,8 @@ PR_SET_DUMPABLE = 4
 def make_undumpable() -> bool:
     """``prctl(PR_SET_DUMPABLE, 0)`` on Linux; whether it was done (never elsewhere). ``execve`` resets the
     flag, so the programs this process starts are dumpable again."""
-    if not sys.platform.startswith("linux"):
+    system = sys.platform  # (a plain value: both of mypy's platform runs check the rest)
+    if not system.startswith("linux"):
         return False
     try:
         import ctypes

@@ -44,8 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         description="Watch an outpost's queue, claim sessions oldest first up to --max-concurrent, "
         "provision a machine for each through the driver, start the worker there in direct-serve mode "
         "with the session's connect token, and tear the machine down when the session ends. The API "
-        "token comes from DEVIN_OUTPOSTS_TOKEN, or from the file descriptor in DEVIN_OUTPOSTS_TOKEN_FD or the "
-        "0600 file in DEVIN_OUTPOSTS_TOKEN_FILE (never argv).",
+        "token comes from DEVIN_OUTPOSTS_TOKEN, or from the file descriptor in DEVIN_OUTPOSTS_TOKEN_FD "
+        "or the 0600 file in DEVIN_OUTPOSTS_TOKEN_FILE (never argv).",
     )
     add_arguments(parser)
     parser.set_defaults(handler=_orchestrate)

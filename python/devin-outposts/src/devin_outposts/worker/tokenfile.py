@@ -2,7 +2,8 @@
 
 ``DEVIN_OUTPOSTS_TOKEN`` in the environment of ``worker start`` or ``orchestrate`` can be read through
 ``/proc/<pid>/environ`` by every process of the same user until the process hides it, and the interpreter
-has to start first (docs/security.md, "What a session can reach"). Two other ways keep it out of the environment:
+has to start first (docs/security.md, "What a session can reach"). Two other ways keep it out of the
+environment:
 
 * ``DEVIN_OUTPOSTS_TOKEN_FD=N``: read the token from the open file descriptor *N* to its end, then close
   it (0, 1 and 2 are pointed at ``/dev/null`` instead). With systemd, ``StandardInput=file:/etc/...token``
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from typing import Optional
 
@@ -40,8 +42,8 @@ def token_from_source(environ: Mapping[str, str]) -> Optional[str]:
     set. :class:`TokenSourceError` when more than one source is set, or the one set is unusable."""
     fd_text = environ.get(ENV_TOKEN_FD, "").strip()
     path = environ.get(ENV_TOKEN_FILE, "").strip()
-    given = [name for name, value in ((ENV_TOKEN, environ.get(ENV_TOKEN, "").strip()), (ENV_TOKEN_FD, fd_text),
-                                      (ENV_TOKEN_FILE, path)) if value]  # fmt: skip
+    values = {ENV_TOKEN: environ.get(ENV_TOKEN, "").strip(), ENV_TOKEN_FD: fd_text, ENV_TOKEN_FILE: path}
+    given = [name for name, value in values.items() if value]
     if len(given) > 1:
         raise TokenSourceError(f"set only one of {', '.join(given)}")
     if fd_text:
@@ -111,7 +113,7 @@ def _from_file(path: str) -> str:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise TokenSourceError(f"{where}: not a regular file")
-        if os.name == "posix":
+        if sys.platform != "win32":
             if info.st_mode & 0o077:
                 raise TokenSourceError(
                     f"{where}: other users may read or write it (mode {stat.S_IMODE(info.st_mode):04o}); "
