@@ -5,6 +5,8 @@
 #   scripts/release.sh bump 0.2.0        # set the version in galaxy.yml and in every place that repeats it
 #   scripts/release.sh changelog         # regenerate CHANGELOG.md from changelogs/ (idempotent)
 #   scripts/release.sh check-changelog   # fail, with a diff, when CHANGELOG.md is out of date
+#   scripts/release.sh check-tarball dist/devin-outposts-X.Y.Z.tar.gz   # fail unless it records its release
+#   (scripts/build.sh runs 'release.py stage DIR': the tree the tarball is built from, the release recorded)
 #
 # The changelog stage (scripts/stages/changelog.sh) runs 'versions' and 'check-changelog'.
 set -euo pipefail

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The collection as users install it: build the release (scripts/build.sh), check what the tarball holds, install
-# it into a fresh collections path with a fresh venv that has only ansible-core (the dev venv's version) and the
-# two wheels from dist/ (as the README's "Install" says), and, from that installed copy alone (nothing else on
-# ANSIBLE_COLLECTIONS_PATH, the working directory outside the checkout):
+# The collection as users install it: build the release in a fresh copy of the tree, as a user's clone has it
+# (no .venv: scripts/build.sh must need only its build venv), check what the tarball holds and that it records
+# its release, run Galaxy's importer on it, install it into a fresh collections path with a fresh venv that has
+# only ansible-core (the dev venv's version) and the two wheels from dist/ (as the README's "Install" says), and,
+# from that installed copy alone (nothing else on ANSIBLE_COLLECTIONS_PATH, the working directory outside the
+# checkout):
 #
 #   1. ansible-doc on every module, lookup, filter and role: each must render without an error or warning;
 #   2. tests/tarball/modules.yml: the modules, the lookup and the action group against devin-outposts-sim;
-#   3. tests/tarball/worker.yml: the worker role converges a systemd-nspawn test host (scripts/test-hosts/), and
-#      the worker it installed claims and serves a session. Needs root and cgroups (cannot_run otherwise).
+#   3. the README's first deployment: the installed docs/examples/site.yml, with the installed example
+#      inventory's group_vars and one systemd-nspawn test host (scripts/test-hosts/) in it, an orchestrator
+#      token on the controller and a machine token for the hosts; then tests/tarball/first_deployment.yml checks
+#      the outposts through the API, that the worker the role installed claims and serves a session, and that
+#      the host holds the machine token and nowhere the orchestrator token. Needs root and cgroups (cannot_run
+#      otherwise).
 #
 #   scripts/test.sh tarball             # or: make tarball
 #   TARBALL_KEEP=1 scripts/test.sh tarball   # keep the scratch folder (its path is printed)
@@ -16,6 +22,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 ensure_env
 cd "$ROOT"
+
+# The galaxy-importer release that checks the tarball (tests/tarball/galaxy-importer.cfg configures it).
+GALAXY_IMPORTER_VERSION=0.4.44
 
 # Developer files that must never be in the tarball (extended regular expressions on the member paths).
 DENY=(
@@ -35,6 +44,10 @@ REQUIRE=(
     '^extensions/eda/rulebooks/provision_per_session\.yml$' '^meta/extensions\.yml$' '^playbooks/scale_workers\.yml$'
     # the AWX credential type (docs/awx.md); docs/examples/awx/configure.yml reads it from here
     '^credential_types/devin_outposts/input\.yml$' '^credential_types/devin_outposts/injectors\.yml$'
+    # Galaxy's importer refuses a role without a README; the release history; the README's first deployment
+    '^roles/cli/README\.md$' '^roles/worker/README\.md$' '^roles/orchestrator/README\.md$'
+    '^CHANGELOG\.md$' '^changelogs/changelog\.yaml$'
+    '^docs/examples/site\.yml$' '^docs/examples/inventory/hosts\.yml$' '^docs/examples/requirements\.yml$'
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/devin-outposts-tarball.XXXXXX")
@@ -64,13 +77,76 @@ trap 'exit 143' TERM
 
 step() { say ""; say "-- tarball: $*"; }
 
-# --- build and list -------------------------------------------------------------------------------------
-step "make build"
-"$ROOT/scripts/build.sh"
+# --- make build in a fresh copy of the tree -----------------------------------------------------------------
+# What git would commit (uncommitted edits included; ignored files such as .venv and .cache not), as the one
+# commit of a new repository: a user's fresh clone. make build runs there with the dev venv off PATH and, in
+# front of the system's package and container tools, stand-ins that record any call: building needs neither,
+# nor a .venv.
+step "make build in a fresh copy of the tree, with only the build venv"
+fresh="$work/checkout"
+mkdir -p "$fresh"
+git -C "$ROOT" ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do if [[ -e "$ROOT/$f" || -L "$ROOT/$f" ]]; then printf '%s\0' "$f"; fi; done |
+    rsync -a --from0 --files-from=- "$ROOT/" "$fresh/"
+git -C "$fresh" init -q
+git -C "$fresh" add -A
+git -C "$fresh" -c user.name=devin-outposts-tests -c user.email=tests@devin-outposts.invalid \
+    -c commit.gpgsign=false commit -q --no-verify -m "snapshot of $ROOT for the tarball stage"
+shims="$work/shims"
+mkdir -p "$shims"
+for tool in apt-get apt dpkg dpkg-query sudo podman; do
+    printf '#!/bin/sh\necho "%s $*" >>"%s"\nexit 1\n' "$tool" "$work/shims.log" >"$shims/$tool"
+    chmod +x "$shims/$tool"
+done
+clean_path=$(tr ':' '\n' <<<"$PATH" | grep -vxF "$VENV/bin" | paste -sd:)
+# The build venv is cached in this checkout's .cache (its stamp follows requirements-dev.txt and build.sh).
+build_venv="$ROOT/.cache/build-venv"
+build_rc=0
+env -u VIRTUAL_ENV -u OUTPOSTS_BOOTSTRAPPED -u OUTPOSTS_SKIP_APT -u ANSIBLE_COLLECTIONS_PATH -u ANSIBLE_CONFIG \
+    PATH="$shims:$clean_path" OUTPOSTS_BUILD_VENV="$build_venv" make -C "$fresh" --no-print-directory build ||
+    build_rc=$?
+bad=0
+if [[ $build_rc -ne 0 ]]; then say "make build failed (exit $build_rc)"; bad=1; fi
+if [[ -s "$work/shims.log" ]]; then
+    say "make build called system tools it must not need:"
+    sed 's/^/  /' "$work/shims.log"
+    bad=1
+fi
+if [[ -e "$fresh/.venv" ]]; then say "make build created the development venv, $fresh/.venv"; bad=1; fi
+# Every distribution in the build venv is a build tool or what one of them requires (pip aside).
+[[ -x "$build_venv/bin/python" ]] || die "make build must need only its build venv (scripts/build.sh), and made none"
+"$build_venv/bin/python" - ansible-core setuptools antsibull-changelog <<'PY' || bad=1
+import importlib.metadata
+import re
+import sys
+
+from packaging.requirements import Requirement
+
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+installed = {norm(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
+needed, todo = set(), [norm(name) for name in sys.argv[1:]]
+while todo:
+    name = todo.pop()
+    if name not in needed:
+        needed.add(name)
+        for line in installed[name].requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(norm(requirement.name))
+extra = sorted(set(installed) - needed - {"pip"})
+if extra:
+    sys.exit(f"build venv: not needed to build: {' '.join(extra)}")
+print(f"build venv: {len(installed)} distributions, each needed by {', '.join(sys.argv[1:])} (or pip)")
+PY
+[[ $bad -eq 0 ]] || die "make build must need only its build venv (scripts/build.sh)"
 shopt -s nullglob
-tarballs=("$ROOT"/dist/devin-outposts-*.tar.gz)
-worker_wheels=("$ROOT"/dist/devin_outposts-*-py3-none-any.whl)
-sim_wheels=("$ROOT"/dist/devin_outposts_sim-*-py3-none-any.whl)
+tarballs=("$fresh"/dist/devin-outposts-*.tar.gz)
+worker_wheels=("$fresh"/dist/devin_outposts-*-py3-none-any.whl)
+sim_wheels=("$fresh"/dist/devin_outposts_sim-*-py3-none-any.whl)
 shopt -u nullglob
 [[ ${#tarballs[@]} -eq 1 && ${#worker_wheels[@]} -eq 1 && ${#sim_wheels[@]} -eq 1 ]] ||
     die "make build must leave one collection tarball and the two wheels in dist/"
@@ -95,8 +171,64 @@ say "$(wc -l <"$work/members") entries, $(stat -c %s "$tarball") bytes; by top-l
 cut -d/ -f1 "$work/members" | uniq -c | sed 's/^/ /'
 [[ $bad -eq 0 ]] || die "the tarball is not what users should get (see above; build_ignore in galaxy.yml)"
 
-# --- a fresh venv and collections path, as a user has them --------------------------------------------------
+step "the release recorded in $(basename "$tarball")'s changelogs/changelog.yaml"
+python "$ROOT/scripts/release.py" check-tarball "$tarball"
+
+# --- Galaxy's importer --------------------------------------------------------------------------------------
+# galaxy-importer in a venv of its own, cached in .cache/galaxy-importer (its pins, attrs<24 and
+# ansible-lint<=26.10.1, are not the dev venv's), with the dev venv's ansible-core, configured by
+# tests/tarball/galaxy-importer.cfg to run here: no ansible-test container; ansible-doc and ansible-lint as Galaxy
+# runs them. It fails on what Galaxy refuses (a role without README.md, a bad MANIFEST, an unloadable plugin).
 core=$(python -c 'import ansible; print(ansible.__version__)')
+step "galaxy-importer $GALAXY_IMPORTER_VERSION on $(basename "$tarball")"
+importer_venv="$ROOT/.cache/galaxy-importer"
+importer_python=${OUTPOSTS_PYTHON:-python3.11}
+want="galaxy-importer==$GALAXY_IMPORTER_VERSION ansible-core==$core $("$importer_python" -c 'import sys; print(sys.version)')"
+if [[ ! -x "$importer_venv/bin/python" || "$(cat "$importer_venv/.stamp" 2>/dev/null)" != "$want" ]]; then
+    say "installing galaxy-importer==$GALAXY_IMPORTER_VERSION into $importer_venv"
+    rm -rf "$importer_venv"
+    "$importer_python" -m venv "$importer_venv"
+    "$importer_venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
+        "galaxy-importer==$GALAXY_IMPORTER_VERSION" "ansible-core==$core" 2>&1 |
+        { grep -v "^WARNING: Location '" || true; }
+    printf '%s\n' "$want" >"$importer_venv/.stamp"
+fi
+mkdir -p "$work/importer/home"
+rc=0
+(
+    cd "$work/importer"
+    env -u ANSIBLE_COLLECTIONS_PATH -u ANSIBLE_CONFIG -u VIRTUAL_ENV PATH="$importer_venv/bin:$PATH" \
+        HOME="$work/importer/home" ANSIBLE_HOME="$work/importer/home/.ansible" \
+        GALAXY_IMPORTER_CONFIG="$ROOT/tests/tarball/galaxy-importer.cfg" \
+        "$importer_venv/bin/python" -m galaxy_importer.main "$tarball"
+) >"$work/importer.log" 2>&1 || rc=$?
+if [[ $rc -ne 0 ]] || grep -q '^ERROR' "$work/importer.log" ||
+    ! grep -q '^Importer processing completed successfully' "$work/importer.log"; then
+    say "galaxy-importer's log:"
+    grep -v "^WARNING: Location '" "$work/importer.log" | sed 's/^/  | /'
+    die "galaxy-importer rejected $(basename "$tarball") (exit $rc)"
+fi
+say "galaxy-importer's warnings (Galaxy shows them, and imports):"
+grep -E '^WARNING' "$work/importer.log" | grep -v "^WARNING: Location '" | sed 's/^/  | /' || say "  | (none)"
+# Its result lists every role of the tarball, each with its README.
+python - "$work/importer/importer_result.json" "$work/members" <<'PY' || die "galaxy-importer's result is incomplete"
+import json
+import sys
+
+with open(sys.argv[1], encoding="utf-8") as handle:
+    result = json.load(handle)
+with open(sys.argv[2], encoding="utf-8") as handle:
+    roles = sorted({m.split("/")[1] for m in handle.read().split() if m.startswith("roles/") and m.count("/") >= 2})
+found = {c["content_name"]: bool(c.get("readme_html")) for c in result["docs_blob"]["contents"]
+         if c["content_type"] == "role"}
+missing = [role for role in roles if not found.get(role)]
+if missing:
+    sys.exit(f"galaxy-importer found no README for the roles {missing}")
+print(f"galaxy-importer: imported; roles {', '.join(roles)}, each with its README; "
+      f"requires_ansible {result['requires_ansible']}")
+PY
+
+# --- a fresh venv and collections path, as a user has them --------------------------------------------------
 step "a fresh venv: ansible-core==$core and the wheels from dist/"
 uvenv="$work/venv"
 # The dev venv's interpreter (scripts/bootstrap.sh: Python 3.11, OUTPOSTS_PYTHON overrides it).
@@ -108,7 +240,7 @@ worker_version=$(basename "${worker_wheels[0]}" | sed -E 's/^devin_outposts-([^-
 colls="$work/collections"
 mkdir -p "$colls" "$work/run"
 # The playbooks run from the scratch folder too: nothing is read from the checkout once the tarball exists.
-cp "$ROOT/tests/tarball/modules.yml" "$ROOT/tests/tarball/worker.yml" "$work/run/"
+cp "$ROOT/tests/tarball/modules.yml" "$ROOT/tests/tarball/first_deployment.yml" "$work/run/"
 : >"$work/ansible.cfg"
 # Only the installed copy: no checkout on the path, no site-packages collections, no ansible.cfg of ours.
 export PATH="$uvenv/bin:$PATH" VIRTUAL_ENV="$uvenv"
@@ -179,11 +311,14 @@ wait "$sim_pid" 2>/dev/null || true
 sim_pid=""
 unset DEVIN_OUTPOSTS_TOKEN DEVIN_API_URL TARBALL_ORG_ID
 
-# --- 3. the worker role on a systemd test host --------------------------------------------------------------
-step "tests/tarball/worker.yml: the worker role on a systemd-nspawn host"
-[[ $(id -u) -eq 0 ]] || cannot_run "the worker role's converge needs root (systemd-nspawn test hosts)"
+# --- 3. the README's first deployment on a systemd test host --------------------------------------------------
+step "the README's first deployment: the installed docs/examples/site.yml on a systemd-nspawn host"
+[[ $(id -u) -eq 0 ]] || cannot_run "the first deployment's converge needs root (systemd-nspawn test hosts)"
 [[ -d /sys/fs/cgroup/systemd || -f /sys/fs/cgroup/cgroup.controllers ]] ||
     cannot_run "no cgroup hierarchy for systemd-nspawn"
+examples="$installed/docs/examples"
+[[ -f "$examples/site.yml" && -d "$examples/inventory/group_vars" ]] ||
+    die "the installed collection has no docs/examples (README, \"A first deployment\")"
 test_hosts="$ROOT/scripts/test-hosts"
 cache=${DEVIN_OUTPOSTS_TEST_HOSTS:-/var/tmp/devin-outposts-test-hosts}
 "$test_hosts/build-images.sh" bookworm
@@ -195,26 +330,48 @@ hosts_started=1
 "$test_hosts/nspawn-host.sh" start tarball-bookworm bookworm >/dev/null
 "$test_hosts/nspawn-host.sh" relay tarball-bookworm 8787 "$(json_field port)"
 "$test_hosts/nspawn-host.sh" relay tarball-bookworm 8788 "$(json_field static_port)"
-export DEVIN_SIM_URL TARBALL_SIM_URL DEVIN_SIM_ADMIN_TOKEN_FILE
+export DEVIN_SIM_URL DEVIN_SIM_ADMIN_TOKEN_FILE
 DEVIN_SIM_URL=$(json_field url)
-TARBALL_SIM_URL=$DEVIN_SIM_URL
 DEVIN_SIM_ADMIN_TOKEN_FILE=$(json_field admin_token_file)
-TARBALL_ORCHESTRATOR_TOKEN=$(devin-outposts-sim token create --scope orchestrator --label tarball)
-TARBALL_MACHINE_TOKEN=$(devin-outposts-sim token create --scope machine --label tarball-worker)
-export TARBALL_ORCHESTRATOR_TOKEN TARBALL_MACHINE_TOKEN TARBALL_WORKER_VERSION="$worker_version"
-export TARBALL_WHEELHOUSE="$cache/wheelhouse-py311"  # bookworm's Python 3.11
-cat >"$work/inventory.yml" <<EOF
-workers:
-  hosts:
-    tarball-bookworm:
-      ansible_host: tarball-bookworm
-      ansible_user: root
-      ansible_ssh_private_key_file: $cache/ssh/id_ed25519
-      ansible_ssh_common_args: >-
-        -o 'ProxyCommand=$test_hosts/nspawn-host.sh proxy %h' -o StrictHostKeyChecking=no
-        -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o ControlPath=$work/cp-%C
-      ansible_python_interpreter: auto_silent
-EOF
-ansible-playbook -i "$work/inventory.yml" "$work/run/worker.yml"
+# The README's two tokens: orchestrator scope on the controller, machine scope for the hosts.
+orchestrator_token=$(devin-outposts-sim token create --scope orchestrator --label tarball-controller)
+machine_token=$(devin-outposts-sim token create --scope machine --label tarball-hosts)
+[[ -n "$orchestrator_token" && -n "$machine_token" ]] || die "the simulator gave no tokens"
+
+# The example's inventory as a user adapts it: the installed group_vars as they are; the test host in one of its
+# groups (gpu_workers: one instance, main, on gpu-h200); and host_vars with only what this host cannot do
+# without: how Ansible reaches it, where it reaches the API and the stand-in devin-remote (relays into its
+# loopback) and, since it has no network, the worker's dependencies from a wheelhouse and no extra packages.
+inventory="$work/inventory"
+mkdir -p "$inventory/host_vars"
+cp -r "$examples/inventory/group_vars" "$inventory/"
+cat >"$inventory/hosts.yml" <<YAML
+outpost_workers:
+  children:
+    gpu_workers:
+      hosts:
+        tarball-bookworm:
+YAML
+cat >"$inventory/host_vars/tarball-bookworm.yml" <<YAML
+ansible_host: tarball-bookworm
+ansible_user: root
+ansible_ssh_private_key_file: $cache/ssh/id_ed25519
+ansible_ssh_common_args: >-
+  -o 'ProxyCommand=$test_hosts/nspawn-host.sh proxy %h' -o StrictHostKeyChecking=no
+  -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o ControlPath=$work/cp-%C
+ansible_python_interpreter: auto_silent
+devin_outposts_worker_api_url: http://127.0.0.1:8787
+devin_outposts_worker_controller_api_url: $DEVIN_SIM_URL
+devin_outposts_worker_static_base_url: http://127.0.0.1:8788/
+devin_outposts_worker_wheelhouse: $cache/wheelhouse-py311
+devin_outposts_worker_extra_packages: []
+YAML
+say "inventory: the installed group_vars ($(cd "$inventory/group_vars" && echo *)); tarball-bookworm in gpu_workers"
+# The README's commands, from the scratch folder, on the installed copy.
+DEVIN_API_URL=$DEVIN_SIM_URL DEVIN_OUTPOSTS_TOKEN=$orchestrator_token DEVIN_OUTPOSTS_MACHINE_TOKEN=$machine_token \
+    ansible-playbook -i "$inventory" "$examples/site.yml"
+DEVIN_API_URL=$DEVIN_SIM_URL TARBALL_ORCHESTRATOR_TOKEN=$orchestrator_token TARBALL_MACHINE_TOKEN=$machine_token \
+    TARBALL_WORKER_VERSION=$worker_version ansible-playbook -i "$inventory" "$work/run/first_deployment.yml"
 say ""
-say "tarball: the installed collection documented, ran its modules and converged the worker role"
+say "tarball: the installed collection passed Galaxy's importer, documented itself, ran its modules and the"
+say "README's first deployment"

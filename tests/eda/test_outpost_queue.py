@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from devin_outposts_sim.testing import SimHandle, sim_process
 
@@ -106,6 +107,14 @@ async def test_connection_options_fall_back_to_the_environment(
     assert "cog_from_env" not in repr(options)
     monkeypatch.delenv("DEVIN_API_URL")
     assert source["Options"]({"token": "x"}).api_url == "https://api.devin.ai"
+
+
+async def test_the_documented_defaults_are_the_defaults(source: dict[str, Any]) -> None:
+    documented = yaml.safe_load(source["DOCUMENTATION"])["options"]
+    options = source["Options"]({"token": "t"}, environ={})
+    defaults = {name: spec["default"] for name, spec in documented.items() if "default" in spec}
+    assert defaults == {name: getattr(options, name) for name in defaults}
+    assert defaults["backoff_max"] == 5  # the worker's cap for its watch reconnects
 
 
 async def test_the_shared_constants_match_the_module_client(source: dict[str, Any]) -> None:

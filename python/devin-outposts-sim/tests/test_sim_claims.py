@@ -248,7 +248,9 @@ def test_a_lapsed_running_claim_returns_once_the_session_stops_running(make_sim,
     wait_until(lambda: client.get(f"{QUEUE}/{sid}").json()["status"]["phase"] == "pending")
 
 
-def test_a_late_reclaim_by_the_former_holder_is_a_new_claim(make_sim, api) -> None:
+def test_a_late_reclaim_by_the_former_holder_is_a_new_claim_that_keeps_its_earlier_tokens(
+    make_sim, api
+) -> None:
     handle = make_sim(claim_ttl=0.3, sweep_interval=3600)
     client = api(handle.create_token("machine"), handle=handle)
     sid = handle.admin.enqueue(handle.admin.create_outpost("late").outpost_id).session_id
@@ -257,7 +259,8 @@ def test_a_late_reclaim_by_the_former_holder_is_a_new_claim(make_sim, api) -> No
     again = _claim(client, sid, "w1")
     assert again.status_code == 200
     assert [r["action"] for r in handle.admin.claims(session_id=sid)] == ["claim", "expire", "claim"]
-    assert not handle.store.gateway.check_connect_token(sid, old)
+    # Contract 4.3: tokens outlive the claim (the operator keeps the first one in the pod's Secret).
+    assert handle.store.gateway.check_connect_token(sid, old)
     assert handle.store.gateway.check_connect_token(sid, again.json()["status"]["connect_token"])
 
 
@@ -364,4 +367,12 @@ def test_a_losing_claim_is_recognised_without_a_write_exactly_when_the_full_path
     assert quick("acct-default", sid, "w2")  # running past its deadline: stays with its worker
     store.queue.tombstone(sid)
     assert not quick("acct-default", sid, "w2")
+    # An ended session still within its claim's grace, but due to be tombstoned: the full path answers 404.
+    ended = store.queue.enqueue(oid).session_id
+    store.queue.claim("acct-default", ended, "w1", ttl=300, gateway_url="ws://g")
+    store.queue.set_session_status(ended, "terminated")
+    clock.now += 59
+    assert quick("acct-default", ended, "w2")
+    clock.now += 1
+    assert not quick("acct-default", ended, "w2")
     store.close()

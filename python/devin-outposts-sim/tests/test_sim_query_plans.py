@@ -104,17 +104,27 @@ def test_the_watch_feed_reads_only_changes_after_its_revision(populated: Store) 
     assert "rev>?" in searched(steps), steps
 
 
-@pytest.mark.parametrize("sql", [db.EXPIRE_SQL, db.ENDINGS_SQL])
-def test_expiry_and_lagging_statuses_look_only_at_candidates(populated: Store, sql: str) -> None:
+@pytest.mark.parametrize(
+    ("sql", "index"),
+    [
+        (db.EXPIRE_SQL, "sessions_expirable"),
+        (db.ENDINGS_SQL, "sessions_by_ending"),
+        (db.SWEEP_ENDED_SQL, "sessions_ended"),
+    ],
+)
+def test_expiry_lagging_statuses_and_ended_sessions_look_only_at_candidates(
+    populated: Store, sql: str, index: str
+) -> None:
     steps = plan(populated, sql, [1_781_050_000.0])
-    assert any("sessions_expirable" in s or "sessions_by_ending" in s for s in steps), steps
+    assert any(index in s for s in steps), steps
     assert not any(step.startswith("SCAN sessions") for step in steps), steps
 
 
 def test_the_check_every_request_makes_uses_the_partial_indexes(populated: Store) -> None:
-    steps = plan(populated, db.DUE_SQL, [1_781_050_000.0, 1_781_050_000.0])
+    steps = plan(populated, db.DUE_SQL, [1_781_050_000.0, 1_781_050_000.0, 1_781_049_940.0])
     assert any("sessions_expirable" in step for step in steps), steps
     assert any("sessions_by_ending" in step for step in steps), steps
+    assert any("sessions_ended" in step for step in steps), steps
     assert not any(step.startswith("SCAN sessions") for step in steps), steps
 
 

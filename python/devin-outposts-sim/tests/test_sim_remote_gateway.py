@@ -1,6 +1,7 @@
 """The simulated gateway (HTTP long-poll under the claim's ``gateway_url``) and the brain API.
 
-The gateway accepts a connect token only while its claim chain lasts; every other token is a 401. These
+The gateway accepts a connect token only while its acceptor holds the session (a tombstoned session's
+remote is told the end first); every other token is a 401. These
 tests speak the gateway protocol directly; test_sim_remote_standin.py runs the stand-in ``devin-remote``.
 """
 
@@ -138,11 +139,18 @@ def test_a_token_of_another_session_is_401(
     assert Gateway(other).connect().status_code == 200
 
 
-def test_a_tombstone_makes_the_token_stale(sim: SimHandle, claimed: QueueEntry) -> None:
+def test_a_tombstone_tells_the_remote_the_end_then_makes_the_token_stale(
+    sim: SimHandle, claimed: QueueEntry
+) -> None:
     gw = Gateway(claimed)
     assert gw.connect().status_code == 200
     sim.admin.tombstone(claimed.session_id)
+    assert not sim.admin.check_connect_token(claimed.session_id, gw.token or "")
+    told = gw.next()
+    assert told.status_code == 200
+    assert told.json() == {"type": "end", "session_status": "terminated"}
     assert gw.next().status_code == 401
+    assert gw.connect().status_code == 401
 
 
 def test_an_expired_claim_on_a_running_session_stays_with_its_worker(make_sim: Any) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -24,7 +25,8 @@ import ssl
 import tempfile
 import time
 from collections import OrderedDict
-from typing import Any, Optional
+from collections.abc import Awaitable
+from typing import Any, Callable, Optional
 
 import aiohttp
 
@@ -37,10 +39,13 @@ description:
     C(watch=true) over server-sent events from the list's final cursor), and puts one event on the rulebook's
     queue per queue change.
   - It never returns on its own. A stream the server ends (streams last at most a few minutes) is reopened
-    at once from the last cursor; an error (connection, HTTP 429 or 5xx) is retried after a random wait that
-    starts at half of O(backoff_initial), doubles its ceiling after each further error, and never passes
-    O(backoff_max) seconds. A token the API refuses (HTTP 401
-    or 403) stops the source with an error, since retrying cannot fix it.
+    at once from the last cursor. An error is logged in one line and retried after a random wait between
+    half and all of a ceiling that starts at O(backoff_initial), doubles after each further error, and never
+    passes O(backoff_max) seconds. After a connection error, HTTP 429 or 5xx the watch resumes from the last
+    cursor. After any other answer (a 404, a cursor refused with 400 or 422), and after any reply that is not
+    what the API sends (not JSON, larger than the caps, nested too deeply, of the wrong shape), the queue is
+    listed again first. A malformed entry in a list is skipped with one log line.
+  - A token the API refuses (HTTP 401 or 403) stops the source with an error, since retrying cannot fix it.
   - With O(cursor_file) the cursor of the last event is kept on disk (written atomically, mode 0600), so a
     restarted rulebook resumes where it stopped instead of starting from the current queue.
   - Every O(queue_depth_interval) seconds it also sends a C(queue_depth) event per outpost, saying how many
@@ -108,9 +113,11 @@ options:
     type: float
     default: 1
   backoff_max:
-    description: The longest backoff, in seconds.
+    description:
+      - The longest backoff, in seconds. The default is the worker's for its watch, so a recovered API is
+        noticed within a few seconds; raise it only to spare an API that many sources follow.
     type: float
-    default: 60
+    default: 5
 """
 
 EXAMPLES = r"""
@@ -166,8 +173,19 @@ HEALTHY_STREAM = 5.0
 QUICK_ENDS_BEFORE_PAUSE = 3
 #: How many sessions' last sent states are remembered to drop repeated deliveries (at-least-once).
 SEEN_MAX = 4096
-#: One SSE line (one event) may be at most this long.
+#: One reply to a list may be at most this long (a page of 200 entries is far smaller).
+MAX_BODY = 8 << 20
+#: Of an error answer, this much is read for its detail.
+MAX_ERROR_BODY = 1 << 16
+#: One SSE line may be at most this long, and one event's data as buffered (a line feed per data line).
 MAX_LINE = 1 << 20
+MAX_EVENT = 1 << 20
+#: A reply nested deeper than this (objects and arrays) is refused; a queue entry is about 4 deep.
+MAX_NESTING = 32
+#: Bytes asked of the connection per read.
+READ_SIZE = 1 << 16
+#: The default of backoff_max: the worker's cap for watch reconnects (FEED_BACKOFF_CAP).
+DEFAULT_BACKOFF_MAX = 5.0
 CURSOR_FILE_VERSION = 1
 OPTIONS = frozenset(
     (
@@ -192,17 +210,29 @@ class OptionError(ValueError):
 
 
 class FleetError(Exception):
-    """A failed request. ``retry`` is false for answers that retrying cannot change (401, 403, 404)."""
+    """A failed request. ``retry`` is false only for a refused token (401, 403): retrying cannot change it.
+    ``relist`` is true when the picture of the queue is in doubt, so it is listed again before the next watch:
+    every answer but an outage's (a connection error, 429 or 5xx)."""
 
     def __init__(self, operation: str, detail: str, status: Optional[int] = None) -> None:
         prefix = f"{status} " if status is not None else ""
         super().__init__(f"Could not {operation}: {prefix}{detail}")
         self.status = status
-        self.retry = status is None or status == 429 or status >= 500
+        self.retry = status not in (401, 403)
+        self.relist = status is not None and status != 429 and status < 500
 
 
 class CursorRejected(FleetError):
     """The API refused the cursor (400/422): list again and watch from the new cursor."""
+
+
+class MalformedReply(FleetError):
+    """A reply that is not what the API sends: not JSON, over a size cap, nested too deeply, or of the wrong
+    shape. Every reply is decoded through :func:`decode_json`, so this is the only error decoding raises."""
+
+    def __init__(self, operation: str, detail: str) -> None:
+        super().__init__(operation, f"malformed reply: {detail}")
+        self.relist = True
 
 
 # --- options -----------------------------------------------------------------------------------------------
@@ -305,7 +335,9 @@ class Options:
             raise OptionError(f"queue_depth_interval must be 0 (off) or at least 1 second, got {interval:g}")
         self.queue_depth_interval = interval
         self.backoff_initial = _number(args, "backoff_initial", 1.0, 0.01)
-        self.backoff_max = _number(args, "backoff_max", 60.0, 0.01)
+        # Not set, it follows a larger backoff_initial up rather than refusing it.
+        default_max = max(DEFAULT_BACKOFF_MAX, self.backoff_initial)
+        self.backoff_max = _number(args, "backoff_max", default_max, 0.01)
         if self.backoff_max < self.backoff_initial:
             raise OptionError(
                 f"backoff_max ({self.backoff_max:g}) must not be smaller than "
@@ -387,6 +419,179 @@ def save_state(path: str, api_url: str, outpost_id: Optional[str], cursor: Optio
         raise
 
 
+# --- decoding replies --------------------------------------------------------------------------------------
+#
+# Every reply is data from the network. It is decoded here and nowhere else; what does not decode raises
+# MalformedReply, with a detail that quotes nothing of the reply but its shape.
+
+
+def _short(value: Any) -> str:
+    """A value from the network, fit for a log line: its repr, cut short (so no control characters)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > MAX_NESTING:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def decode_json(data: bytes, operation: str) -> Any:
+    """The one way a reply becomes data: JSON (UTF-8), no NaN or Infinity, at most MAX_NESTING deep."""
+    try:
+        value = json.loads(data, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise MalformedReply(operation, "nested too deeply") from None
+    except ValueError as exc:  # not JSON, not UTF-8, an integer too long to convert
+        raise MalformedReply(operation, f"not JSON ({type(exc).__name__}: {exc})") from None
+    if _too_deep(value):
+        raise MalformedReply(operation, f"nested more than {MAX_NESTING} levels deep")
+    return value
+
+
+def decode_page(data: bytes, operation: str, cursor_key: str) -> tuple[list[Any], Optional[str], bool]:
+    """A page of a list: its items (not yet checked one by one), its cursor and whether another follows."""
+    page = decode_json(data, operation)
+    if not isinstance(page, dict):
+        raise MalformedReply(operation, f"a page is not an object but {type(page).__name__}")
+    items, cursor, more = page.get("items"), page.get(cursor_key), page.get("has_next_page")
+    if items is not None and not isinstance(items, list):
+        raise MalformedReply(operation, f"items is not a list but {type(items).__name__}")
+    if cursor is not None and not isinstance(cursor, str):
+        raise MalformedReply(operation, f"{cursor_key} is not a string but {type(cursor).__name__}")
+    if more is not None and not isinstance(more, bool):
+        raise MalformedReply(operation, f"has_next_page is not true or false but {_short(more)}")
+    return items or [], cursor or None, bool(more)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def entry_problem(item: Any) -> Optional[str]:
+    """Why ``item`` is not a queue entry this source can use (docs/fleet-api.md §3.1), or None."""
+    if not isinstance(item, dict):
+        return f"an entry is not an object but {type(item).__name__}"
+    meta = item.get("metadata")
+    if not isinstance(meta, dict):
+        return f"an entry's metadata is not an object but {type(meta).__name__}"
+    sid = meta.get("session_id")
+    if not isinstance(sid, str) or not sid:
+        return f"session_id {_short(sid)} is not a non-empty string"
+    for section in ("spec", "status"):
+        if item.get(section) is not None and not isinstance(item[section], dict):
+            return f"session {_short(sid)}: {section} is not an object"
+    if meta.get("outpost_id") is not None and not isinstance(meta["outpost_id"], str):
+        return f"session {_short(sid)}: outpost_id {_short(meta['outpost_id'])} is not a string"
+    for key in ("created_at", "updated_at"):
+        if meta.get(key) is not None and not _finite(meta[key]):
+            return f"session {_short(sid)}: {key} {_short(meta[key])} is not a finite number"
+    return None
+
+
+def outpost_problem(item: Any) -> Optional[str]:
+    """Why ``item`` is not an outpost of the outposts list, or None."""
+    if not isinstance(item, dict) or not isinstance(item.get("metadata"), dict):
+        return "an outpost or its metadata is not an object"
+    oid, name = item["metadata"].get("outpost_id"), _section(item, "spec").get("name", "")
+    if not isinstance(oid, str) or not oid:
+        return f"outpost_id {_short(oid)} is not a non-empty string"
+    if not isinstance(name, str):
+        return f"outpost {_short(oid)}: name {_short(name)} is not a string"
+    return None
+
+
+def decode_event(data: bytes, operation: str) -> tuple[str, dict[str, Any], Optional[str]]:
+    """One watch event: its type, its entry and its cursor."""
+    event = decode_json(data, operation)
+    if not isinstance(event, dict):
+        raise MalformedReply(operation, f"a watch event is not an object but {type(event).__name__}")
+    kind, entry, cursor = event.get("type") or "MODIFIED", event.get("object"), event.get("cursor")
+    problem = entry_problem(entry)
+    if problem is not None or not isinstance(entry, dict):
+        raise MalformedReply(operation, f"a watch event's entry: {problem}")
+    if not isinstance(kind, str):
+        raise MalformedReply(operation, f"a watch event's type {_short(kind)} is not a string")
+    if cursor is not None and not isinstance(cursor, str):
+        raise MalformedReply(operation, f"a watch event's cursor is not a string but {type(cursor).__name__}")
+    return kind, entry, cursor or None
+
+
+def error_detail(body: bytes) -> str:
+    """What an error answer says: its ``detail``, else the start of its body; printable, 200 characters."""
+    try:
+        reply = decode_json(body, "read an error answer")
+        detail = reply.get("detail") if isinstance(reply, dict) else None
+    except MalformedReply:
+        detail = None
+    text = str(detail) if detail is not None else body[:200].decode("utf-8", "replace")
+    return "".join(c if c.isprintable() else "?" for c in text[:200])
+
+
+class EventParser:
+    """Server-sent events from the bytes of a stream, as they come: the data of each complete event.
+
+    What it keeps is capped: a line (an unfinished one too) at MAX_LINE bytes, and an event's data at
+    MAX_EVENT bytes as buffered, with the line feed each data line adds, so empty ``data:`` lines count.
+    Comments (keepalives) and other fields are not kept, so only their line length is capped.
+    """
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        self.partial = bytearray()
+        self.data = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        events: list[bytes] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            if self.partial:
+                self.partial += chunk[start:end]
+                line, self.partial = bytes(self.partial), bytearray()
+            else:
+                line = chunk[start:end]
+            start = end + 1
+            self._check_line(len(line))
+            data = self._line(line[:-1] if line.endswith(b"\r") else line)
+            if data is not None:
+                events.append(data)
+        self.partial += chunk[start:]
+        self._check_line(len(self.partial))
+        return events
+
+    def _check_line(self, length: int) -> None:
+        if length > MAX_LINE:
+            raise MalformedReply(self.operation, f"a watch line is longer than {MAX_LINE} bytes")
+
+    def _line(self, line: bytes) -> Optional[bytes]:
+        if not line:  # a blank line ends the event
+            data, self.data = bytes(self.data[:-1]), bytearray()
+            return data or None
+        field, dummy, value = line.partition(b":")
+        if field != b"data":  # a comment (empty field) or a field this source does not use
+            return None
+        self.data += value[1:] if value.startswith(b" ") else value
+        self.data += b"\n"
+        if len(self.data) > MAX_EVENT:
+            raise MalformedReply(self.operation, f"a watch event is larger than {MAX_EVENT} bytes")
+        return None
+
+
 # --- events ------------------------------------------------------------------------------------------------
 
 
@@ -437,10 +642,18 @@ def change_event(kind: str, entry: dict[str, Any], cursor: Optional[str]) -> dic
 class QueueSource:
     """List-then-watch with reconnects, the cursor file, and the queue_depth timer."""
 
-    def __init__(self, options: Options, queue: Any, clock: Any = time.time) -> None:
+    def __init__(
+        self,
+        options: Options,
+        queue: Any,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
         self.options = options
         self.queue = queue
         self.clock = clock
+        #: How the source waits between attempts (a test gives its own, to see the waits asked for).
+        self.sleep = sleep
         self.outpost_id: Optional[str] = None
         #: outpost id -> name, of the outposts the queue_depth events are about.
         self.outposts: dict[str, str] = {}
@@ -465,32 +678,48 @@ class QueueSource:
     def _redact(self, text: str) -> str:
         return text.replace(self.options.token, "***")
 
-    async def _get_json(self, path: str, params: dict[str, Any], operation: str) -> Any:
+    async def _get_page(
+        self, path: str, params: dict[str, Any], operation: str, cursor_key: str
+    ) -> tuple[list[Any], Optional[str], bool]:
+        """One page of a list: the whole body (however many reads it takes, at most MAX_BODY), decoded."""
         assert self.http is not None
-        url = self.options.api_url + path
         query = {k: str(v) for k, v in params.items() if v is not None}
         try:
             async with self.http.get(
-                url,
+                self.options.api_url + path,
                 params=query,
                 headers=self._headers(),
                 ssl=self.options.ssl_context(),
                 timeout=aiohttp.ClientTimeout(total=self.options.timeout),
             ) as response:
-                body = await response.content.read(8 << 20)
                 if response.status >= 400:
-                    raise self._error(operation, response.status, body, FleetError)
-                return json.loads(body)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                    raise await self._error(operation, response, FleetError)
+                body = await self._read(response, operation)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise FleetError(operation, self._redact(f"{type(exc).__name__}: {exc}")) from None
+        return decode_page(body, operation, cursor_key)
 
-    def _error(self, operation: str, status: int, body: bytes, kind: type[FleetError]) -> FleetError:
+    @staticmethod
+    async def _read(response: aiohttp.ClientResponse, operation: str, limit: int = MAX_BODY) -> bytes:
+        """The body to its end. ``read(n)`` returns what has arrived so far, so it is called until EOF."""
+        body = bytearray()
+        while True:
+            chunk = await response.content.read(READ_SIZE)
+            if not chunk:
+                return bytes(body)
+            body += chunk
+            if len(body) > limit:
+                raise MalformedReply(operation, f"the body is larger than {limit} bytes")
+
+    async def _error(
+        self, operation: str, response: aiohttp.ClientResponse, kind: type[FleetError]
+    ) -> FleetError:
+        """The error of an answer >= 400, with the API's ``detail`` (or the body's start) in its message."""
         try:
-            detail = json.loads(body).get("detail")
-        except (ValueError, AttributeError):
-            detail = None
-        text = self._redact(str(detail if detail is not None else body[:200].decode("utf-8", "replace")))
-        return kind(operation, text, status)
+            text = error_detail(await self._read(response, operation, MAX_ERROR_BODY))
+        except MalformedReply:  # larger than MAX_ERROR_BODY
+            text = ""
+        return kind(operation, self._redact(text or response.reason or ""), response.status)
 
     async def resolve_outpost(self) -> None:
         """Turn the outpost option (a name or an id) into the id, through the outposts list."""
@@ -506,20 +735,34 @@ class QueueSource:
                 return
         raise OptionError(f"outpost {wanted} is not among the account's {len(outposts)} outposts")
 
+    def _usable(
+        self, items: list[Any], operation: str, check: Callable[[Any], Optional[str]], nouns: tuple[str, str]
+    ) -> list[Any]:
+        """The items that pass ``check``; the others are skipped with one log line for the page."""
+        problems = [(item, check(item)) for item in items]
+        skipped = [problem for dummy, problem in problems if problem is not None]
+        if skipped:
+            log.warning(
+                "Skipped %d malformed %s in the reply to %s; the first: %s",
+                len(skipped),
+                nouns[len(skipped) != 1],
+                operation,
+                self._redact(skipped[0]),
+            )
+        return [item for item, problem in problems if problem is None]
+
     async def list_outposts(self) -> dict[str, str]:
         found: dict[str, str] = {}
         after: Optional[str] = None
+        operation = "list outposts"
         while True:
-            page = await self._get_json(
-                OUTPOSTS_PATH, {"first": MAX_PAGE_SIZE, "after": after}, "list outposts"
-            )
-            for item in page.get("items") or []:
-                found[_section(item, "metadata").get("outpost_id", "")] = _section(item, "spec").get(
-                    "name", ""
-                )
-            if not page.get("has_next_page") or not page.get("end_cursor") or page.get("end_cursor") == after:
+            params = {"first": MAX_PAGE_SIZE, "after": after}
+            items, end_cursor, more = await self._get_page(OUTPOSTS_PATH, params, operation, "end_cursor")
+            for item in self._usable(items, operation, outpost_problem, ("outpost", "outposts")):
+                found[item["metadata"]["outpost_id"]] = _section(item, "spec").get("name", "")
+            if not more or not end_cursor or end_cursor == after:
                 return found
-            after = page["end_cursor"]
+            after = end_cursor
 
     async def list_queue(self) -> tuple[list[dict[str, Any]], Optional[str]]:
         """Every entry (all phases), upserted by session id across pages, and the final cursor."""
@@ -528,13 +771,13 @@ class QueueSource:
         operation = f"list sessions{f' on outpost {self.outpost_id}' if self.outpost_id else ''}"
         while True:
             params = {"outpost": self.outpost_id, "first": MAX_PAGE_SIZE, "cursor": cursor}
-            page = await self._get_json(QUEUE_PATH, params, operation)
-            for item in page.get("items") or []:
-                sid = str(_section(item, "metadata").get("session_id"))
+            items, page_cursor, more = await self._get_page(QUEUE_PATH, params, operation, "cursor")
+            for item in self._usable(items, operation, entry_problem, ("queue entry", "queue entries")):
+                sid = item["metadata"]["session_id"]
                 entries.pop(sid, None)
                 entries[sid] = item
-            nxt = page.get("cursor") or cursor
-            if not page.get("has_next_page"):
+            nxt = page_cursor or cursor
+            if not more:
                 return list(entries.values()), nxt
             if nxt == cursor:
                 raise FleetError(operation, "the API reported another page but did not advance the cursor")
@@ -562,46 +805,32 @@ class QueueSource:
                 if response.status >= 400:
                     # 400/422 to a watch: the API refuses the cursor (too old, or not one of its own).
                     kind = CursorRejected if response.status in (400, 422) else FleetError
-                    raise self._error(operation, response.status, await response.content.read(1 << 16), kind)
-                data: list[str] = []
+                    raise await self._error(operation, response, kind)
+                parser = EventParser(operation)
                 while True:
-                    raw = await response.content.readline()
-                    if not raw:
+                    chunk = await response.content.read(READ_SIZE)
+                    if not chunk:
                         break
-                    if len(raw) > MAX_LINE:
-                        raise FleetError(operation, f"a watch line is longer than {MAX_LINE} bytes")
-                    line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                    if line == "":
-                        if data:
-                            await self.handle("\n".join(data), operation)
-                            count += 1
-                            data = []
-                    elif line.startswith("data:"):
-                        value = line[5:]
-                        data.append(value[1:] if value.startswith(" ") else value)
-                    # comments (": keepalive") and other fields are skipped
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                    for data in parser.feed(chunk):
+                        await self.handle(*decode_event(data, operation))
+                        count += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise FleetError(operation, self._redact(f"{type(exc).__name__}: {exc}")) from None
         return count
 
     # --- events ---
 
-    async def handle(self, data: str, operation: str) -> None:
-        try:
-            event = json.loads(data)
-            entry = event["object"]
-            sid = entry["metadata"]["session_id"]
-        except (ValueError, KeyError, TypeError):
-            raise CursorRejected(operation, f"malformed watch event: {data[:200]!r}") from None
+    async def handle(self, kind: str, entry: dict[str, Any], cursor: Optional[str]) -> None:
+        """One decoded watch event (:func:`decode_event`)."""
         self.handled += 1
-        kind = str(event.get("type") or "MODIFIED")
+        sid = entry["metadata"]["session_id"]
         deleted = kind == "DELETED"
         if deleted:
             self.entries.pop(sid, None)
         else:
             self.entries[sid] = entry
             self._mark_busy([entry])
-        await self.emit(kind, entry, deleted, event.get("cursor") or self.cursor)
+        await self.emit(kind, entry, deleted, cursor or self.cursor)
 
     async def emit(self, kind: str, entry: dict[str, Any], deleted: bool, cursor: Optional[str]) -> None:
         """Send one change (unless it repeats a state already sent or the phase filter drops it), then
@@ -635,7 +864,7 @@ class QueueSource:
         emit_listed is off) and watch from the list's cursor; with it, watch from ``resume``: the watch
         replays every change since, so nothing made while the source was down is lost."""
         entries, cursor = await self.list_queue()
-        self.entries = {_section(e, "metadata").get("session_id", ""): e for e in entries}
+        self.entries = {e["metadata"]["session_id"]: e for e in entries}
         self._mark_busy(entries)
         if resume is not None:
             self.cursor = resume
@@ -710,10 +939,7 @@ class QueueSource:
 
     async def run(self) -> None:
         connector = aiohttp.TCPConnector(limit=4)
-        # read_bufsize: aiohttp refuses a line longer than twice this, so one event may be up to 1 MiB.
-        async with aiohttp.ClientSession(
-            connector=connector, trust_env=True, read_bufsize=MAX_LINE // 2
-        ) as http:
+        async with aiohttp.ClientSession(connector=connector, trust_env=True) as http:
             self.http = http
             await self._retrying(self.resolve_outpost)
             stored, seen = load_state(self.options.cursor_file, self.options.api_url, self.outpost_id)
@@ -725,13 +951,14 @@ class QueueSource:
             depth = None
             if self.options.queue_depth_interval > 0:
                 depth = asyncio.ensure_future(self.depth_loop())
+                depth.add_done_callback(_report_stop)
             try:
                 await self.follow(stored)
             finally:
                 if depth is not None:
                     depth.cancel()
 
-    async def _retrying(self, step: Any) -> None:
+    async def _retrying(self, step: Callable[[], Awaitable[None]]) -> None:
         attempt = 0
         while True:
             try:
@@ -743,17 +970,17 @@ class QueueSource:
                 delay = self.backoff(attempt)
                 attempt += 1
                 log.warning("%s; retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
+                await self.sleep(delay)
 
     def backoff(self, attempt: int) -> float:
-        """Jittered exponential backoff: a random wait between half of ``backoff_initial`` and
-        ``backoff_initial * 2**attempt``, capped at ``backoff_max``."""
-        floor = self.options.backoff_initial / 2
+        """Jittered exponential backoff, as the worker's: attempt *n* waits a random time between half of
+        ``d`` and ``d``, where ``d = min(backoff_max, backoff_initial * 2**n)``."""
         ceiling = min(self.options.backoff_max, self.options.backoff_initial * (2 ** min(attempt, 30)))
-        return random.uniform(floor, max(ceiling, floor))  # noqa: S311 - spreading reconnects, not a secret
+        return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - spreading reconnects, not a secret
 
     async def follow(self, stored: Optional[str]) -> None:
-        """List (to seed the picture, and for the first cursor), then watch, forever."""
+        """List (to seed the picture, and for the first cursor), then watch, forever. A failure waits
+        :meth:`backoff`; one that puts the picture in doubt (``FleetError.relist``) lists again first."""
         first = True
         attempt = 0
         quick_ends = 0
@@ -766,28 +993,34 @@ class QueueSource:
                     first = False
                 started = time.monotonic()
                 count = await self.watch()
-                attempt = 0
-                quick_ends = quick_ends + 1 if count == 0 and time.monotonic() - started < 1.0 else 0
-                if quick_ends >= QUICK_ENDS_BEFORE_PAUSE:
-                    await asyncio.sleep(1.0)
-                continue  # a clean end: streams are bounded in time; reopen from the cursor at once
-            except CursorRejected as exc:
-                # Paced like an error: an API that keeps refusing must not be hammered with lists.
-                delay = self.backoff(attempt)
-                attempt += 1
-                log.warning("%s; listing the queue again in %.1fs, then watching from its cursor", exc, delay)
-                self.need_list = True
-                first = False
-                await asyncio.sleep(delay)
             except FleetError as exc:
                 if not exc.retry:
                     raise
-                if self.handled > handled or time.monotonic() - started >= HEALTHY_STREAM:
-                    attempt = 0
+                if exc.relist:
+                    self.need_list = True
+                elif self.handled > handled or time.monotonic() - started >= HEALTHY_STREAM:
+                    attempt = 0  # a healthy stream broke: an outage starts the backoff afresh
                 delay = self.backoff(attempt)
                 attempt += 1
-                log.warning("%s; reconnecting in %.1fs from the stored cursor", exc, delay)
-                await asyncio.sleep(delay)
+                if self.need_list:
+                    log.warning(
+                        "%s; listing the queue again in %.1fs, then watching from its cursor", exc, delay
+                    )
+                else:
+                    log.warning("%s; reconnecting in %.1fs from the stored cursor", exc, delay)
+                await self.sleep(delay)
+                continue
+            # A clean end: streams are bounded in time; reopen from the cursor at once.
+            attempt = 0
+            quick_ends = quick_ends + 1 if count == 0 and time.monotonic() - started < 1.0 else 0
+            if quick_ends >= QUICK_ENDS_BEFORE_PAUSE:
+                await self.sleep(1.0)
+
+
+def _report_stop(task: asyncio.Future[None]) -> None:
+    """The queue_depth loop ends only when cancelled; say so if it ever fails, rather than stop silently."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("queue_depth events stopped: %r", task.exception())
 
 
 async def main(queue: Any, args: dict[str, Any]) -> None:

@@ -128,8 +128,16 @@ class SimAdmin:
         result: dict[str, Any] = self._call("GET", "/config", "read the simulator config")
         return result
 
+    def set_tombstone_after(self, seconds: Optional[float]) -> dict[str, Any]:
+        """Tombstone ended sessions ``seconds`` after their end (None: never), from now on and for those
+        already ended; a :meth:`reset` restores the configured value. Returns the settings."""
+        result: dict[str, Any] = self._call(
+            "PUT", "/config", "set tombstone_after", body={"tombstone_after": seconds}
+        )
+        return result
+
     def reset(self) -> None:
-        """Delete every account, token, outpost, session and record."""
+        """Delete every account, token, outpost, session and record (and restore ``tombstone_after``)."""
         self._call("POST", "/reset", "reset the simulator")
 
     # --- accounts, tokens, organizations ---------------------------------------------------------

@@ -36,9 +36,13 @@ from devin_outposts_sim.cli.remote import add_remote_verbs
 from devin_outposts_sim.http.config import DEFAULT_DB, DEFAULT_HOST, DEFAULT_PORT, SimConfig
 from devin_outposts_sim.http.server import ADMIN_TOKEN_ENV, resolve_admin_token, serve
 from devin_outposts_sim.state.accounts import DEFAULT_ACCOUNT
+from devin_outposts_sim.state.db import DEFAULT_TOMBSTONE_AFTER, check_tombstone_after
 
 URL_ENV = "DEVIN_SIM_URL"
 DB_ENV = "DEVIN_SIM_DB"
+TOMBSTONE_AFTER_ENV = "DEVIN_SIM_TOMBSTONE_AFTER"
+#: How ``--tombstone-after`` (and its variable) spells "ended sessions stay".
+NEVER = "never"
 TOKEN_FILE_ENV = "DEVIN_SIM_ADMIN_TOKEN_FILE"  # noqa: S105 - a variable name
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
@@ -61,6 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
         sweep_interval=args.sweep_interval,
         gateway_url=args.gateway_url,
         status_lag=args.status_lag,
+        tombstone_after=args.tombstone_after,
         admin_token=token,
     )
     try:
@@ -76,6 +81,18 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=not args.no_access_log,
     )
+
+
+def _tombstone_after(text: str) -> Optional[float]:
+    """``--tombstone-after``: a positive number of seconds, or ``never``."""
+    if text.strip().lower() == NEVER:
+        return None
+    try:
+        return check_tombstone_after(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"tombstone_after must be a positive number of seconds, or {NEVER} (got {text!r})"
+        ) from None
 
 
 def _add_serve(verbs: Any) -> None:
@@ -107,6 +124,13 @@ def _add_serve(verbs: Any) -> None:
         type=float,
         default=0.0,
         help="seconds between telling a remote its session ended and writing the status (0)",
+    )
+    parser.add_argument(
+        "--tombstone-after",
+        type=_tombstone_after,
+        default=os.environ.get(TOMBSTONE_AFTER_ENV, f"{DEFAULT_TOMBSTONE_AFTER:g}"),
+        help=f"seconds after a session's end at which its queue row is tombstoned, or {NEVER} "
+        f"(env {TOMBSTONE_AFTER_ENV}, default {DEFAULT_TOMBSTONE_AFTER:g})",
     )
     parser.add_argument(
         "--gateway-url",

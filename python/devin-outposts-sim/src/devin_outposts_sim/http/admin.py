@@ -55,6 +55,22 @@ async def get_config(request: Request) -> Response:
     return JSONResponse(admin(request).config.public())
 
 
+async def put_config(request: Request) -> Response:
+    """Change the settings that may change while serving: only ``tombstone_after`` (seconds, or null for
+    never). A reset restores the configured value."""
+    sim = admin(request)
+    body = await body_of(request)
+    unknown = sorted(set(body) - {"tombstone_after"})
+    if unknown:
+        raise Invalid(f"only tombstone_after can be changed while serving (got {', '.join(unknown)})")
+    if "tombstone_after" in body:
+        try:
+            sim.set_tombstone_after(body["tombstone_after"])
+        except ValueError as exc:
+            raise Invalid(str(exc)) from exc
+    return JSONResponse(sim.config.public())
+
+
 async def create_token(request: Request) -> Response:
     sim = admin(request)
     body = await body_of(request)
@@ -192,6 +208,7 @@ async def check_connect_token(request: Request) -> Response:
 async def reset(request: Request) -> Response:
     sim = admin(request)
     await run_in_threadpool(sim.store.reset)
+    sim.set_tombstone_after(sim.configured_tombstone_after)
     return JSONResponse({"status": "ok"})
 
 
@@ -199,6 +216,7 @@ def admin_routes() -> list[BaseRoute]:
     return [
         Route(f"{PREFIX}/health", health, methods=["GET"]),
         Route(f"{PREFIX}/config", get_config, methods=["GET"]),
+        Route(f"{PREFIX}/config", put_config, methods=["PUT"]),
         Route(f"{PREFIX}/accounts", ensure_account, methods=["POST"]),
         Route(f"{PREFIX}/tokens", create_token, methods=["POST"]),
         Route(f"{PREFIX}/orgs", create_org, methods=["POST"]),

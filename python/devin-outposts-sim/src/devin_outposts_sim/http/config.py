@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from devin_outposts_sim.state.db import DEFAULT_TOMBSTONE_AFTER, check_tombstone_after
+
 DEFAULT_DB = "devin-outposts-sim.db"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -31,6 +33,10 @@ class SimConfig:
     #: many seconds later (0: at once). The real status update can lag the remote's exit
     #: (docs/fleet-api.md §5), so clients re-read it; this lets tests exercise that path.
     status_lag: float = 0.0
+    #: Seconds after a session's end (``suspended``/``terminated``) at which its queue row is tombstoned,
+    #: as the upstream sweeper does (contract 3.4); None: never. ``PUT /_sim/config`` changes it while
+    #: serving, and a reset restores this value.
+    tombstone_after: Optional[float] = DEFAULT_TOMBSTONE_AFTER
     #: Bearer token of the ``/_sim`` admin API (required; the CLI generates one when none is given).
     admin_token: str = ""
 
@@ -42,6 +48,7 @@ class SimConfig:
         lag = float(self.status_lag)
         if math.isnan(lag) or lag < 0 or math.isinf(lag):
             raise ValueError("status_lag must be zero or a positive number of seconds")
+        self.tombstone_after = check_tombstone_after(self.tombstone_after)
         if not self.admin_token:
             raise ValueError("an admin token is required")
 

@@ -7,7 +7,8 @@
 **Gateway**. The real one is a websocket (``wss://``); the simulator's is plain HTTP long-poll under the
 claim's ``gateway_url`` (``ws://<host:port>/gateway`` by default; the stand-in speaks ``ws://`` as
 ``http://``). Every request carries ``Authorization: Bearer <connect token>``; a token that is not valid
-for the session right now (released, expired, taken over, tombstoned, another session's) is
+for the session right now (released, taken over, another session's, of a claim that lapsed and was not
+claimed again by its acceptor, or of a tombstoned session once its remote has been told the end) is
 ``401 {"detail":"Invalid connect token"}``, checked before anything else.
 
 * ``POST /gateway/sessions/{id}/connect`` with what the remote reports (pid, cwd, env, ...):
@@ -121,11 +122,12 @@ def connect_token(request: Request) -> str:
 
 
 async def authorized(request: Request) -> tuple[SimRuntime, str, str]:
-    """The runtime, session id and token of a gateway request whose token is valid (else 401)."""
+    """The runtime, session id and token of a gateway request whose token the gateway accepts (else 401):
+    a valid one, or one still to be told that its tombstoned session is over."""
     sim = runtime_of(request)
     session_id = request.path_params["session_id"]
     token = connect_token(request)
-    if not await run_in_threadpool(sim.store.gateway.check_connect_token, session_id, token):
+    if not await run_in_threadpool(sim.store.gateway.accepts_token, session_id, token):
         raise Unauthorized(INVALID_CONNECT_TOKEN)
     return sim, session_id, token
 

@@ -38,6 +38,18 @@ class SimRuntime:
     gateway: Optional[Notifier] = None
     #: Sweeps scheduled by :meth:`sweep_after`, cancelled at shutdown.
     timers: set[asyncio.Future[None]] = field(default_factory=set)
+    #: ``tombstone_after`` as configured at start, which a reset restores.
+    configured_tombstone_after: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        self.configured_tombstone_after = self.config.tombstone_after
+        self.set_tombstone_after(self.config.tombstone_after)
+
+    def set_tombstone_after(self, seconds: Optional[float]) -> None:
+        """Tombstone ended sessions ``seconds`` after their end from now on (None: never); it applies to
+        sessions that have already ended too. Raises ``ValueError`` for anything else."""
+        self.store.db.tombstone_after = seconds
+        self.config.tombstone_after = self.store.db.tombstone_after
 
     def close_notifiers(self) -> None:
         """End every watch stream and long poll (server shutdown). Call from the loop's thread."""

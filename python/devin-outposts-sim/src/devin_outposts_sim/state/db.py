@@ -19,14 +19,15 @@ clock that steps backwards) and cursors issued before a restart stay valid.
 from __future__ import annotations
 
 import hashlib
+import math
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _REV_STEP = 1e-6
 #: The platform of a queue entry whose outpost uses the default platform (``spec.platform: null``). Only
 #: the outpost's platform is nullable (docs/fleet-api.md §3): entries always name a concrete one, which
@@ -37,6 +38,14 @@ DEFAULT_PLATFORM = "linux"
 #: The grace a claim gets when its session stops running, for a claim made before ``claim_ttl`` was
 #: recorded (a database from schema version 1): the contract's usual claim TTL.
 FALLBACK_CLAIM_TTL = 300.0
+#: The session statuses that end a session (contract 3.4): its remote is told to exit, and its queue row
+#: is tombstoned ``tombstone_after`` seconds later.
+ENDED_STATUSES = ("suspended", "terminated")
+#: Seconds between a session's end and the tombstone of its queue row, unless configured otherwise
+#: (docs/simulator.md, "Ended sessions"). The real sweeper's delay is undocumented; a minute is well past
+#: a few seconds of status lag and a worker's status re-reads and release, and short enough that a client
+#: that claims every pending row stops serving an ended session within a minute.
+DEFAULT_TOMBSTONE_AFTER = 60.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -90,7 +99,18 @@ CREATE INDEX IF NOT EXISTS tool_calls_by_session ON tool_calls (session_id, stat
 #: running (see :meth:`Database.write_status_locked`). ``ending_status``/``ending_at``: the status the
 #: brain ended the session with, and when it is to be written, while it lags the end notice (the
 #: simulator's ``status_lag``; see :meth:`Database.apply_endings_locked`).
-ADDED_SESSION_COLUMNS = (("claim_ttl", "REAL"), ("ending_status", "TEXT"), ("ending_at", "REAL"))
+#: ``ended_at`` (schema version 4): when ``session_status`` became ``suspended`` or ``terminated`` (null
+#: while the session has not ended); the row is tombstoned ``tombstone_after`` seconds later.
+ADDED_SESSION_COLUMNS = (
+    ("claim_ttl", "REAL"),
+    ("ending_status", "TEXT"),
+    ("ending_at", "REAL"),
+    ("ended_at", "REAL"),
+)
+#: Columns of ``connect_tokens`` added in schema version 4. ``notice_until``: a tombstoned session's
+#: holder's token is still answered with the end notice (never work) until then, or until its remote has
+#: been told (see :meth:`Database.tombstone_locked`).
+ADDED_TOKEN_COLUMNS = (("notice_until", "REAL"),)
 #: A claim that :meth:`Database.expire_locked` returns to the queue once its deadline passes. The
 #: expiry queries spell it exactly so, which lets SQLite use the partial index ``sessions_expirable``.
 #: Columns of ``orgs`` added in schema version 3, by ``ALTER TABLE`` like :data:`ADDED_SESSION_COLUMNS`.
@@ -101,6 +121,9 @@ ADDED_ORG_COLUMNS = (("name", "TEXT"), ("seq", "INTEGER"))
 #: The name of the organization created with an account.
 DEFAULT_ORG_NAME = "Default organization"
 EXPIRABLE = "phase = 'claimed' AND deleted = 0 AND session_status != 'running'"
+#: A live row of an ended session, which :meth:`Database.sweep_ended_locked` tombstones once it ended
+#: ``tombstone_after`` ago; spelled exactly so in the queries, for the partial index ``sessions_ended``.
+ENDED = "deleted = 0 AND ended_at IS NOT NULL"
 
 #: The indexes of the hot queries (run on every open, after the added columns exist; see
 #: python/devin-outposts-sim/tests/test_sim_query_plans.py, which checks that none of those queries scans
@@ -111,9 +134,9 @@ EXPIRABLE = "phase = 'claimed' AND deleted = 0 AND session_status != 'running'"
 #:   account, in ``(rev, session_id)`` order from a cursor;
 #: * ``sessions_by_outpost_phase``: a worker's ``?outpost=&phase=pending`` list and its ``total``;
 #: * ``sessions_by_acceptor``: an orchestrator's ``?phase=claimed&acceptor_id=`` list;
-#: * ``sessions_expirable``, ``sessions_by_ending`` (partial): what every request checks first, claims
-#:   due to expire and lagging statuses due to be written; only the few candidate rows are in them, so
-#:   the check costs nothing when there are none;
+#: * ``sessions_expirable``, ``sessions_by_ending``, ``sessions_ended`` (partial): what every request
+#:   checks first, claims due to expire, lagging statuses due to be written and ended sessions due to be
+#:   tombstoned; only the few candidate rows are in them, so the check costs little;
 #: * ``claim_history_by_outpost``: the admin claim history of an outpost (benchmarks read it);
 #: * ``orgs_by_account``: an account's organizations in creation order from a cursor (their list).
 #:
@@ -129,13 +152,16 @@ CREATE INDEX IF NOT EXISTS sessions_by_outpost_phase
 CREATE INDEX IF NOT EXISTS sessions_by_acceptor ON sessions (acceptor_id, rev, session_id);
 CREATE INDEX IF NOT EXISTS sessions_expirable ON sessions (claim_deadline) WHERE {EXPIRABLE};
 CREATE INDEX IF NOT EXISTS sessions_by_ending ON sessions (ending_at) WHERE ending_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS sessions_ended ON sessions (ended_at) WHERE {ENDED};
 CREATE INDEX IF NOT EXISTS claim_history_by_outpost ON claim_history (outpost_id, seq);
 CREATE UNIQUE INDEX IF NOT EXISTS orgs_by_account ON orgs (account_id, seq);
 """
-#: Is anything due: a claim to expire or a lagging status to write (``?``: now, twice)?
+#: Is anything due: a claim to expire, a lagging status to write or an ended session to tombstone (``?``:
+#: now, now, and the end time at or before which a session is due, ``now - tombstone_after``)?
 DUE_SQL = (
     f"SELECT 1 FROM sessions WHERE {EXPIRABLE} AND claim_deadline <= ? "
-    "UNION ALL SELECT 1 FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? LIMIT 1"
+    "UNION ALL SELECT 1 FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? "
+    f"UNION ALL SELECT 1 FROM sessions WHERE {ENDED} AND ended_at <= ? LIMIT 1"
 )
 #: The claims due to expire (``?``: now), oldest deadline first.
 EXPIRE_SQL = (
@@ -143,6 +169,8 @@ EXPIRE_SQL = (
 )
 #: The lagging statuses due to be written (``?``: now).
 ENDINGS_SQL = "SELECT * FROM sessions WHERE ending_at IS NOT NULL AND ending_at <= ? ORDER BY ending_at"
+#: The ended sessions due to be tombstoned (``?``: ``now - tombstone_after``), the earliest end first.
+SWEEP_ENDED_SQL = f"SELECT * FROM sessions WHERE {ENDED} AND ended_at <= ? ORDER BY ended_at, session_id"
 
 #: Tables wiped by :meth:`Database.reset` (``meta`` survives so revisions keep increasing). The
 #: ``dist_*`` tables hold published ``devin-remote`` artifacts (the built-in stand-in is not stored);
@@ -192,6 +220,19 @@ def backfill_orgs(conn: sqlite3.Connection) -> None:
     )
 
 
+def check_tombstone_after(value: Any) -> Optional[float]:
+    """``tombstone_after`` as a number of seconds, or None (ended sessions are never tombstoned); anything
+    but a positive finite number or None is a :class:`ValueError` naming the setting."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("tombstone_after must be a positive number of seconds, or null for never")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("tombstone_after must be a positive number of seconds, or null for never")
+    return seconds
+
+
 def token_hash(token: str) -> str:
     """How tokens are stored: only their SHA-256, never the token itself."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -209,10 +250,17 @@ class Database:
     """Connection, transactions, revisions, change notification and claim expiry: what every part of the
     store shares. Thread-safe: one connection behind one lock (:attr:`lock`)."""
 
-    def __init__(self, path: str = ":memory:", *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: str = ":memory:",
+        *,
+        clock: Callable[[], float] = time.time,
+        tombstone_after: Optional[float] = DEFAULT_TOMBSTONE_AFTER,
+    ) -> None:
         self.path = path
         #: The wall clock (tests pass a fake one); every part reads "now" from it.
         self.clock = clock
+        self._tombstone_after = check_tombstone_after(tombstone_after)
         #: Guards :attr:`conn`; held for each statement or transaction.
         self.lock = threading.RLock()
         self._listeners: list[Callable[[], None]] = []
@@ -239,6 +287,10 @@ class Database:
         for name, declaration in ADDED_SESSION_COLUMNS:
             if name not in columns:
                 conn.execute(f"ALTER TABLE sessions ADD COLUMN {name} {declaration}")
+        token_columns = {str(row["name"]) for row in conn.execute("PRAGMA table_info(connect_tokens)")}
+        for name, declaration in ADDED_TOKEN_COLUMNS:
+            if name not in token_columns:
+                conn.execute(f"ALTER TABLE connect_tokens ADD COLUMN {name} {declaration}")
         org_columns = {str(row["name"]) for row in conn.execute("PRAGMA table_info(orgs)")}
         for name, declaration in ADDED_ORG_COLUMNS:
             if name not in org_columns:
@@ -247,6 +299,13 @@ class Database:
         conn.executescript(INDEXES)
         # Schema version 1 queued sessions of a default-platform outpost with a null platform.
         conn.execute("UPDATE sessions SET platform = ? WHERE platform IS NULL", (DEFAULT_PLATFORM,))
+        # Before schema version 4 the end time was not kept: a session that had ended counts as ended at
+        # its last change.
+        conn.execute(
+            "UPDATE sessions SET ended_at = rev WHERE ended_at IS NULL AND deleted = 0 "
+            "AND session_status IN (?, ?)",
+            ENDED_STATUSES,
+        )
         conn.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )
@@ -267,6 +326,25 @@ class Database:
 
     def now(self) -> float:
         return self.clock()
+
+    @property
+    def tombstone_after(self) -> Optional[float]:
+        """Seconds after its end at which an ended session's row is tombstoned; None: never."""
+        return self._tombstone_after
+
+    @tombstone_after.setter
+    def tombstone_after(self, value: Optional[float]) -> None:
+        self._tombstone_after = check_tombstone_after(value)
+
+    def ended_cutoff(self, now: float) -> float:
+        """Sessions that ended at or before this time are due to be tombstoned (-inf: none ever is)."""
+        after = self._tombstone_after
+        return -math.inf if after is None else now - after
+
+    def tombstone_at(self, ended_at: Optional[float]) -> Optional[float]:
+        """When a session that ended at ``ended_at`` is (or was) due to be tombstoned."""
+        after = self._tombstone_after
+        return None if ended_at is None or after is None else float(ended_at) + after
 
     # --- transactions --------------------------------------------------------------------------------
 
@@ -311,7 +389,7 @@ class Database:
         """
         with self.lock:
             now = self.clock()
-            if self.conn.execute(DUE_SQL, (now, now)).fetchone() is not None:
+            if self.conn.execute(DUE_SQL, (now, now, self.ended_cutoff(now))).fetchone() is not None:
                 with self.tx() as conn:
                     self.expire_locked(conn, now)
             self.conn.execute("BEGIN")
@@ -350,11 +428,20 @@ class Database:
 
     # --- claim expiry (used by every queue read and write) -------------------------------------------
 
-    def revoke_tokens(self, conn: sqlite3.Connection, session_id: str, now: float, reason: str) -> None:
+    def revoke_tokens(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        now: float,
+        reason: str,
+        *,
+        except_acceptor: Optional[str] = None,
+    ) -> None:
+        """Revoke the session's tokens (all, or all but those of ``except_acceptor``)."""
         conn.execute(
             "UPDATE connect_tokens SET revoked_at = ?, revoked_reason = ? "
-            "WHERE session_id = ? AND revoked_at IS NULL",
-            (now, reason, session_id),
+            "WHERE session_id = ? AND revoked_at IS NULL AND acceptor_id IS NOT ?",
+            (now, reason, session_id, except_acceptor),
         )
 
     def record_claim(
@@ -394,9 +481,18 @@ class Database:
         """Return expired claims to the queue, except those whose session is ``running``.
 
         Lagging statuses that are due are written first: a session that stopped running is judged by
-        its status from then on (and gets its grace, see :meth:`write_status_locked`).
+        its status from then on (and gets its grace, see :meth:`write_status_locked`). Then ended
+        sessions that are due are tombstoned (:meth:`sweep_ended_locked`), so no answer shows a row the
+        service would have removed.
+
+        The tokens of an expired claim are not revoked: they stop working because nobody holds the
+        session, and work again if the same acceptor claims it again (contract 4.3: a connect token is
+        issued for the session's lifetime, and the k8s operator keeps the claim-time token in the pod's
+        Secret). A claim by another acceptor revokes them (:meth:`~devin_outposts_sim.state.queue.Queue.
+        claim_wire`).
         """
         self.apply_endings_locked(conn, now)
+        self.sweep_ended_locked(conn, now)
         rows = conn.execute(EXPIRE_SQL, (now,)).fetchall()
         for row in rows:
             rev = self.next_rev(conn, now)
@@ -415,7 +511,17 @@ class Database:
                 chain=row["claim_chain"],
                 reason="claim deadline passed",
             )
-            self.revoke_tokens(conn, row["session_id"], now, "expired")
+        return len(rows)
+
+    def sweep_ended_locked(self, conn: sqlite3.Connection, now: float) -> int:
+        """Tombstone the rows of sessions that ended ``tombstone_after`` ago or more (contract 3.4: an
+        upstream sweeper tombstones the rows ended sessions leave behind); returns how many."""
+        if self._tombstone_after is None:
+            return 0
+        rows = conn.execute(SWEEP_ENDED_SQL, (self.ended_cutoff(now),)).fetchall()
+        for row in rows:
+            reason = f"the session ended ({row['session_status']}) {self._tombstone_after:g}s ago"
+            self.tombstone_locked(conn, row, now, reason)
         return len(rows)
 
     def write_status_locked(
@@ -441,11 +547,16 @@ class Database:
             ttl = row["claim_ttl"] if row["claim_ttl"] is not None else FALLBACK_CLAIM_TTL
             deadline = max(float(deadline), now + float(ttl))
         rev = self.next_rev(conn, now)
+        # The end time: kept from the first end (suspended, then terminated), cleared by a status that
+        # is not an end (the session runs again).
+        ended_at = None
+        if status in ENDED_STATUSES:
+            ended_at = row["ended_at"] if row["ended_at"] is not None else now
         # A status written now replaces a lagging one that was still to come.
         conn.execute(
             "UPDATE sessions SET session_status = ?, claim_deadline = ?, ending_status = NULL, "
-            "ending_at = NULL, rev = ? WHERE session_id = ?",
-            (status, deadline, rev, row["session_id"]),
+            "ending_at = NULL, ended_at = ?, rev = ? WHERE session_id = ?",
+            (status, deadline, ended_at, rev, row["session_id"]),
         )
 
     def apply_endings_locked(self, conn: sqlite3.Connection, now: float) -> None:
@@ -455,7 +566,14 @@ class Database:
             self.write_status_locked(conn, row, str(row["ending_status"]), now)
 
     def tombstone_locked(self, conn: sqlite3.Connection, row: sqlite3.Row, now: float, reason: str) -> None:
-        """Soft-delete a queue row: it leaves lists, answers 404, and watchers get a DELETED event."""
+        """Soft-delete a queue row: it leaves lists, answers 404, and watchers get a DELETED event.
+
+        The remote is told first, as at the end of a session: the holder's tokens are revoked, but the
+        gateway still answers them with the end notice (``notice_until``: one claim TTL from now) until
+        a remote has been told (:class:`~devin_outposts_sim.state.gateway.Gateway`). Were they simply
+        revoked, a running remote's next request would get 401 and it would exit as rejected (3), not
+        as ended (0). Other tokens of the session are revoked outright.
+        """
         rev = self.next_rev(conn, now)
         conn.execute(
             "UPDATE sessions SET deleted = 1, ending_status = NULL, ending_at = NULL, rev = ? "
@@ -463,6 +581,12 @@ class Database:
             (rev, row["session_id"]),
         )
         if row["phase"] == "claimed":
+            ttl = row["claim_ttl"] if row["claim_ttl"] is not None else FALLBACK_CLAIM_TTL
+            conn.execute(
+                "UPDATE connect_tokens SET revoked_at = ?, revoked_reason = 'tombstoned', notice_until = ? "
+                "WHERE session_id = ? AND revoked_at IS NULL AND acceptor_id = ?",
+                (now, now + float(ttl), row["session_id"], row["acceptor_id"]),
+            )
             self.record_claim(
                 conn,
                 row,

@@ -11,7 +11,13 @@ one still asking is answered 409 (superseded).
 Connecting marks the session ``running`` (what the real brain does once the remote is up), unless it is
 already ``suspended`` or ``terminated`` (or the brain ended it and the written status still lags, see
 :meth:`Gateway.end_session`); then the answer says the session is over. Every gateway call
-checks the connect token first: it is valid while its claim chain lasts (see :meth:`check_connect_token`).
+checks the connect token first: it is valid while its acceptor holds the session (see
+:meth:`Gateway.check_connect_token`).
+
+A tombstoned session's remote is told first, as at the end of a session: the holder's tokens get the end
+notice (``end: true`` on connect, ``{"type": "end"}`` from ``next``, results of delivered calls still
+taken) until a remote has been told or ``notice_until`` passed, and 401 after that (see
+:meth:`~devin_outposts_sim.state.db.Database.tombstone_locked`).
 """
 
 from __future__ import annotations
@@ -19,16 +25,16 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from devin_outposts.api.models import QueueEntry
 from devin_outposts_sim.errors import Conflict, Invalid, NotFound, Unauthorized
-from devin_outposts_sim.state.db import Database, token_fingerprint, token_hash
+from devin_outposts_sim.state.db import ENDED_STATUSES, Database, token_fingerprint, token_hash
 from devin_outposts_sim.state.rows import entry_from_row, live_row, reload_row, session_row
 
 INVALID_CONNECT_TOKEN = "Invalid connect token"  # noqa: S105 - an error message, not a secret
 SUPERSEDED = "This connection was superseded by a newer connection of the session"
-ENDED_STATUSES = ("suspended", "terminated")
 CALL_STATES = ("queued", "delivered", "done", "cancelled")
 MAX_INFO_CHARS = 256 * 1024
 MAX_RESULT_CHARS = 4 * 1024 * 1024
@@ -66,8 +72,22 @@ def _connection_view(row: sqlite3.Row) -> dict[str, Any]:
 
 def _remote_status(row: sqlite3.Row) -> str:
     """The session's status as its remote is told it: an end the brain announced counts at once, even
-    while the written ``session_status`` still lags it."""
-    return str(row["ending_status"] or row["session_status"])
+    while the written ``session_status`` still lags it; a tombstoned session that had not ended is over
+    (``terminated``)."""
+    status = str(row["ending_status"] or row["session_status"])
+    if row["deleted"] and status not in ENDED_STATUSES:
+        return "terminated"
+    return status
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """Whose token a gateway request carries; ``notice``: only to be told the session is over (its row
+    was tombstoned), never to be given work."""
+
+    acceptor_id: str
+    chain: int
+    notice: bool
 
 
 class Gateway:
@@ -92,24 +112,42 @@ class Gateway:
 
     # --- connect tokens ---------------------------------------------------------------------------
 
-    def _token_holder(self, conn: sqlite3.Connection, session_id: str, token: str) -> Optional[sqlite3.Row]:
-        found: Optional[sqlite3.Row] = conn.execute(
-            "SELECT t.acceptor_id, t.chain FROM connect_tokens t "
-            "JOIN sessions s ON s.session_id = t.session_id "
-            "WHERE t.token_hash = ? AND t.session_id = ? AND t.revoked_at IS NULL AND s.deleted = 0 "
-            "AND s.phase = 'claimed' AND s.acceptor_id = t.acceptor_id AND s.claim_chain = t.chain",
+    def _token_holder(self, conn: sqlite3.Connection, session_id: str, token: str) -> Optional[_Holder]:
+        """Who ``token`` belongs to, if the gateway accepts it for ``session_id`` now: a token of the
+        acceptor that holds the live session (whichever of its claims issued it), or, for a tombstoned
+        session, a token of its last holder whose end notice is still due."""
+        found = conn.execute(
+            "SELECT t.acceptor_id, t.chain, t.revoked_at, t.notice_until, s.deleted, s.phase, "
+            "s.acceptor_id AS holder FROM connect_tokens t JOIN sessions s ON s.session_id = t.session_id "
+            "WHERE t.token_hash = ? AND t.session_id = ?",
             (token_hash(token), session_id),
         ).fetchone()
-        return found
+        if found is None:
+            return None
+        holder = _Holder(str(found["acceptor_id"]), int(found["chain"]), notice=bool(found["deleted"]))
+        if holder.notice:
+            notice_until = found["notice_until"]
+            return holder if notice_until is not None and notice_until > self._db.clock() else None
+        live = found["revoked_at"] is None and found["phase"] == "claimed"
+        return holder if live and found["holder"] == found["acceptor_id"] else None
 
     def check_connect_token(self, session_id: str, token: str) -> bool:
-        """True while ``token`` belongs to the current claim chain of ``session_id``'s holder."""
+        """True while ``token`` may serve ``session_id``: its acceptor holds the live session. (A
+        tombstoned session's token that is still to be told the end is not valid; see
+        :meth:`accepts_token`.)"""
+        with self._db.snapshot() as conn:
+            holder = self._token_holder(conn, session_id, token)
+            return holder is not None and not holder.notice
+
+    def accepts_token(self, session_id: str, token: str) -> bool:
+        """True when the gateway answers a request with ``token`` instead of 401: while it is valid, or
+        while it is still to be told that its tombstoned session is over."""
         with self._db.snapshot() as conn:
             return self._token_holder(conn, session_id, token) is not None
 
     def _gateway_auth(
         self, conn: sqlite3.Connection, session_id: str, token: str
-    ) -> tuple[sqlite3.Row, sqlite3.Row]:
+    ) -> tuple[sqlite3.Row, _Holder]:
         """The session row and the token's holder, after expiring due claims (a bad token is a 401)."""
         self._db.expire_locked(conn, self._db.clock())
         holder = self._token_holder(conn, session_id, token)
@@ -117,10 +155,18 @@ class Gateway:
             raise Unauthorized(INVALID_CONNECT_TOKEN)
         return reload_row(conn, session_id), holder
 
+    def _told_the_end(self, conn: sqlite3.Connection, holder: _Holder, token: str) -> None:
+        """A remote of a tombstoned session has been told it is over: its token is refused from now on."""
+        if holder.notice:
+            conn.execute(
+                "UPDATE connect_tokens SET notice_until = NULL WHERE token_hash = ?", (token_hash(token),)
+            )
+
     # --- the gateway (the remote's side) ------------------------------------------------------------
 
     def remote_connect(self, session_id: str, token: str, info: dict[str, Any]) -> dict[str, Any]:
-        """Record a remote connection; mark the session running unless it is over."""
+        """Record a remote connection; mark the session running unless it is over. (The connection of
+        a remote told at once that its tombstoned session is over is recorded too, for the record.)"""
         encoded = json.dumps(info)
         if len(encoded) > MAX_INFO_CHARS:
             raise Invalid(f"the connection info must be at most {MAX_INFO_CHARS} characters of JSON")
@@ -129,7 +175,9 @@ class Gateway:
             now = self._db.clock()
             status = _remote_status(row)
             ended = status in ENDED_STATUSES
-            if not ended and status != "running":
+            if ended:
+                self._told_the_end(conn, holder, token)
+            elif status != "running":
                 rev = self._db.next_rev(conn, now)
                 conn.execute(
                     "UPDATE sessions SET session_status = 'running', rev = ? WHERE session_id = ?",
@@ -143,27 +191,29 @@ class Gateway:
                     session_id,
                     now,
                     now,
-                    holder["acceptor_id"],
-                    holder["chain"],
+                    holder.acceptor_id,
+                    holder.chain,
                     token_fingerprint(token),
                     encoded,
                 ),
             )
             connection_id = cur.lastrowid
-            conn.execute(
-                "UPDATE tool_calls SET state = 'queued', connection_id = NULL, delivered_at = NULL "
-                "WHERE session_id = ? AND state = 'delivered'",
-                (session_id,),
-            )
+            if not holder.notice:
+                conn.execute(
+                    "UPDATE tool_calls SET state = 'queued', connection_id = NULL, delivered_at = NULL "
+                    "WHERE session_id = ? AND state = 'delivered'",
+                    (session_id,),
+                )
         self._calls_changed()
         return {"connection_id": connection_id, "session_status": status, "end": ended}
 
     def remote_next(self, session_id: str, token: str, connection_id: int) -> Optional[dict[str, Any]]:
         """The next answer for a remote: the end of the session, the next call, or None (no work yet)."""
         with self._db.tx() as conn:
-            row, _holder = self._gateway_auth(conn, session_id, token)
+            row, holder = self._gateway_auth(conn, session_id, token)
             status = _remote_status(row)
             if status in ENDED_STATUSES:
+                self._told_the_end(conn, holder, token)
                 return {"type": "end", "session_status": status}
             latest = conn.execute(
                 "SELECT MAX(connection_id) AS latest FROM remote_connections WHERE session_id = ?",
@@ -220,8 +270,9 @@ class Gateway:
     def add_calls(self, session_id: str, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """Append validated ``(tool, args)`` calls to a live session; returns them with their ids."""
         with self._db.tx() as conn:
-            live_row(conn, None, session_id)
             now = self._db.clock()
+            self._db.expire_locked(conn, now)
+            live_row(conn, None, session_id)
             seqs = []
             for tool, args in calls:
                 cur = conn.execute(

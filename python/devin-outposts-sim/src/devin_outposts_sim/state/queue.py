@@ -5,12 +5,18 @@ of concurrent claimers wins. Every operation first returns expired claims to the
 session is ``running``), so no answer ever shows a claim that is already void, whether or not the
 background sweeper has run yet.
 
-Connect tokens: each claim or renewal issues a fresh token. All tokens issued to the current holder since
-its claim began (its *claim chain*) stay valid while that chain lasts; release, expiry, a tombstone or a
-takeover by another acceptor revokes them. The end of a session does not: a claimed session that stops
-running keeps its claim for at least one more claim TTL
+Connect tokens: each claim or renewal issues a fresh token. Every token issued to an acceptor is valid
+while that acceptor holds the session: through renewals, and again after a claim that lapsed (before the
+session ran) is claimed again by the same acceptor. A release or a takeover by another acceptor revokes
+them; a tombstone revokes them once the remote has been told of the end
+(:meth:`~devin_outposts_sim.state.db.Database.tombstone_locked`). The end of a session does not: a claimed
+session that stops running keeps its claim for at least one more claim TTL
 (:meth:`~devin_outposts_sim.state.db.Database.write_status_locked`), so the remote hears of the end and the
 holder can release.
+
+Ended sessions: a session that has been ``suspended`` or ``terminated`` for ``tombstone_after`` seconds is
+tombstoned (:meth:`~devin_outposts_sim.state.db.Database.sweep_ended_locked`), as the upstream sweeper
+does (contract 3.4).
 :meth:`~devin_outposts_sim.state.gateway.Gateway.check_connect_token` answers the question a gateway
 asks.
 """
@@ -36,7 +42,13 @@ from devin_outposts_sim.errors import (
     NotFound,
 )
 from devin_outposts_sim.state.cursor import QueueCursor
-from devin_outposts_sim.state.db import DEFAULT_PLATFORM, Database, token_fingerprint, token_hash
+from devin_outposts_sim.state.db import (
+    DEFAULT_PLATFORM,
+    ENDED_STATUSES,
+    Database,
+    token_fingerprint,
+    token_hash,
+)
 from devin_outposts_sim.state.rows import (
     Change,
     QueuePage,
@@ -104,7 +116,8 @@ class Queue:
         self._db = db
 
     def expire_claims(self) -> int:
-        """The sweeper's work: expire claims now; returns how many went back to the queue."""
+        """The sweeper's work: write due lagging statuses, tombstone ended sessions that are due and
+        expire due claims, now; returns how many claims went back to the queue."""
         with self._db.tx() as conn:
             return self._db.expire_locked(conn, self._db.clock())
 
@@ -142,6 +155,7 @@ class Queue:
         session_id = session_id or f"devin-{secrets.token_hex(16)}"
         with self._db.tx() as conn:
             now = self._db.clock()
+            self._db.expire_locked(conn, now)  # an entry due to be tombstoned is gone: it may be replaced
             outpost = conn.execute("SELECT * FROM outposts WHERE outpost_id = ?", (outpost_id,)).fetchone()
             if outpost is None:
                 raise NotFound(OUTPOST_NOT_FOUND)
@@ -150,10 +164,17 @@ class Queue:
                 raise Conflict(f"Session {session_id} is already queued on outpost {existing['outpost_id']}")
             rev = self._db.next_rev(conn, now)
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            # Nothing of the earlier entry's claims carries over, not even the end notice of its tokens.
+            conn.execute(
+                "UPDATE connect_tokens SET revoked_at = COALESCE(revoked_at, ?), "
+                "revoked_reason = COALESCE(revoked_reason, 'requeued'), notice_until = NULL "
+                "WHERE session_id = ?",
+                (now, session_id),
+            )
             conn.execute(
                 "INSERT INTO sessions (session_id, account_id, outpost_id, kind, platform, "
-                "remote_binary_sha, network_policy, phase, session_status, created_at, rev) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+                "remote_binary_sha, network_policy, phase, session_status, created_at, rev, ended_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
                 (
                     session_id,
                     outpost["account_id"],
@@ -165,6 +186,7 @@ class Queue:
                     session_status,
                     now,
                     rev,
+                    now if session_status in ENDED_STATUSES else None,
                 ),
             )
             return row_wire(reload_row(conn, session_id))
@@ -330,8 +352,12 @@ class Queue:
             return False
         if row["acceptor_id"] in (None, acceptor_id):
             return False
+        now = self._db.clock()
+        tombstone_at = self._db.tombstone_at(row["ended_at"])
+        if tombstone_at is not None and tombstone_at <= now:
+            return False  # an ended session due to be tombstoned: the full path answers 404
         deadline = row["claim_deadline"]
-        return row["session_status"] == "running" or (deadline is not None and deadline > self._db.clock())
+        return row["session_status"] == "running" or (deadline is not None and deadline > now)
 
     def claim(
         self, account_id: str, session_id: str, acceptor_id: str, *, ttl: float, gateway_url: str
@@ -368,7 +394,9 @@ class Queue:
                     chain=chain,
                 )
             else:
-                self._db.revoke_tokens(conn, session_id, now, "superseded")
+                # A new claim. Another acceptor's tokens end here; the claimant's own from a claim that
+                # lapsed stay valid (contract 4.3: tokens outlive the claim; see Database.expire_locked).
+                self._db.revoke_tokens(conn, session_id, now, "superseded", except_acceptor=acceptor_id)
                 chain = self._db.record_claim(
                     conn,
                     row,

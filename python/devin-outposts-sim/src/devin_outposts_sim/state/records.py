@@ -70,6 +70,10 @@ class Records:
                 "cursor": row_cursor(row).encode(),
                 "claim_deadline": row["claim_deadline"],
                 "claim_chain": row["claim_chain"],
+                # When the session ended (suspended or terminated), and when its row is (or was) due to
+                # be tombstoned for it; None while it has not ended, or when ended sessions stay.
+                "ended_at": row["ended_at"],
+                "tombstone_at": self._db.tombstone_at(row["ended_at"]),
                 # The end the brain announced whose status write still lags (``status_lag``), or None.
                 "ending": (
                     None

@@ -20,7 +20,7 @@ it did before: no extra query, transaction or lock.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from devin_outposts_sim.state.accounts import (
     DEFAULT_ACCOUNT,
@@ -30,7 +30,7 @@ from devin_outposts_sim.state.accounts import (
     Principal,
 )
 from devin_outposts_sim.state.cli_dist import CLI_TABLES, CliDist
-from devin_outposts_sim.state.db import Database, token_fingerprint
+from devin_outposts_sim.state.db import DEFAULT_TOMBSTONE_AFTER, Database, token_fingerprint
 from devin_outposts_sim.state.dist import RemoteDist
 from devin_outposts_sim.state.gateway import Gateway
 from devin_outposts_sim.state.queue import Queue
@@ -43,9 +43,16 @@ class Store:
     connections, the brain's tool calls, the published ``devin-remote`` artifacts and the published
     Devin CLI artifacts: one part each, over one database."""
 
-    def __init__(self, path: str = ":memory:", *, clock: Callable[[], float] = time.time) -> None:
-        #: The connection, transactions, revisions, change listeners and claim expiry.
-        self.db = Database(path, clock=clock)
+    def __init__(
+        self,
+        path: str = ":memory:",
+        *,
+        clock: Callable[[], float] = time.time,
+        tombstone_after: Optional[float] = DEFAULT_TOMBSTONE_AFTER,
+    ) -> None:
+        #: The connection, transactions, revisions, change listeners, claim expiry and the tombstones of
+        #: ended sessions (``tombstone_after`` seconds after their end; None: never).
+        self.db = Database(path, clock=clock, tombstone_after=tombstone_after)
         #: Accounts, API tokens, organizations, outposts, the organization default platform.
         self.accounts = Accounts(self.db)
         #: Queue entries: enqueue, lists, watch replays and feed, claim, release, status, tombstones.

@@ -21,7 +21,11 @@ from devin_outposts_sim.http.config import SimConfig
 from devin_outposts_sim.http.runtime import SimRuntime
 from devin_outposts_sim.http.server import ADMIN_TOKEN_ENV, build_server
 from devin_outposts_sim.state.accounts import DEFAULT_ACCOUNT
+from devin_outposts_sim.state.db import DEFAULT_TOMBSTONE_AFTER
 from devin_outposts_sim.state.store import Store
+
+#: How ``--tombstone-after`` spells "ended sessions stay" (as the CLI parses it).
+NEVER = "never"
 
 START_TIMEOUT = 20.0
 
@@ -83,6 +87,7 @@ def run_sim(
     sweep_interval: float = 1.0,
     gateway_url: Optional[str] = None,
     status_lag: float = 0.0,
+    tombstone_after: Optional[float] = DEFAULT_TOMBSTONE_AFTER,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> Iterator[SimHandle]:
@@ -95,9 +100,11 @@ def run_sim(
         sweep_interval=sweep_interval,
         gateway_url=gateway_url,
         status_lag=status_lag,
+        tombstone_after=tombstone_after,
         admin_token=_new_admin_token(),
     )
-    store = Store(db)
+    config.validate()
+    store = Store(db, tombstone_after=config.tombstone_after)
     server = build_server(config, host=host, port=port, store=store, configure_logging=False)
     thread = threading.Thread(target=server.run, name="devin-outposts-sim", daemon=True)
     thread.start()
@@ -132,6 +139,7 @@ class SimProcess:
         sweep_interval: float = 1.0,
         gateway_url: Optional[str] = None,
         status_lag: float = 0.0,
+        tombstone_after: Optional[float] = DEFAULT_TOMBSTONE_AFTER,
         host: str = "127.0.0.1",
         port: int = 0,
         admin_token: Optional[str] = None,
@@ -148,6 +156,11 @@ class SimProcess:
             # Passed only when set, so that a SimProcess can also start an older simulator that lacks
             # the flag (benchmarks/sim_ceiling.py --baseline runs one from another revision's source).
             "status-lag": status_lag or None,
+            "tombstone-after": (
+                None
+                if tombstone_after == DEFAULT_TOMBSTONE_AFTER
+                else NEVER if tombstone_after is None else tombstone_after
+            ),
         }
         #: Extra environment of the server process (e.g. ``PYTHONPATH`` naming another source tree).
         self.env = dict(env or {})

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import json
 import logging
 import os
 import random
@@ -35,9 +34,9 @@ from urllib.parse import quote
 if "httpx" not in sys.modules:
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 import httpx
-from pydantic import ValidationError
 
 from devin_outposts import __version__
+from devin_outposts.api.decode import UndecodableReply, decode, error_detail
 from devin_outposts.api.errors import (
     FleetConflict,
     FleetConnectionError,
@@ -47,13 +46,7 @@ from devin_outposts.api.errors import (
     FleetRedirect,
     error_for_status,
 )
-from devin_outposts.api.limits import (
-    MAX_BODY_BYTES,
-    MAX_SSE_LINE,
-    ResponseTooLarge,
-    capped_lines,
-    read_capped,
-)
+from devin_outposts.api.limits import MAX_BODY_BYTES, MAX_SSE_LINE, ResponseTooLarge, read_capped, sse_events
 from devin_outposts.api.models import (
     DefaultPlatform,
     Outpost,
@@ -124,40 +117,11 @@ class Reply:
     content: bytes
     reason_phrase: str
 
-    def json(self) -> Any:
-        return json.loads(self.content)
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
-
 
 def _detail(response: Reply) -> str:
-    """The server's ``detail`` (FastAPI style), else a truncated body, for error messages.
-
-    A list-shaped ``detail`` (FastAPI's validation errors) becomes one line: ``loc.path: msg; ...``.
-    """
-    try:
-        body = response.json()
-    except ValueError:
-        text = response.text.strip()
-        return text[:200] if text else response.reason_phrase
-    if isinstance(body, dict) and "detail" in body:
-        detail = body["detail"]
-        if isinstance(detail, list):
-            return "; ".join(_validation_error(item) for item in detail)[:300]
-        return detail if isinstance(detail, str) else json.dumps(detail)[:300]
-    return json.dumps(body)[:200]
-
-
-def _validation_error(item: Any) -> str:
-    if not isinstance(item, dict):
-        return str(item)
-    message = str(item.get("msg", json.dumps(item)))
-    loc = item.get("loc")
-    if isinstance(loc, list) and loc:
-        return ".".join(str(part) for part in loc) + ": " + message
-    return message
+    """The server's ``detail`` (FastAPI style), else a truncated body, for error messages (never raises,
+    whatever the body holds: :func:`~devin_outposts.api.decode.error_detail`)."""
+    return error_detail(response.content, response.reason_phrase)
 
 
 def _retry_after(response: Reply) -> Optional[float]:
@@ -326,22 +290,11 @@ class FleetClient:
 
     @staticmethod
     def _parse(model: Any, response: Reply, operation: str) -> Any:
+        """The reply as ``model``; any decoding failure is one :class:`FleetProtocolError`."""
         try:
-            body = response.json()
-        except ValueError as exc:
-            shown = response.content[:120].decode("utf-8", errors="replace")
-            raise FleetProtocolError(
-                operation, f"the API answered with a body that is not JSON: {shown!r}", response.status_code
-            ) from exc
-        try:
-            return model.model_validate(body)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
-                for error in exc.errors()[:3]
-            )
-            status = response.status_code
-            raise FleetProtocolError(operation, f"unexpected response: {problems}", status) from exc
+            return decode(model, response.content)
+        except UndecodableReply as exc:
+            raise FleetProtocolError(operation, exc.reason, response.status_code) from exc
 
     # --- queue ------------------------------------------------------------------------------------
 
@@ -416,24 +369,8 @@ class FleetClient:
                     raise error_for_status(response.status_code)(
                         operation, _detail(reply), response.status_code
                     )
-                data_lines: list[str] = []
-                data_size = 0
-                async for line in capped_lines(response, MAX_SSE_LINE):
-                    if line == "":
-                        if data_lines:
-                            yield self._parse_event("\n".join(data_lines), operation)
-                            data_lines, data_size = [], 0
-                        continue
-                    if line.startswith(":"):
-                        continue  # keepalive comment
-                    field, _sep, value = line.partition(":")
-                    if field == "data":
-                        data_lines.append(value[1:] if value.startswith(" ") else value)
-                        data_size += len(value)
-                        if data_size > MAX_SSE_LINE:  # one event of many lines: the same bound
-                            raise ResponseTooLarge(MAX_SSE_LINE)
-                if data_lines:  # a final event without its blank line
-                    yield self._parse_event("\n".join(data_lines), operation)
+                async for data in sse_events(response, MAX_SSE_LINE):
+                    yield self._parse_event(data, operation)
         except httpx.TransportError as exc:
             raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
         except ResponseTooLarge as exc:
@@ -442,9 +379,9 @@ class FleetClient:
     @staticmethod
     def _parse_event(data: str, operation: str) -> WatchEvent:
         try:
-            return WatchEvent.model_validate_json(data)
-        except ValidationError as exc:
-            raise FleetProtocolError(operation, f"malformed watch event: {exc}") from exc
+            return decode(WatchEvent, data)
+        except UndecodableReply as exc:
+            raise FleetProtocolError(operation, f"malformed watch event: {exc.reason}") from exc
 
     async def get_devin(self, session_id: str) -> QueueEntry:
         """``GET …/devins/{id}``; raises :class:`FleetNotFound` once the entry is gone."""

@@ -5,13 +5,15 @@ SSE line of any size; read naively, a 200 MB answer costs the worker hundreds of
 reply therefore goes through these helpers, which stop at a limit and raise :class:`ResponseTooLarge`:
 
 * :data:`MAX_BODY_BYTES` for a JSON reply (a full page of 200 queue entries is well under 1 MiB);
-* :data:`MAX_SSE_LINE` for one line, and one event, of the watch stream;
+* :data:`MAX_SSE_LINE` for one line, and for one event, of the watch stream: everything read for the event
+  being assembled counts, whatever it looks like (:func:`sse_events`);
 * small files of the distribution (``latest_*``, ``*.sha256``) have their own limits in
   :mod:`devin_outposts.worker.binary`.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator
 
 import httpx
@@ -80,3 +82,38 @@ def _line_end(text: str, start: int) -> int:
     if newline < 0:
         return carriage
     return min(newline, carriage)
+
+
+async def sse_events(response: httpx.Response, limit: int) -> AsyncIterator[str]:
+    """The ``data`` of each event of a streamed ``text/event-stream`` response, lines joined by ``\\n``.
+
+    What counts toward ``limit`` is what is held, not what looks like content: every line read since the
+    previous blank line (the event's ``data:`` lines, but also comments and other fields) counts its
+    length plus one for its line end. An empty ``data:`` line adds nothing to the event's text yet still
+    costs the reader something, so 60 million of them cannot grow it without bound; neither can comment
+    lines that never reach a blank line. A line longer than ``limit`` fails before it is held whole
+    (:func:`capped_lines`). A stream's keepalives (``: keepalive`` and a blank line) reset the count.
+    """
+    data = io.StringIO()
+    has_data = False
+    held = 0
+    async for line in capped_lines(response, limit):
+        if line == "":
+            if has_data:
+                yield data.getvalue()
+                data = io.StringIO()
+            has_data, held = False, 0
+            continue
+        held += len(line) + 1
+        if held > limit:
+            raise ResponseTooLarge(limit)
+        if line.startswith(":"):
+            continue  # a comment (keepalive)
+        field, _sep, value = line.partition(":")
+        if field == "data":
+            if has_data:
+                data.write("\n")
+            data.write(value[1:] if value.startswith(" ") else value)
+            has_data = True
+    if has_data:  # a final event without its blank line
+        yield data.getvalue()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import math
 import sys
 import types
 from enum import Enum
@@ -121,33 +122,63 @@ class WatchEventType(TolerantEnum):
     DELETED = "DELETED"
 
 
+#: The largest timestamp accepted, in seconds: the last second of the year 9999 (as far as ``datetime``
+#: goes). Anything larger is refused rather than carried on: 1e400 (a float's infinity) and an integer of
+#: 400 digits used to raise ``OverflowError`` out of the client (issue 24).
+MAX_UNIX_SECONDS = 253_402_300_799
+#: A number above this is taken as milliseconds (it would be past the year 5138 in seconds).
+_MILLISECONDS_FROM = 10**11
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}… ({len(text)} characters)"
+
+
 def parse_unix_seconds(value: Any) -> Optional[int]:
     """Normalise a timestamp to integer Unix seconds.
 
     Accepts ints/floats in seconds, ints/floats in milliseconds (anything past the year 5138 in seconds
-    is taken as milliseconds) and ISO-8601 strings. ``None`` stays ``None``.
+    is taken as milliseconds) and ISO-8601 strings. ``None`` stays ``None``. Anything else, and anything
+    that is not a finite number within :data:`MAX_UNIX_SECONDS` of the epoch, raises ``ValueError``
+    (which pydantic reports as a validation error), never another exception.
     """
     if value is None:
         return None
     if isinstance(value, bool):
         raise ValueError("a timestamp cannot be a boolean")
-    if isinstance(value, (int, float)):
-        seconds = value / 1000 if value > 1e11 else value
-        return int(seconds)
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            return parse_unix_seconds(float(text))
-        except ValueError:
-            pass
-        try:
-            parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise ValueError(f"not a timestamp: {value!r}") from exc
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=_dt.timezone.utc)
-        return int(parsed.timestamp())
-    raise ValueError(f"not a timestamp: {value!r}")
+    if isinstance(value, int):
+        seconds = value // 1000 if value > _MILLISECONDS_FROM else value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"not a timestamp: {_shown(value)}")
+        seconds = int(value / 1000 if value > _MILLISECONDS_FROM else value)
+    elif isinstance(value, str):
+        return _parse_text_timestamp(value)
+    else:
+        raise ValueError(f"not a timestamp: {_shown(value)}")
+    if not -MAX_UNIX_SECONDS <= seconds <= MAX_UNIX_SECONDS:
+        raise ValueError(f"timestamp out of range: {_shown(value)}")
+    return seconds
+
+
+def _parse_text_timestamp(value: str) -> int:
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        pass
+    else:
+        seconds = parse_unix_seconds(number)
+        assert seconds is not None
+        return seconds
+    try:
+        parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"not a timestamp: {_shown(value)}") from exc
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
+    return int(parsed.timestamp())
 
 
 class WireModel(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from devin_outposts.cli.common import EXIT_USAGE, fail, run_until_done
 
@@ -16,11 +17,20 @@ def _orchestrate(args: argparse.Namespace) -> int:
     from devin_outposts.orchestrator.runner import Orchestrator
     from devin_outposts.worker.logs import setup_logging
     from devin_outposts.worker.options import ConfigError
+    from devin_outposts.worker.tokenfile import ENV_TOKEN, TokenSourceError, token_from_source
 
+    environ = dict(os.environ)
     try:
-        config = build_config(args)
-    except ConfigError as exc:
+        # DEVIN_OUTPOSTS_TOKEN_FD or _FILE (worker/tokenfile.py): the token reaches the config without ever
+        # being in this process's environment.
+        token = token_from_source(os.environ)
+        if token is not None:
+            environ[ENV_TOKEN] = token
+        config = build_config(args, environ)
+    except (ConfigError, TokenSourceError) as exc:
         return fail(str(exc), EXIT_USAGE)
+    finally:
+        environ.clear()
     setup_logging(config.log_format, config.log_level)
     return run_until_done(Orchestrator(config).run, log)
 
@@ -34,7 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         description="Watch an outpost's queue, claim sessions oldest first up to --max-concurrent, "
         "provision a machine for each through the driver, start the worker there in direct-serve mode "
         "with the session's connect token, and tear the machine down when the session ends. The API "
-        "token comes from DEVIN_OUTPOSTS_TOKEN only.",
+        "token comes from DEVIN_OUTPOSTS_TOKEN, or from the file descriptor in DEVIN_OUTPOSTS_TOKEN_FD "
+        "or the 0600 file in DEVIN_OUTPOSTS_TOKEN_FILE (never argv).",
     )
     add_arguments(parser)
     parser.set_defaults(handler=_orchestrate)

@@ -27,12 +27,20 @@ from typing import Any, Callable, Optional
 from devin_outposts.api.client import DEFAULT_API_URL, normalize_api_url
 from devin_outposts.worker import platform
 from devin_outposts.worker.identity import IdentityError, validate_acceptor_id
+from devin_outposts.worker.tokenfile import (
+    ENV_TOKEN as ENV_TOKEN,  # re-exported: the orchestrator's options and service_setup use it from here
+)
+from devin_outposts.worker.tokenfile import (
+    ENV_TOKEN_FD,
+    ENV_TOKEN_FILE,
+    TokenSourceError,
+    token_from_source,
+)
 
 DEFAULT_CACHE_DIR = "~/.devin/worker/cache"
 DEFAULT_STATIC_BASE_URL = "https://static.devin.ai/devin-rs/remote/"
 SHA_RE = re.compile(r"[0-9a-f]{6,40}")
 
-ENV_TOKEN = "DEVIN_OUTPOSTS_TOKEN"  # noqa: S105 - a variable name, not a secret
 ENV_DIRECT_TOKEN = "DEVIN_REMOTE_SESSION_TOKEN"  # noqa: S105
 ENV_GATEWAY = "DEVIN_OUTPOST_GATEWAY_URL"
 
@@ -382,6 +390,14 @@ def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
         text = env.get(variable)
         if text:
             values[name] = parse(variable, text)
+    if getattr(args, "token", None) is None and not values.get("direct_token"):
+        # Not in direct-serve mode, which needs no account token: never read a descriptor it was not for.
+        try:
+            from_source = token_from_source(env)
+        except TokenSourceError as exc:
+            raise ConfigError(str(exc)) from None
+        if from_source is not None:
+            values["token"] = from_source
     config = WorkerConfig(**values)
     _check_modes(config)
     return config
@@ -397,7 +413,8 @@ def _check_modes(config: WorkerConfig) -> None:
             raise ConfigError(f"{ENV_DIRECT_TOKEN} is set (direct-serve mode): {ENV_GATEWAY} is required")
     elif not config.token:
         raise ConfigError(
-            f"no API token: set {ENV_TOKEN} (a service-user token with the account.outposts.machine scope)"
+            f"no API token: set {ENV_TOKEN}, {ENV_TOKEN_FD} or {ENV_TOKEN_FILE} (a service-user token with "
+            "the account.outposts.machine scope)"
         )
     if config.max_sessions > 1 and config.pty_bridge_port is not None:
         raise ConfigError("--pty-bridge-port gives every session the same port: use it with --max-sessions 1")

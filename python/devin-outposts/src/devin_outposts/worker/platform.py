@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import ntpath
 import os
@@ -42,6 +41,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, Callable, Optional
 from urllib.parse import urlsplit
+
+from devin_outposts import privacy
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,6 @@ SECRET_NAME = re.compile(
 #: The worker's own configuration (and the spawn-contract names, which the worker sets itself).
 WORKER_PREFIX = "DEVIN_"
 _PROXY_NAMES = frozenset(["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "FTP_PROXY"])
-#: prctl(2) option: whether the process may be ptraced by its user and its /proc files read.
-_PR_SET_DUMPABLE = 4
 #: ``CreateDirectoryW`` refuses paths of MAX_PATH (260) minus 12 characters or more without ``\\?\``.
 WINDOWS_DIR_LIMIT = 248
 #: What the worker appends to its data directory: ``\sessions\`` + an id of up to 100 characters (paths.py)
@@ -115,6 +114,14 @@ WINDOWS_STATE_HEADROOM = 140
 #: A working directory holds ``slot-<n>\repos\<repo>``; it cannot have the prefix at all.
 WINDOWS_WORKDIR_HEADROOM = 48
 _VERBATIM = "\\\\?\\"
+#: The launcher (:meth:`HostPlatform.gated_argv`): ``$0`` is the program, ``$@`` its arguments. It execs
+#: through ``env`` to drop what shells add to the environment of what they run (dash and bash export
+#: ``PWD``, bash ``SHLVL`` and ``_``): the session's environment stays exactly the one the worker built.
+_SHELL, _ENV = "/bin/sh", "/usr/bin/env"
+_LAUNCHER = (
+    'read -r go_ahead || exit 125; [ "$go_ahead" = go ] || exit 125; '
+    f'exec {_ENV} -u PWD -u OLDPWD -u SHLVL -u _ "$0" "$@" </dev/null'
+)
 
 
 def is_secret_name(name: str) -> bool:
@@ -322,11 +329,7 @@ class HostPlatform:
         """
         if self.name != "linux":
             return False
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            done = bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
-        except (OSError, AttributeError):
-            done = False
+        done = privacy.make_undumpable()
         if not done:
             log.warning("not undumpable: sessions of this user can read this process's environment")
         return done
@@ -343,6 +346,19 @@ class HostPlatform:
     def process_group_options(self) -> dict[str, Any]:
         """``create_subprocess_exec`` options that start the remote in a process group of its own."""
         return {"start_new_session": True}
+
+    def gated_argv(self, argv: list[str]) -> Optional[list[str]]:
+        """The command line of a launcher that runs ``argv`` only once the worker says so, else None.
+
+        The launcher is a POSIX shell that reads one line from its standard input (a pipe from the worker)
+        and, when the line is ``go``, replaces itself with ``argv`` (``exec``: same pid, same process group,
+        same start time) with its standard input from ``/dev/null``. When the pipe closes first, because
+        the worker died, it exits with 125 and ``argv`` never runs. See :mod:`devin_outposts.worker.spawn`.
+        None on a system without ``/bin/sh`` and ``/usr/bin/env`` (the remote is then started directly).
+        """
+        if not (os.access(_SHELL, os.X_OK) and os.access(_ENV, os.X_OK)):
+            return None
+        return [_SHELL, "-c", _LAUNCHER, *argv]
 
     def signal_group(self, proc: Any, pid: int, *, kill: bool) -> None:
         """Ask the group led by ``pid`` to stop (SIGTERM), or kill it (SIGKILL)."""
@@ -484,6 +500,9 @@ class Windows(HostPlatform):
 
     def process_group_options(self) -> dict[str, Any]:
         return {"creationflags": 0x00000200}  # CREATE_NEW_PROCESS_GROUP: Ctrl-Break reaches only it
+
+    def gated_argv(self, argv: list[str]) -> Optional[list[str]]:
+        return None  # no shell to exec from, and no orphan is ever killed here (kill_orphan_group)
 
     def signal_group(self, proc: Any, pid: int, *, kill: bool) -> None:
         if kill:

@@ -139,6 +139,8 @@ class QueueMode:
         #: counts deferrals from here, so workers that fall free in a backlog take different rows.
         self.looking_since: Optional[float] = None
         self._failures: dict[str, int] = {}
+        #: Why the last claim attempt that ended in ERROR failed (logged with the backoff).
+        self.claim_error: Optional[FleetError] = None
 
     @property
     def feed_stopped(self) -> bool:
@@ -298,7 +300,7 @@ class QueueMode:
                 await self.sleep(backoff.next_delay(), "queue feed stopped")
                 self._start_feed()
                 continue
-            wakeup = self.feed.next_wakeup()
+            outcome: Optional[ClaimOutcome] = None
             if self.config.once and claimed_once:
                 if not pool.running:
                     return
@@ -309,12 +311,16 @@ class QueueMode:
                     backoff.reset()
                     continue
                 if outcome is ClaimOutcome.ERROR:
-                    await self.sleep(backoff.next_delay(), "claiming failed")
+                    # One line per failed claim: the error and the wait (claim_next does not log it).
+                    await self.sleep(backoff.next_delay(), str(self.claim_error or "claiming failed"))
                     continue
                 if outcome is ClaimOutcome.FATAL:
                     return
-                if outcome is ClaimOutcome.DEFER and self.defer is not None:
-                    wakeup = self.defer if wakeup is None else min(wakeup, self.defer)
+            # Asked after the attempt: a 409 in it penalised a row, and the end of that penalty must wake
+            # the loop even if the watch never says more about the row (an API that answered 409 wrongly).
+            wakeup = self.feed.next_wakeup()
+            if outcome is ClaimOutcome.DEFER and self.defer is not None:
+                wakeup = self.defer if wakeup is None else min(wakeup, self.defer)
             if pool.is_draining():  # a signal may have come while we were claiming
                 break
             await pool.wait(wakeup)
@@ -372,9 +378,9 @@ class QueueMode:
             except FleetAuthError as exc:
                 pool.fail(exc)
                 return ClaimOutcome.FATAL
-            except FleetError as exc:
+            except FleetError as exc:  # an outage, or an answer that breaks the contract: back off
                 self.metrics.inc("api_errors")
-                log.warning("%s", exc, extra={"session_id": sid})
+                self.claim_error = exc
                 return ClaimOutcome.ERROR
             self.metrics.inc("sessions_claimed")
             if pool.is_draining() or claim.is_finished:

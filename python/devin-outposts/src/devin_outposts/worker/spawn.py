@@ -11,25 +11,46 @@ The remote runs in its own process group (POSIX) so that stopping it (SIGTERM, t
 grace period) also stops the shells and tools it started. Its pid and start time are written to
 ``<state>/remote.pid`` so that a worker restarted after ``kill -9`` can stop a remote its predecessor left
 behind before it starts a new one for the same session.
+
+That record exists before the remote can run (POSIX). The worker does not start ``devin-remote`` itself
+but a launcher (:meth:`~devin_outposts.worker.platform.HostPlatform.gated_argv`: ``/bin/sh`` waiting for
+one line on its standard input); it records the launcher's pid, process group and start time, which
+``exec`` keeps, and only then writes the go-ahead, on which the launcher becomes ``devin-remote``. A worker
+killed before the go-ahead closes its end of the pipe by dying, and the launcher exits without starting
+the remote: every remote a worker could have started has a record its successor reads (issue 24; before,
+a worker killed in the 4 to 10 ms between the start and the record left a remote nobody could find).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from devin_outposts.worker import platform
 
 log = logging.getLogger(__name__)
 
 PIDFILE = "remote.pid"
+#: What the worker writes to a waiting launcher once the remote's record is on disk.
+GO_AHEAD = b"go\n"
+#: A test hook, harmless in production: seconds (at most 10) to wait between starting a remote's process
+#: and recording it, which widens the window that test_worker_spawn_window.py kills a worker in.
+TEST_RECORD_DELAY = "DEVIN_OUTPOSTS_TEST_RECORD_DELAY"
+
+
+def _test_record_delay() -> float:
+    try:
+        return min(max(float(os.environ.get(TEST_RECORD_DELAY, "") or 0), 0.0), 10.0)
+    except ValueError:
+        return 0.0
 
 
 def free_port() -> int:
@@ -68,6 +89,20 @@ def build_session_env(
     if desktop:
         env["DEVIN_OUTPOST_DESKTOP"] = desktop
     return env
+
+
+async def _spawn(argv: list[str], stdin: int, options: dict[str, Any]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *argv, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **options
+    )
+
+
+def _check_executable(binary: Path) -> None:
+    """Raise the ``OSError`` that starting ``binary`` would raise, before a launcher is started for it."""
+    if not binary.is_file():
+        raise FileNotFoundError(errno.ENOENT, "No such file", str(binary))
+    if not os.access(binary, os.X_OK):
+        raise PermissionError(errno.EACCES, "Permission denied", str(binary))
 
 
 def _proc_start_time(pid: int) -> Optional[str]:
@@ -121,24 +156,51 @@ class RemoteProcess:
     async def start(
         cls, binary: Path, *, cwd: Path, env: Mapping[str, str], state_dir: Path, session_id: str
     ) -> RemoteProcess:
-        kwargs = platform.current().process_group_options()
-        proc = await asyncio.create_subprocess_exec(
-            str(binary),
-            "serve",
-            cwd=str(cwd),
-            env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            **kwargs,
-        )
-        remote = cls(proc, state_dir, session_id)
-        remote._write_pidfile()
+        """Start ``devin-remote serve``; its record is on disk before it runs (see the module docstring)."""
+        host = platform.current()
+        argv = [str(binary), "serve"]
+        gated = host.gated_argv(argv)
+        options: dict[str, Any] = {"cwd": str(cwd), "env": dict(env), **host.process_group_options()}
+        if gated is None:  # no launcher (Windows): started at once, recorded just after
+            proc = await _spawn(argv, asyncio.subprocess.DEVNULL, options)
+            remote = cls(proc, state_dir, session_id)
+            try:
+                await remote._record()
+            except BaseException:
+                remote._signal_group(kill=True)
+                raise
+        else:
+            _check_executable(binary)  # the launcher could only report a missing binary as an exit code
+            launcher_stdin, go_ahead = os.pipe()  # not inheritable: the launcher gets the read end as stdin
+            try:
+                try:
+                    proc = await _spawn(gated, launcher_stdin, options)
+                finally:
+                    os.close(launcher_stdin)
+                remote = cls(proc, state_dir, session_id)
+                await remote._record()
+                os.write(go_ahead, GO_AHEAD)
+            finally:
+                # Without the go-ahead (an error, a cancellation, or this worker killed before this line),
+                # the launcher reads end of file and exits: the remote never runs.
+                os.close(go_ahead)
         remote._pumps = [
             asyncio.ensure_future(remote._pump(proc.stdout, logging.INFO)),
             asyncio.ensure_future(remote._pump(proc.stderr, logging.WARNING)),
         ]
         return remote
+
+    async def _record(self) -> None:
+        """Write ``remote.pid``, removing a partial record if that fails or is cancelled."""
+        try:
+            delay = _test_record_delay()
+            if delay:
+                await asyncio.sleep(delay)
+            self._write_pidfile()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                (self.state_dir / PIDFILE).unlink()
+            raise
 
     def _write_pidfile(self) -> None:
         record = {"pid": self.pid, "pgid": self.pid, "started": _proc_start_time(self.pid)}
