@@ -22,7 +22,7 @@ DENY=(
     '^Makefile$' '^scripts/' '^extensions/molecule/' '^benchmarks/' '^python/' '^\.ci/' '^dist/'
     '(^|/)\.venv/' '(^|/)\.cache/' '(^|/)\.ansible/' '(^|/)__pycache__/' '\.pyc$' '\.egg-info(/|$)'
     '(^|/)\.(pytest|mypy|ruff|import_linter)_cache/' '\.tar\.gz$'
-    '^\.gitignore$' '^\.ansible-lint$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
+    '^\.gitignore$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
     '^pytest\.ini$' '^conftest\.py$'
     '^tests/(output|unit|integration|roles|orchestrator|tarball|eda)/' '^changelogs/fragments/' '^playbooks/demo\.yml$'
 )
@@ -35,6 +35,8 @@ REQUIRE=(
     '^extensions/eda/rulebooks/provision_per_session\.yml$' '^meta/extensions\.yml$' '^playbooks/scale_workers\.yml$'
     # the AWX credential type (docs/awx.md); docs/examples/awx/configure.yml reads it from here
     '^credential_types/devin_outposts/input\.yml$' '^credential_types/devin_outposts/injectors\.yml$'
+    # the lint configuration: ansible-lint on the installed copy needs its skip of var-naming[no-role-prefix]
+    '^\.ansible-lint$'
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/devin-outposts-tarball.XXXXXX")
