@@ -31,7 +31,7 @@ DENY=(
     '^Makefile$' '^scripts/' '^extensions/molecule/' '^benchmarks/' '^python/' '^\.ci/' '^dist/'
     '(^|/)\.venv/' '(^|/)\.cache/' '(^|/)\.ansible/' '(^|/)__pycache__/' '\.pyc$' '\.egg-info(/|$)'
     '(^|/)\.(pytest|mypy|ruff|import_linter)_cache/' '\.tar\.gz$'
-    '^\.gitignore$' '^\.ansible-lint$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
+    '^\.gitignore$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
     '^pytest\.ini$' '^conftest\.py$'
     '^tests/(output|unit|integration|roles|orchestrator|tarball|eda)/' '^changelogs/fragments/' '^playbooks/demo\.yml$'
 )
@@ -48,6 +48,8 @@ REQUIRE=(
     '^roles/cli/README\.md$' '^roles/worker/README\.md$' '^roles/orchestrator/README\.md$'
     '^CHANGELOG\.md$' '^changelogs/changelog\.yaml$'
     '^docs/examples/site\.yml$' '^docs/examples/inventory/hosts\.yml$' '^docs/examples/requirements\.yml$'
+    # the lint configuration: ansible-lint on the installed copy needs its skip of var-naming[no-role-prefix]
+    '^\.ansible-lint$'
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/devin-outposts-tarball.XXXXXX")

@@ -9,18 +9,26 @@
 * the job templates, as Ansible templates them (the playbook's own vars, rendered by a real run of a generated
   play), name playbooks that exist, carry surveys AWX accepts, and ask only for variables that their playbook
   or the role it runs reads;
-* the credential type it creates is read from credential_types/devin_outposts/, the shipped definition.
+* the credential type it creates is read from credential_types/devin_outposts/, the shipped definition;
+* ``awx_machine_credential``: docs/awx.md's command line gives Ansible the credential's name whole, and the play,
+  run against a stand-in for AWX's API, stops before any change when AWX has no Machine credential of the name it
+  got (the shell-split ``Fleet`` of ``-e awx_machine_credential="Fleet SSH key"``).
 
 The ansible-lint stage lints the playbook itself (production profile).
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +240,130 @@ def test_the_credential_type_comes_from_the_shipped_files() -> None:
     text = CONFIGURE.read_text()
     assert "awx_credential_type_dir ~ '/input.yml'" in text
     assert "awx_credential_type_dir ~ '/injectors.yml'" in text
+
+
+# --- awx_machine_credential: how it reaches Ansible, and the check that AWX has it ----------------------------
+
+#: The Machine credentials the stand-in AWX has, by name.
+AWX_MACHINE_CREDENTIALS = {"Fleet SSH key": 7}
+
+
+class FakeAwx:
+    """A stand-in for AWX's API on 127.0.0.1: answers GETs (the Machine credentials by name, empty lists for
+    anything else), refuses every write with 503, and records each request (method, path, query)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                url = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(url.query)
+                fake.requests.append(("GET", url.path, query))
+                results: list[dict[str, Any]] = []
+                if url.path == "/api/v2/credentials/" and query.get("credential_type__kind") == ["ssh"]:
+                    name = query.get("name", [""])[0]
+                    if name in AWX_MACHINE_CREDENTIALS:
+                        results = [{"id": AWX_MACHINE_CREDENTIALS[name], "name": name, "kind": "ssh"}]
+                self._answer(200, {"count": len(results), "next": None, "previous": None, "results": results})
+
+            def _write(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                fake.requests.append((self.command, url.path, urllib.parse.parse_qs(url.query)))
+                self._answer(503, {"detail": "the stand-in AWX changes nothing"})
+
+            do_POST = do_PUT = do_PATCH = do_DELETE = _write  # noqa: N815 - http.server's names
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def credential_names_asked(self) -> list[str]:
+        return [q.get("name", [""])[0] for method, path, q in self.requests if path == "/api/v2/credentials/"]
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [(method, path) for method, path, dummy in self.requests if method != "GET"]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_awx() -> Any:
+    fake = FakeAwx()
+    yield fake
+    fake.close()
+
+
+def run_configure(
+    extra: list[str], fake: FakeAwx, ansible_env: dict[str, str], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **ansible_env, "CONTROLLER_HOST": fake.url, "CONTROLLER_OAUTH_TOKEN": "awx-test-token",
+        "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+    }  # fmt: skip
+    return run([ansible_playbook(), "-i", "localhost,", "-c", "local", str(CONFIGURE), *extra], env, tmp_path)
+
+
+def documented_extra_vars() -> list[str]:
+    """The ``-e`` arguments of the configure.yml command line in docs/awx.md, as the shell passes them."""
+    text = (ROOT / "docs" / "awx.md").read_text()
+    block = re.search(r"```sh\n(.*?)```", text, re.DOTALL)
+    assert block, "docs/awx.md has no sh block"
+    line = block.group(1).replace("\\\n", " ")
+    command = next(c for c in line.splitlines() if "configure.yml" in c)
+    argv = shlex.split(command)
+    extra = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-e"]
+    assert any("awx_machine_credential" in arg for arg in extra), command
+    return extra
+
+
+def test_the_documented_command_line_names_the_credential_whole(
+    fake_awx: FakeAwx, ansible_env: dict[str, str], tmp_path: Path
+) -> None:
+    """docs/awx.md's command, split as bash splits it, runs the check: the name reaches AWX's API whole."""
+    proc = run_configure([*sum((["-e", arg] for arg in documented_extra_vars()), []), "--tags", "awx_checks"],
+                         fake_awx, ansible_env, tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert fake_awx.credential_names_asked() == ["Fleet SSH key"]
+    assert fake_awx.writes() == []
+
+
+@pytest.mark.parametrize(
+    "argument", ['{"awx_machine_credential": "Fleet SSH key"}', 'awx_machine_credential="Fleet SSH key"'],
+    ids=["json", "inner-quotes"],
+)
+def test_the_two_documented_forms_reach_ansible_whole(
+    argument: str, fake_awx: FakeAwx, ansible_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc = run_configure(["-e", argument, "--tags", "awx_checks"], fake_awx, ansible_env, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert fake_awx.credential_names_asked() == ["Fleet SSH key"]
+
+
+def test_a_name_split_by_the_shell_stops_the_play_before_any_change(
+    fake_awx: FakeAwx, ansible_env: dict[str, str], tmp_path: Path
+) -> None:
+    """What bash passes for ``-e awx_machine_credential="Fleet SSH key"`` (the old docs): one argument with spaces,
+    which Ansible reads as ``awx_machine_credential=Fleet``. The whole play runs (no tags): it must stop at the
+    check, naming what it got, before any request that would change AWX."""
+    proc = run_configure(["-e", "awx_machine_credential=Fleet SSH key"], fake_awx, ansible_env, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert 'awx_machine_credential is "Fleet", and AWX has 0 Machine credentials of that name' in out, out
+    assert fake_awx.credential_names_asked() == ["Fleet"]
+    assert fake_awx.writes() == []

@@ -33,11 +33,14 @@ def render(tmp_path: Path, role_vars: dict[str, Any]) -> dict[str, str]:
         f"{{{{ {{'unit': lookup('ansible.builtin.template', '{unit_template}'), "
         f"'env': lookup('ansible.builtin.template', '{env_template}')}} | to_json }}}}"
     )
+    # The role's own first task, which resolves the token (the variable, else DEVIN_OUTPOSTS_TOKEN) under no_log.
+    resolve_token = next(task for task in yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+                         if task["name"].startswith("Resolve the token"))  # fmt: skip
     play = [{
         "name": "Render the orchestrator's unit and environment file", "hosts": "localhost",
         "connection": "local", "gather_facts": False,
         "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-        "tasks": [{"name": "Render", "no_log": True, "ansible.builtin.copy": {
+        "tasks": [resolve_token, {"name": "Render", "no_log": True, "ansible.builtin.copy": {
             "content": content, "dest": str(tmp_path / "out.json"), "mode": "0600"}}],
     }]  # fmt: skip
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play), encoding="utf-8")

@@ -61,6 +61,7 @@ def _module_args(task: dict[str, Any]) -> dict[str, Any]:
 
 def _render_playbook(out: Path) -> list[dict[str, Any]]:
     tasks_dir = WORKER / "tasks"
+    token = _task(tasks_dir / "main.yml", "Resolve the token (devin_outposts_worker_token, else the controller's DEVIN_OUTPOSTS_TOKEN)")
     resolve = _task(tasks_dir / "windows_preflight.yml", "Resolve the instances (Windows)")
     service = _module_args(_task(tasks_dir / "windows_configure.yml", "Define each instance's Windows service"))
     venv = _module_args(_task(tasks_dir / "windows_install.yml", "Create each instance's virtual environment"))
@@ -82,6 +83,7 @@ def _render_playbook(out: Path) -> list[dict[str, Any]]:
             "_devin_outposts_worker_windows_python_exe": BASE_PYTHON,
             "_devin_outposts_worker_windows_base_python": {"gpu.2": r"C:\Python311\python.exe"},
         }},
+        {"name": token["name"], "ansible.builtin.set_fact": token["ansible.builtin.set_fact"], "no_log": True},
         {"name": resolve["name"], "ansible.builtin.set_fact": resolve["ansible.builtin.set_fact"], "vars": resolve["vars"]},
         {"name": "Present", "ansible.builtin.set_fact": {"_devin_outposts_worker_present": "{{ _devin_outposts_worker_resolved }}"}},
     ]  # fmt: skip
