@@ -201,8 +201,7 @@ def test_start_creates_pod_and_secret_as_the_operator_does(
     assert worker["command"] == ["devin-outposts"] and worker["args"] == [
         "worker",
         "start",
-        "--session",
-        LONG_ID,
+        f"--session={LONG_ID}",
     ]
     assert worker["resources"] == {"limits": {"memory": "4Gi"}}
     env = {e["name"]: e for e in worker["env"]}

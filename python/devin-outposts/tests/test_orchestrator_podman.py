@@ -228,7 +228,10 @@ def pod(
     ("options", "message"),
     [
         ({"imag": "x"}, "unknown podman driver option imag; known: image, network"),
-        ({"memory": "lots"}, "podman driver option memory must be a size such as 2g or 512m, got 'lots'"),
+        ({"memory": "lots"}, "podman driver option memory must be a size such as 2g or 512m, or none"),
+        ({"cap_add": "ALL"}, "podman driver option cap_add names no single capability: 'ALL'"),
+        ({"cap_add": "net_raw, sys-admin"}, "podman driver option cap_add names no single capability: 'SYS-"),
+        ({"memory": "none", "cpus": "none", "pids_limit": "none", "cap_add": "net_raw"}, None),
         ({"cpus": "two"}, "podman driver option cpus must be a number, got 'two'"),
         ({"cpus": 0}, "podman driver option cpus must be positive, got '0'"),
         ({"pids_limit": "1.5"}, "podman driver option pids_limit must be a number, got '1.5'"),
@@ -242,7 +245,7 @@ def test_options_are_checked_when_the_driver_is_made(
     context = DriverContext(state_dir=tmp_path)
     if message is None:
         driver = PodmanDriver.from_options(context, options)
-        assert driver.worker_command == ("devin-outposts",)
+        assert driver.settings.worker_command == ("devin-outposts",)
         return
     with pytest.raises(DriverError) as caught:
         PodmanDriver.from_options(context, options)
@@ -268,12 +271,16 @@ if "--env-file" in args:
     path = args[args.index("--env-file") + 1]
     record["env_file_mode"] = oct(os.stat(path).st_mode & 0o777)
     record["env_file"] = open(path).read()
+if args[:2] == ["secret", "create"]:
+    record["stdin"] = sys.stdin.read()
 with open(os.environ["FAKE_PODMAN_LOG"], "a") as log:
     log.write(json.dumps(record) + "\\n")
 if os.environ.get("FAKE_PODMAN_SLEEP"):
     time.sleep(float(os.environ["FAKE_PODMAN_SLEEP"]))
 if args[:2] == ["image", "exists"]:
     sys.exit(1)
+if args[0] == "run" and args[-1] == "-u":
+    print("1000")
 if args[:2] == ["volume", "create"]:
     sys.stderr.write("Error: creating volume: disk full\\nSee 'podman volume create --help'\\n")
     sys.exit(125)
@@ -321,14 +328,19 @@ def test_the_launch_reaches_podman_in_a_0600_env_file_that_is_gone_after(
     run(driver.start(machine, launch))
     calls = fake_calls(tmp_path)
     assert [c["argv"][:2] for c in calls] == [
-        ["container", "inspect"], ["kill", "--signal"], ["rm", "--force"], ["create", "--name"],
-        ["start", "outpost-worker-x"],
+        ["container", "inspect"], ["kill", "--signal"], ["rm", "--force"], ["run", "--rm"],
+        ["secret", "create"], ["create", "--name"], ["secret", "rm"], ["start", "outpost-worker-x"],
     ]  # fmt: skip
     assert all(c["devin_env"] == [] for c in calls)  # the account token never reaches podman
     assert not any("canary" in arg for c in calls for arg in c["argv"])
+    # The connect token reaches podman on stdin only, as the secret the container mounts.
+    [secret] = [c for c in calls if c["argv"][:2] == ["secret", "create"]]
+    assert secret["stdin"] == "connect-token-canary"
+    secret_name = secret["argv"][-2]
+    assert [c["argv"] for c in calls if c["argv"][:2] == ["secret", "rm"]] == [["secret", "rm", secret_name]]
     [create] = [c for c in calls if c["argv"][0] == "create"]
     assert create["env_file_mode"] == "0o600"
-    assert "DEVIN_REMOTE_SESSION_TOKEN=connect-token-canary\n" in create["env_file"]
+    assert "DEVIN_REMOTE_SESSION_TOKEN" not in create["env_file"]
     assert "DEVIN_OUTPOST_GATEWAY_URL=ws://gateway.invalid/\n" in create["env_file"]
     assert "DEVIN_WORKER_CACHE_DIR=/var/lib/devin-worker/worker/cache\n" in create["env_file"]
     assert "account-token-canary" not in create["env_file"]
@@ -338,9 +350,15 @@ def test_the_launch_reaches_podman_in_a_0600_env_file_that_is_gone_after(
     assert argv[argv.index("--pids-limit") + 1 :][:1] == ["64"]
     assert argv[argv.index("--network") + 1 :][:1] == ["host"]
     assert argv[argv.index("--volume") + 1 :][:1] == ["state-1:/var/lib/devin-worker"]
-    assert argv[argv.index("--entrypoint") + 1 :] == [
-        '["devin-outposts"]', driver.image, "worker", "start", "--session", "devin-x",
-    ]  # fmt: skip
+    assert argv[argv.index("--secret") + 1 :][:1] == [
+        f"{secret_name},type=mount,target=session-token,uid=1000,mode=0400"
+    ]
+    assert argv[argv.index("--security-opt") + 1 :][:1] == ["no-new-privileges"]
+    assert argv[argv.index("--cap-drop") + 1 :][:1] == ["ALL"] and "--cap-add" not in argv
+    entrypoint = json.loads(argv[argv.index("--entrypoint") + 1])
+    assert entrypoint[:2] == ["/bin/sh", "-c"]
+    assert entrypoint[3:] == ["devin-outposts-session", "devin-outposts"]
+    assert argv[argv.index("--entrypoint") + 2 :] == [driver.image, "worker", "start", "--session=devin-x"]
     assert [p for p in (tmp_path / "orchestrator").rglob("*") if p.is_file()] == []
 
 
@@ -566,7 +584,12 @@ def test_start_replaces_a_running_worker_on_the_same_volume(pod: Podman) -> None
     second = inspect_container(machine.name)
     assert second["Id"] != first["Id"]
     assert run(sleeper.status(machine)).state is WorkerState.RUNNING
-    assert "DEVIN_REMOTE_SESSION_TOKEN=second-token" in second["Config"]["Env"]
+    # The new token reached the new worker (its environment, through the secret file), and is in no
+    # container configuration.
+    pids = [int(pid) for pid in podman("top", machine.name, "hpid").stdout.split()[1:]]
+    environs = [Path(f"/proc/{pid}/environ").read_bytes() for pid in pids]
+    assert any(b"DEVIN_REMOTE_SESSION_TOKEN=second-token\0" in env for env in environs)
+    assert "second-token" not in json.dumps(second) and "first-token" not in json.dumps(second)
     assert (
         [m["Name"] for m in second["Mounts"]]
         == [m["Name"] for m in first["Mounts"]]

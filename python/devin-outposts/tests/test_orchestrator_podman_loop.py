@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 from test_orchestrator_podman import needs_podman, podman, session_image
+from test_orchestrator_process import _metrics, _value, free_port
 
 from devin_outposts.api.models import Outpost
 from devin_outposts.orchestrator.drivers.base import LABEL_ACCEPTOR, DriverContext, SessionSpec, machine_name
@@ -204,3 +205,20 @@ def test_a_failed_provision_releases_the_claim_at_once(loop: Loop) -> None:
     assert h.sim.admin.session(sid)["entry"]["status"]["phase"] == "pending"
     assert "provisioning failed" in h.processes[0].log()
     assert h.containers() == [name]  # the stranger is still there, untouched
+
+
+@needs_podman
+def test_a_healthy_run_never_warns_that_machines_are_not_coming_up(loop: Loop) -> None:
+    h = loop
+    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for dummy in range(2)]
+    port = free_port()
+    # Both slots are taken by the first claims, while both containers are still being made: the first
+    # sweep (right after recovery) sees capacity full and no worker up yet, which is how a run starts.
+    orch = h.orchestrator("--metrics-addr", f"127.0.0.1:{port}", max_concurrent=2)
+    h.wait(lambda: all(h.sim.admin.connections(s) for s in sessions), "both sessions to be served")
+    metrics = h.wait(lambda: _metrics(port), "/metrics")
+    assert _value(metrics, "outposts_reconciliations_total") >= 1
+    assert "capacity is full" not in orch.log()
+    for sid in sessions:
+        h.sim.admin.end_session(sid, "terminated")
+    h.wait(lambda: not h.containers() and not h.volumes(), "everything removed", timeout=60)

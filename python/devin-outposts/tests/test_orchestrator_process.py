@@ -63,12 +63,22 @@ class Harness:
             return []
         return [p for p in self.machines_dir.iterdir() if p.is_dir()]
 
-    def env(self) -> dict[str, str]:
+    def env(self, api_url: Optional[str] = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVIN_", "PYTEST_"))}
-        env.update(DEVIN_OUTPOSTS_TOKEN=self.token, DEVIN_API_URL=self.sim.url, LANG="C.UTF-8", TZ="UTC")
+        env.update(
+            DEVIN_OUTPOSTS_TOKEN=self.token, DEVIN_API_URL=api_url or self.sim.url, LANG="C.UTF-8", TZ="UTC"
+        )
         return env
 
-    def orchestrator(self, *args: str, name: str = "orch", max_concurrent: int = 5) -> WorkerProcess:
+    def orchestrator(
+        self,
+        *args: str,
+        name: str = "orch",
+        max_concurrent: int = 5,
+        api_url: Optional[str] = None,
+        extra_env: Optional[dict[str, str]] = None,
+    ) -> WorkerProcess:
+        """``orchestrate --driver process`` (against ``api_url``, the simulator by default)."""
         base = [
             "--outpost", self.outpost.name, "--driver", "process", "--max-concurrent", str(max_concurrent),
             "--state-dir", str(self.state_dir), "--acceptor-id", ACCEPTOR,
@@ -78,7 +88,8 @@ class Harness:
             "--driver-opt", "stop_grace=5",
         ]  # fmt: skip
         log_path = self.tmp / f"{name}.log"
-        process = WorkerProcess([*base, *args], self.env(), log_path, command=("orchestrate",))
+        env = {**self.env(api_url), **(extra_env or {})}
+        process = WorkerProcess([*base, *args], env, log_path, command=("orchestrate",))
         self.processes.append(process)
         return process.start()
 

@@ -9,6 +9,7 @@ queue entries, the driver's record of calls, and the orchestrator's metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -35,6 +36,7 @@ from devin_outposts.orchestrator.options import OrchestratorConfig, parse_args
 from devin_outposts.orchestrator.runner import Orchestrator
 from devin_outposts.worker.exits import EXIT_ERROR, WorkerExit
 from devin_outposts.worker.options import ConfigError
+from devin_outposts.worker.queue_mode import QueueMode
 from devin_outposts_sim.testing import SimHandle
 
 from worker_fakes import wait_for
@@ -138,7 +140,7 @@ def test_the_machine_gets_the_connect_token_and_never_the_account_token(
     assert launch.connect_token not in " ".join(argv)  # never argv
     assert env["DEVIN_WORKER_REMOTE_SHA"] == "abc1234"
     assert env["DEVIN_WORKER_STATIC_BASE_URL"] == "https://static.example/remote/"
-    assert argv == ["worker", "start", "--session", sid]
+    assert argv == ["worker", "start", f"--session={sid}"]
     assert launch.connect_token not in repr(launch)
 
 
@@ -167,6 +169,36 @@ def test_a_provisioning_failure_or_timeout_releases_at_once(
     )
     assert result.infrastructure and "no capacity in the test cloud" in result.detail
     assert orch.orchestrator.metrics.counters["infrastructure_errors"] >= 1
+
+
+def test_a_claim_loop_that_dies_ends_the_run_non_zero_with_its_sessions_detached(
+    sim: SimHandle, outpost: Outpost, start: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No error may leave the orchestrator alive but not claiming: if the loop ends on one all the same,
+    the run ends at once with exit code 1, its sessions left running and their claims held."""
+    real_loop = QueueMode.claim_loop
+
+    async def dies(self: QueueMode) -> None:
+        claiming = asyncio.ensure_future(real_loop(self))
+        while not self.pool.running:  # noqa: ASYNC110 - the pool's own event is the claim loop's
+            await asyncio.sleep(0.05)
+        claiming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await claiming
+        raise RuntimeError("a bug in the claim loop")
+
+    monkeypatch.setattr(QueueMode, "claim_loop", dies)
+    driver = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING))
+    sid = sim.admin.enqueue(outpost.outpost_id).session_id
+    orch = start(driver)
+    wait_for(lambda: not orch.thread.is_alive(), timeout=30, what="the run to end")
+    assert isinstance(orch.error, WorkerExit) and orch.error.code == EXIT_ERROR
+    assert "the claim loop stopped on an unexpected error (RuntimeError: a bug in the claim loop)" in str(
+        orch.error
+    )
+    assert driver.starts(sid) == 1
+    assert sid in driver.machines and not driver.torn_down  # detached: the next start adopts it
+    assert not released(sim, sid)
 
 
 class Redirector:

@@ -8,7 +8,7 @@ worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). 
   session, or provisions one within ``--provision-timeout`` (a failure or a timeout ends the session as
   an infrastructure error: the claim is released at once); a ``kind=resume`` session with the
   ``snapshot`` policy gets its kept state restored;
-* :meth:`~MachineSession.launch` starts ``devin-outposts worker start --session <id>`` in the machine in
+* :meth:`~MachineSession.launch` starts ``devin-outposts worker start --session=<id>`` in the machine in
   direct-serve mode with the claim's connect token (the account token never enters a machine). A
   platform that restarts failed workers itself (a Pod) is only re-attached to;
 * :meth:`~MachineSession.finish` snapshots a suspended session (``snapshot`` policy), then tears the
@@ -17,7 +17,8 @@ worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). 
 
 A :class:`MachineRun` turns the driver's status reads into what serving waits on: an exit code, or a
 :class:`~devin_outposts.worker.serving.LaunchError` when the worker never came up within
-``--boot-timeout`` or the machine vanished.
+``--boot-timeout``, ran that long without the session being served (its queue entry never ``running``),
+or the machine vanished.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ class MachineRun:
                 log.warning("%s; reading again", exc, extra=self.session.log_extra)
                 await asyncio.sleep(self.session.config.status_interval)
 
+    def _booting_too_long(self) -> bool:
+        return time.monotonic() - self.started > self.session.config.boot_timeout
+
     async def wait_exit(self) -> int:
         config = self.session.config
         try:
@@ -105,12 +109,19 @@ class MachineRun:
                         self.restarted_in_place = True
                         self.returncode = status.exit_code if status.exit_code else 1
                         return self.returncode
+                    if not self.session.served and self._booting_too_long():
+                        seen = self.session.latest
+                        raise LaunchError(
+                            f"the worker in machine {self.machine.name} has run for {config.boot_timeout:g}s "
+                            "without the session being served (session_status still "
+                            f"{seen.status.session_status if seen else 'unknown'})"
+                        )
                 elif status.state is WorkerState.EXITED:
                     self.returncode = status.exit_code if status.exit_code is not None else 1
                     return self.returncode
                 elif status.state is WorkerState.MISSING:
                     raise LaunchError(f"machine {self.machine.name} vanished ({status.detail or 'gone'})")
-                elif time.monotonic() - self.started > config.boot_timeout:
+                elif self._booting_too_long():
                     raise LaunchError(
                         f"the worker in machine {self.machine.name} did not come up within "
                         f"{config.boot_timeout:g}s ({status.detail or status.state})"
@@ -181,6 +192,10 @@ class MachineSession(ClaimedSession):
         #: The worker is running now, as of the last status read.
         self.running_now = False
         self.claimed_at = time.monotonic()
+        #: Since when (monotonic) the session has been waiting for its worker: its claim, then each start.
+        self.booting_since = self.claimed_at
+        #: The queue said ``running`` already in the claim answer: ``served`` cannot be told from it.
+        self.running_at_claim = claim.status.session_status == SessionStatus.RUNNING
         self.phases: dict[str, float] = {}
         self._torn_down = False
 
@@ -190,6 +205,20 @@ class MachineSession(ClaimedSession):
 
     def _phase(self, name: str) -> None:
         self.phases.setdefault(name, time.monotonic() - self.claimed_at)
+
+    @property
+    def served(self) -> bool:
+        """The session is being served: its queue entry says ``running`` (the remote connected to the
+        gateway). A session that was ``running`` already when claimed (its earlier worker died, or an
+        orchestrator restarted) cannot tell, and counts as served once its worker runs."""
+        if self.running_at_claim:
+            return self.running_now
+        latest = self.latest
+        return latest is not None and latest.status.session_status == SessionStatus.RUNNING
+
+    def not_up_for(self) -> float:
+        """Seconds the session has waited for its worker to run (0 while it runs)."""
+        return 0.0 if self.running_now else time.monotonic() - self.booting_since
 
     def worker_running(self) -> None:
         self.running_now = True
@@ -291,6 +320,7 @@ class MachineSession(ClaimedSession):
         except DriverError as exc:
             raise LaunchError(f"starting the worker in machine {self.machine.name} failed: {exc}") from exc
         self.running_now = False
+        self.booting_since = time.monotonic()
         return MachineRun(self, base_restarts=await self._restarts())
 
     async def _restarts(self) -> int:

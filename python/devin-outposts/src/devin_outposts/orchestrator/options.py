@@ -71,7 +71,7 @@ OPTIONS: tuple[Option, ...] = (
     # Tuning.
     Option("provision_timeout", ("--provision-timeout",), "seconds a machine may take to be made (600)",
            "tuning", env="DEVIN_ORCHESTRATOR_PROVISION_TIMEOUT", parse=_N(float, 1)),
-    Option("boot_timeout", ("--boot-timeout",), "seconds from a made machine to a running worker (300)",
+    Option("boot_timeout", ("--boot-timeout",), "seconds from a made machine to a served session (300)",
            "tuning", env="DEVIN_ORCHESTRATOR_BOOT_TIMEOUT", parse=_N(float, 1)),
     Option("gc_interval", ("--gc-interval",), "seconds between garbage-collection sweeps (60)", "tuning",
            env="DEVIN_ORCHESTRATOR_GC_INTERVAL", parse=_N(float, 0.1)),

@@ -35,12 +35,13 @@ from typing import Callable, Optional
 
 from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetError
-from devin_outposts.api.models import Outpost, QueueEntry
+from devin_outposts.api.models import QueueEntry
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import Driver, DriverContext, DriverError, Machine
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.metrics import orchestrator_metrics
 from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.orchestrator.queue import OrchestratorPool, OrchestratorQueue, describe_error
 from devin_outposts.orchestrator.sweep import Sweeper
 from devin_outposts.worker import platform
 from devin_outposts.worker.exits import EXIT_AUTH, EXIT_ERROR, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, WorkerExit
@@ -48,8 +49,6 @@ from devin_outposts.worker.identity import FileLock, IdentityError, LockedError,
 from devin_outposts.worker.logs import register_secret
 from devin_outposts.worker.metrics import MetricsServer, serve_metrics
 from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
-from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.queue_mode import QueueMode
 from devin_outposts.worker.serving import SessionResult
 
 log = logging.getLogger(__name__)
@@ -58,62 +57,6 @@ LOCK_FILE = "orchestrator.lock"
 AUTH_HINT = "(check DEVIN_OUTPOSTS_TOKEN and its scopes)"
 #: The pool's drain timeout: never reached, since a stopping orchestrator detaches its sessions.
 DETACH_DRAIN = 3600.0
-
-
-class OrchestratorQueue(QueueMode):
-    """Queue mode whose restart recovery adopts the machines a previous run left."""
-
-    def __init__(self, orchestrator: Orchestrator, client: FleetClient) -> None:
-        config = orchestrator.config
-        driver = orchestrator.driver
-        assert driver is not None
-        super().__init__(
-            config,
-            client,
-            orchestrator.pool,
-            orchestrator.metrics,
-            orchestrator.acceptor_id,
-            orchestrator.session_for,
-            machine_platform=driver.platform,
-            check_platforms=driver.platform is not None,
-        )
-        self.orchestrator = orchestrator
-        self.outpost: Optional[Outpost] = None
-
-    def _announce(self, outpost: Outpost) -> None:
-        self.outpost = outpost
-        self.orchestrator.outpost_id = outpost.outpost_id
-        assert self.orchestrator.driver is not None
-        log.info(
-            "orchestrator %s serving outpost %s (%s) with the %s driver: up to %d sessions, resume policy %s",
-            self.acceptor_id,
-            outpost.name,
-            outpost.outpost_id,
-            self.orchestrator.driver.name,
-            self.config.max_sessions,
-            self.orchestrator.config.resume_policy,
-            extra={"outpost": outpost.outpost_id, "acceptor_id": self.acceptor_id},
-        )
-        self.metrics.labels["pool_id"] = outpost.outpost_id
-
-    async def recover(self, outpost_id: str) -> None:
-        """Find the machines a previous run left, then take back our claims with them."""
-        assert self.orchestrator.driver is not None
-        try:
-            machines = await self.orchestrator.driver.list_owned(self.acceptor_id, outpost_id)
-        except DriverError as exc:  # without the list, a held session could get a second machine
-            raise FleetError("list this orchestrator's machines", str(exc)) from exc
-        self.orchestrator.adoptable = {
-            m.session_id: m for m in machines if m.session_id not in self.pool.held
-        }
-        try:
-            await super().recover(outpost_id)
-        finally:
-            self.orchestrator.adoptable.clear()
-
-    def _finished(self, result: SessionResult) -> None:
-        super()._finished(result)
-        self.orchestrator.finished(result)
 
 
 class Orchestrator:
@@ -131,7 +74,7 @@ class Orchestrator:
         self.driver = driver
         self.metrics = orchestrator_metrics()
         self.metrics.set("max_concurrent", config.max_concurrent)
-        self.pool = SessionPool(config.max_concurrent, self.metrics, drain_timeout=DETACH_DRAIN)
+        self.pool = OrchestratorPool(config.max_concurrent, self.metrics, drain_timeout=DETACH_DRAIN)
         self.acceptor_id = config.acceptor_id or ""
         self.outpost_id: Optional[str] = None
         self.queue: Optional[OrchestratorQueue] = None
@@ -288,6 +231,15 @@ class Orchestrator:
                     raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
                 except FleetError as exc:
                     raise WorkerExit(EXIT_ERROR, str(exc)) from exc
+                except WorkerExit:
+                    raise
+                except Exception as exc:  # a bug: exit non-zero with one line, never hang
+                    log.debug("the claim loop stopped", exc_info=True)
+                    raise WorkerExit(
+                        EXIT_ERROR,
+                        f"the claim loop stopped on an unexpected error ({describe_error(exc)}); running "
+                        "sessions keep their machines and claims for the next start",
+                    ) from exc
             if self.pool.fatal is not None:
                 raise WorkerExit(EXIT_AUTH, f"{self.pool.fatal} {AUTH_HINT}")
             if self.lost_lead:

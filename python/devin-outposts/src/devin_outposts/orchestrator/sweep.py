@@ -12,8 +12,8 @@ collection"):
 * **orphaned per-session secrets** (the driver's :meth:`~.drivers.base.Driver.sweep_orphans`).
 
 Each pass counts as a ``reconciliation``; a pass the driver or the API failed, as a
-``reconcile_failure`` (the next pass tries again). It also warns when every slot is taken but no
-session's worker is running: capacity is full of machines that do not come up.
+``reconcile_failure`` (the next pass tries again). It also warns when every slot is taken by a session
+whose worker has not run for half ``--boot-timeout``: capacity is full of machines that do not come up.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: Sweeps between two "capacity full, nothing running" warnings.
 STUCK_WARNING_EVERY = 5
+#: The share of --boot-timeout a session's worker may take to run before it counts as not coming up.
+STUCK_AFTER = 0.5
 
 
 class Following(Protocol):
@@ -49,11 +51,14 @@ class SweepOwner(Protocol):
     config: OrchestratorConfig
     driver: Optional[Driver]
     client: Optional[FleetClient]
-    pool: SessionPool
     metrics: Metrics
     acceptor_id: str
     outpost_id: Optional[str]
     adoptable: dict[str, Machine]
+
+    @property
+    def pool(self) -> SessionPool:
+        """The sessions and their slots."""
 
     @property
     def following(self) -> Optional[Following]:
@@ -105,6 +110,14 @@ class Sweeper:
         except (DriverError, FleetError) as exc:
             orch.metrics.inc("reconcile_failures")
             log.warning("garbage collection failed: %s; trying again next pass", exc)
+        except Exception as exc:  # a reply no one foresaw must not end the sweeps for good
+            orch.metrics.inc("reconcile_failures")
+            log.error(
+                "garbage collection failed on an unexpected error: %s: %s; trying again next pass",
+                type(exc).__name__,
+                " ".join(str(exc).split())[:200],
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
         self._check_stuck()
 
     async def _machines(self) -> None:
@@ -183,16 +196,21 @@ class Sweeper:
         log.info("removed snapshot %s: %s", snapshot.ref, why, extra={"session_id": snapshot.session_id})
 
     def _check_stuck(self) -> None:
+        """Warn when every slot is taken by a session whose worker has not run for half the boot timeout.
+        Machines that are still being made (every run starts with full slots and no worker up yet, and a
+        podman or Kubernetes machine takes seconds) are not "not coming up"."""
         orch = self.orchestrator
         sessions = orch.sessions
         full = orch.pool.free_slot() is None
-        if full and sessions and not any(s.running_now for s in sessions):
+        patience = orch.config.boot_timeout * STUCK_AFTER
+        if full and sessions and all(s.not_up_for() > patience for s in sessions):
             if self._stuck_passes % STUCK_WARNING_EVERY == 0:
                 log.warning(
-                    "capacity is full (%d of %d sessions) but no session's worker is running: machines "
-                    "are not coming up (see the driver's errors above)",
+                    "capacity is full (%d of %d sessions) but no session's worker has run for %gs: "
+                    "machines are not coming up (see the driver's errors above)",
                     len(sessions),
                     orch.config.max_concurrent,
+                    patience,
                 )
             self._stuck_passes += 1
         else:

@@ -8,7 +8,7 @@ and hands the driver only what a machine needs (docs/orchestrator.md, "Drivers")
 1. :meth:`Driver.provision` makes the machine for one session (labelled with its acceptor id, outpost and
    session id, so :meth:`Driver.list_owned` finds it again after a restart);
 2. :meth:`Driver.restore` (``kind=resume`` with the ``snapshot`` policy) puts a kept state back into it;
-3. :meth:`Driver.start` starts ``devin-outposts worker start --session <id>`` in it in direct-serve mode,
+3. :meth:`Driver.start` starts ``devin-outposts worker start --session=<id>`` in it in direct-serve mode,
    with the per-session connect token in the environment (never argv), replacing a worker already there;
 4. :meth:`Driver.status` says whether that worker is still running, and its exit code once it ended;
 5. :meth:`Driver.snapshot` keeps the session's state (its state dir and its ``repos/`` workdir) when a
@@ -63,17 +63,34 @@ def fnv1a32(text: str) -> str:
 
 
 def machine_name(prefix: str, session_id: str, limit: int = 63) -> str:
-    """A deterministic DNS-label name for ``session_id``: ``<prefix>-<sanitised id>-<fnv1a32>``.
+    """A deterministic DNS-label name for ``session_id``: ``<prefix>-<sanitised id>-<hash>``.
 
     Lower-case letters, digits and ``-`` only, at most ``limit`` characters, starting and ending with an
-    alphanumeric; the hash of the *unsanitised* id keeps two ids that sanitise alike apart.
+    alphanumeric. When the name carries the id as it is (a ``devin-<hex>`` id does), the id alone keeps it
+    apart from every other session's and the hash is the 32-bit FNV-1a the operator uses. When the id had
+    to change (upper case, other characters, cut to fit), ids that sanitise alike must still differ, and 32
+    bits can be collided on purpose: the hash is then 64 bits of the id's SHA-256 (16 hex digits), or the
+    FNV-1a where ``limit`` leaves no room. Drivers still check, before using a name, that what has it is
+    this session's (:func:`name_taken`).
     """
+    sanitised = _UNSAFE.sub("-", session_id.lower()).strip("-")
     suffix = fnv1a32(session_id)
     room = limit - len(prefix) - len(suffix) - 2
     if room < 1:
         raise ValueError(f"prefix {prefix!r} leaves no room for the session id within {limit} characters")
-    middle = _UNSAFE.sub("-", session_id.lower()).strip("-")[:room].strip("-") or "session"
+    if sanitised[:room].strip("-") != session_id:
+        strong = hashlib.sha256(session_id.encode()).hexdigest()[:16]
+        if limit - len(prefix) - len(strong) - 2 >= 1:
+            suffix = strong
+            room = limit - len(prefix) - len(suffix) - 2
+    middle = sanitised[:room].strip("-") or "session"
     return f"{prefix}-{middle}-{suffix}"
+
+
+def name_taken(what: str, session_id: str) -> DriverError:
+    """The error for a machine name held by another session (two ids whose names collide): never reused,
+    since that would stop the other session's worker."""
+    return DriverError(f"{what} already belongs to session {session_id!r}; not reusing it for another one")
 
 
 def label_value(text: str) -> str:
@@ -141,8 +158,9 @@ class WorkerLaunch:
         return env
 
     def arguments(self) -> list[str]:
-        """The worker's arguments after the command (``devin-outposts`` or ``python -m devin_outposts``)."""
-        return ["worker", "start", "--session", self.session_id]
+        """The worker's arguments after the command (``devin-outposts`` or ``python -m devin_outposts``).
+        The id is glued to its option: an id such as ``-x`` or ``--help`` must not read as an option."""
+        return ["worker", "start", f"--session={self.session_id}"]
 
 
 @dataclass

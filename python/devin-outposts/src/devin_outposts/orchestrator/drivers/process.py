@@ -7,11 +7,13 @@ only where every session may see every other. A machine is ``<root>/machines/<na
   orchestrator finds it again;
 * ``worker/``: the worker's data dir (its ``cache/`` and the session's state dir) and ``repos/``, its
   working directory: the two things a snapshot keeps;
-* ``worker.pid``: the process group leader's pid and start time (a reused pid is never signalled);
-  ``worker.exit``: its exit code, written by the group leader (``sh``), so that an orchestrator that did
-  not start the worker (it restarted meanwhile) still learns how it ended; ``worker.log``: its output.
+* ``worker.pid``: the process group leader's pid and start time (a reused pid is never signalled),
+  written by the leader (``sh``) itself before it runs the worker, so that no worker runs unrecorded even
+  if the orchestrator is killed right after starting it; ``worker.exit``: its exit code, written by the
+  leader too, so that an orchestrator that did not start the worker (it restarted meanwhile) still learns
+  how it ended; ``worker.log``: its output.
 
-The worker runs ``<worker_command> worker start --session <id>`` in direct-serve mode. Its environment is
+The worker runs ``<worker_command> worker start --session=<id>`` in direct-serve mode. Its environment is
 built from scratch: ``PATH HOME USER LOGNAME LANG TZ TMPDIR`` and the launch's variables; the connect
 token is in the environment only, never in argv. Each worker leads its own session (``setsid``), so it
 outlives an orchestrator that is stopped or killed; teardown stops it (SIGTERM twice: the worker then
@@ -47,6 +49,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerState,
     WorkerStatus,
     machine_name,
+    name_taken,
     option_text,
 )
 from devin_outposts.worker import platform
@@ -60,8 +63,15 @@ LOGFILE = "worker.log"
 SNAPSHOT_META = "snapshot.json"
 #: What a worker's environment may take from ours (the rest is the launch's own variables).
 PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")
-#: The group leader: runs the worker, then records its exit code atomically.
+#: The group leader. It records its own pid (and, on Linux, its start time, field 22 of /proc/<pid>/stat)
+#: *before* it runs the worker, so no worker ever runs without a record: an orchestrator killed the moment
+#: after it started one leaves its successor a record to adopt the worker by. Then it runs the worker and
+#: records its exit code. Both records are written atomically (a temporary file, then mv).
 WRAPPER = (
+    'st=$(s=$(cat "/proc/$$/stat" 2>/dev/null) && set -- ${s##*") "} && shift 19 && printf %s "$1"); '
+    'if [ -n "$st" ]; then rec=$(printf \'{"pid": %s, "started": "%s"}\' "$$" "$st"); '
+    'else rec=$(printf \'{"pid": %s, "started": null}\' "$$"); fi; '
+    'printf "%s" "$rec" > worker.pid.tmp && mv worker.pid.tmp worker.pid || exit 70; '
     '"$@"; code=$?; printf "%s" "$code" > worker.exit.tmp && mv worker.exit.tmp worker.exit; exit "$code"'
 )
 OPTIONS = ("root", "worker_command", "stop_grace")
@@ -139,6 +149,12 @@ class ProcessDriver(Driver):
         path = self._dir(name)
         meta = _read_json(path / META)
         if meta is not None:
+            if (meta.get("session_id"), meta.get("acceptor_id"), meta.get("outpost_id")) != (
+                spec.session_id,
+                spec.acceptor_id,
+                spec.outpost_id,
+            ):
+                raise name_taken(f"machine directory {path}", str(meta.get("session_id")))
             return self._machine(name, meta)
         try:
             make_private_dir(self.machines_dir)
@@ -200,16 +216,15 @@ class ProcessDriver(Driver):
                 os.close(log_fd)
         except OSError as exc:
             raise DriverError(f"cannot start the worker in {machine.name}: {exc}") from exc
-        self._children[machine.name] = proc
-        _write_json(
-            path / PIDFILE, {"pid": proc.pid, "started": platform.current().process_start_time(proc.pid)}
-        )
+        self._children[machine.name] = proc  # its record is its own (WRAPPER)
 
     def _leader(self, path: Path) -> Optional[int]:
-        """The worker's group leader when it still runs (same pid, same start time)."""
+        """The worker's group leader when it still runs (same pid, same start time). A leader this process
+        started a moment ago may not have written its record yet: it is known by its process handle."""
         record = _read_json(path / PIDFILE)
         if record is None:
-            return None
+            child = self._children.get(path.name)
+            return child.pid if child is not None and child.returncode is None else None
         try:
             pid = int(record["pid"])
         except (KeyError, TypeError, ValueError):

@@ -42,6 +42,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerState,
     WorkerStatus,
     machine_name,
+    name_taken,
     option_text,
 )
 
@@ -241,6 +242,8 @@ class AnsibleDriver(Driver):
     async def provision(self, spec: SessionSpec) -> Machine:
         name = machine_name(self.machine_prefix, spec.session_id, self.machine_name_length)
         record = self._read_record(name)
+        if record is not None and record.get("session_id") != spec.session_id:
+            raise name_taken(f"machine {name}", str(record.get("session_id")))
         if record is not None and record.get("host"):
             return self._machine(record)
         # Recorded before the playbook runs: a host it half made is still found (list_owned) and torn down.

@@ -54,6 +54,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerStatus,
     label_value,
     machine_name,
+    name_taken,
 )
 from devin_outposts.orchestrator.drivers.kubernetes.lease import LeaseLock, load
 from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
@@ -231,6 +232,14 @@ class KubernetesDriver(Driver):
         )
 
     async def provision(self, spec: SessionSpec) -> Machine:
+        name = pod_name(spec.session_id)
+        existing = await self._get(Pod, name)
+        if existing is not None:  # start() replaces the Pod of this name: it must be this session's
+            owner = self._identity(existing)
+            if owner is None:
+                raise DriverError(f"pod {name} exists and is not one of ours")
+            if owner.session_id != spec.session_id:
+                raise name_taken(f"pod {name}", owner.session_id)
         if self.options.pod.state_volume:
             await self._ensure_pvc(spec, fresh=False)
         return self._machine(spec)

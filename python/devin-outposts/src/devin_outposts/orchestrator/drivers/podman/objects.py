@@ -1,0 +1,175 @@
+"""The podman objects of a machine, as the driver names, labels and reads them.
+
+Constants (mount points, label keys, kinds), the labels' helpers (the exact ids are URL-encoded in one
+label, since label-safe values may be hashed), podman's answers (:class:`Result`) and the env-file format.
+Everything the driver acts on is checked against these labels in Python (:func:`owned_by`): podman's
+label filters only narrow a listing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from devin_outposts.orchestrator.drivers.base import (
+    LABEL_ACCEPTOR,
+    LABEL_MANAGED_BY,
+    LABEL_OUTPOST,
+    LABEL_SESSION,
+    MACHINE_DATA_DIR,
+    MACHINE_WORKDIR,
+    MANAGED_BY,
+    DriverError,
+    label_value,
+)
+
+#: Where the state volume is mounted in the container (the same path Cognition's operator mounts its
+#: state PVC at), and the two directories in it.
+MOUNT = "/var/lib/devin-worker"
+DATA_DIR = f"{MOUNT}/{MACHINE_DATA_DIR}"
+WORKDIR = f"{MOUNT}/{MACHINE_WORKDIR}"
+
+#: Our labels besides :meth:`SessionSpec.labels`. ``ids`` holds the exact ids (URL-encoded), since the
+#: label-safe values of :func:`label_value` may be hashed.
+LABEL_KIND = "outposts.devin.ai/kind"
+LABEL_IDS = "outposts.devin.ai/ids"
+LABEL_CREATED = "outposts.devin.ai/created-at"
+LABEL_STATE_VOLUME = "outposts.devin.ai/state-volume"
+KIND_MACHINE = "machine"
+KIND_STATE = "state"
+KIND_SNAPSHOT = "snapshot"
+MARKER_SUFFIX = "-snapshot"
+#: The connect token's secret: made for one ``podman create`` and removed right after (podman has copied
+#: it into the container by then), mounted at ``/run/secrets/<TOKEN_TARGET>`` (0400, the worker's uid).
+KIND_TOKEN = "token"  # noqa: S105 - a label value, not a secret
+TOKEN_VARIABLE = "DEVIN_REMOTE_SESSION_TOKEN"  # noqa: S105 - a variable name
+TOKEN_TARGET = "session-token"  # noqa: S105 - a file name
+TOKEN_SECRET_PREFIX = "outpost-session-token-"  # noqa: S105 - a name prefix
+TOKEN_SECRET = re.compile(TOKEN_SECRET_PREFIX + "[0-9a-f]{16}")
+#: The container's entrypoint before the worker command: it hands the token file to the worker in its
+#: environment, so the token is in no container configuration `podman inspect` shows.
+TOKEN_ENTRYPOINT = (
+    f'if [ -r /run/secrets/{TOKEN_TARGET} ]; then {TOKEN_VARIABLE}=$(cat /run/secrets/{TOKEN_TARGET}) '
+    f'|| exit 78; export {TOKEN_VARIABLE}; fi; exec "$@"'
+)
+#: What podman writes to stderr when the container or volume asked for does not exist (its exit code,
+#: 125, is the one of every other failure too).
+NOT_FOUND_TEXT = (
+    "no such container",
+    "no such volume",
+    "no such object",
+    "not found",
+    "no container with name",
+    "no volume with name",
+    "no such secret",
+)
+#: Attempts at a listing that failed because an object in it vanished meanwhile (``podman volume ls``
+#: inspects every volume it lists: one removed by a concurrent teardown fails the whole listing).
+LIST_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def error_line(self) -> str:
+        """The last meaningful line of podman's stderr (its ``Error: ...``), for a one-line DriverError."""
+        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("Error: ")]
+        text = (errors or lines or [f"exit code {self.code}"])[-1]
+        return text[len("Error: ") :] if text.startswith("Error: ") else text
+
+    def not_found(self) -> bool:
+        return self.code != 0 and any(marker in self.stderr.lower() for marker in NOT_FOUND_TEXT)
+
+
+
+def parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text or "null")
+    except ValueError as exc:
+        raise DriverError(f"cannot read podman's answer to {what}: {exc}") from None
+
+
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    """An inspected or listed object's labels (podman puts them in different places, sometimes null)."""
+    labels = obj.get("Labels")
+    if labels is None:
+        config = obj.get("Config")
+        labels = config.get("Labels") if isinstance(config, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return {}
+    return {str(key): str(value) for key, value in labels.items()}
+
+
+def ids_label(session_id: str, outpost_id: str, acceptor_id: str) -> str:
+    """The exact ids as one label value. URL-encoded: ``podman volume create --label`` parses its value
+    as CSV, so a comma or a quote in an id would split or break it."""
+    return urlencode({"acceptor_id": acceptor_id, "outpost_id": outpost_id, "session_id": session_id})
+
+
+def ids_of(labels: Mapping[str, str]) -> dict[str, str]:
+    data = parse_qs(labels.get(LABEL_IDS, ""), keep_blank_values=True)
+    # Fall back on the label-safe values (equal to the ids unless they needed hashing).
+    fallback = {"session_id": LABEL_SESSION, "outpost_id": LABEL_OUTPOST, "acceptor_id": LABEL_ACCEPTOR}
+    return {key: (data.get(key) or [labels.get(label, "")])[0] for key, label in fallback.items()}
+
+
+def created_at_of(labels: Mapping[str, str], fallback: float = 0.0) -> float:
+    try:
+        return float(labels.get(LABEL_CREATED, fallback))
+    except ValueError:
+        return fallback
+
+
+def our_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """Ours among a container's labels (podman adds the image's own, which are not carried over)."""
+    return {
+        key: value for key, value in labels.items() if key.startswith(("outposts.", "app.kubernetes.io/"))
+    }
+
+
+def owner_filters(acceptor_id: str, outpost_id: str, kind: str) -> list[str]:
+    """``--filter`` arguments for our objects of ``kind``. They only narrow the listing: podman 4.3 ANDs
+    label filters for containers but ORs them for volumes, so every listing is checked by
+    :func:`owned_by` as well."""
+    wanted = {
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_ACCEPTOR: label_value(acceptor_id),
+        LABEL_OUTPOST: label_value(outpost_id),
+        LABEL_KIND: kind,
+    }
+    args: list[str] = []
+    for key, value in wanted.items():
+        args += ["--filter", f"label={key}={value}"]
+    return args
+
+
+def owned_by(labels: Mapping[str, str], acceptor_id: str, outpost_id: str, kind: str) -> bool:
+    """The test :func:`owner_filters` stands for, in Python: what we act on never rests on podman's
+    filter semantics."""
+    ids = ids_of(labels)
+    return (
+        labels.get(LABEL_MANAGED_BY) == MANAGED_BY
+        and labels.get(LABEL_KIND) == kind
+        and ids["acceptor_id"] == acceptor_id
+        and ids["outpost_id"] == outpost_id
+    )
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    lines = []
+    for key, value in env.items():
+        # podman's env-file format is one KEY=VALUE per line, taken literally: a line break cannot be
+        # carried. The value itself is never named in the error (it may be the token).
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise DriverError(f"the worker's environment variable {key} holds a line break or NUL")
+        lines.append(f"{key}={value}\n")
+    return "".join(lines)
+
