@@ -89,7 +89,6 @@ class Result:
         return self.code != 0 and any(marker in self.stderr.lower() for marker in NOT_FOUND_TEXT)
 
 
-
 def parse_json(text: str, what: str) -> Any:
     try:
         return json.loads(text or "null")
@@ -172,4 +171,3 @@ def env_file_text(env: Mapping[str, str]) -> str:
             raise DriverError(f"the worker's environment variable {key} holds a line break or NUL")
         lines.append(f"{key}={value}\n")
     return "".join(lines)
-
