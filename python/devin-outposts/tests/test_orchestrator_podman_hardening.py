@@ -66,7 +66,7 @@ def _token_secrets_of(acceptor: str) -> list[str]:
 
 def _status_fields(pid: int) -> dict[str, str]:
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return {k: v.strip() for k, dummy, v in (line.partition(":") for line in lines)}
 
 
 @needs_podman

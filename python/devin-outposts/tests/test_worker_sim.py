@@ -8,6 +8,7 @@ a test starts (simulator threads, workers, remotes) is stopped by that test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -90,8 +91,9 @@ class Harness:
         return "\n".join(f"--- {w.log_path.name}\n{w.log()[-4000:]}" for w in self.workers)
 
 
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
+@contextlib.contextmanager
+def running_harness(tmp_path: Path) -> Iterator[Harness]:
+    """A simulator, a dist server and an outpost for real workers; every worker and remote stopped after."""
     remote = FakeRemote(tmp_path / "remote")
     with (
         run_sim(
@@ -107,6 +109,12 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
             for worker in h.workers:
                 worker.stop()
             kill_pids(run["pid"] for run in remote.runs())
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    with running_harness(tmp_path) as h:
+        yield h
 
 
 def wait(h: Harness, predicate: Any, what: str, timeout: float = 20.0) -> Any:

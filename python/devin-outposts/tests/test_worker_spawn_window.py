@@ -20,10 +20,11 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from test_worker_sim import Harness, wait
-from test_worker_sim import harness as harness  # the fixture, which pytest finds by its name
+import pytest
+from test_worker_sim import Harness, running_harness, wait
 
 from devin_outposts.worker import platform
 from devin_outposts.worker.spawn import GO_AHEAD
@@ -54,6 +55,12 @@ def remote_children(pid: int) -> list[int]:
             if b"devin-remote_" in Path(f"/proc/{child}/cmdline").read_bytes():
                 found.append(child)
     return found
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    with running_harness(tmp_path) as h:
+        yield h
 
 
 def test_a_worker_killed_between_fork_and_record_leaves_no_remote_behind(harness: Harness) -> None:

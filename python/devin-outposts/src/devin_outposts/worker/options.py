@@ -28,9 +28,7 @@ from devin_outposts.api.client import DEFAULT_API_URL, normalize_api_url
 from devin_outposts.worker import platform
 from devin_outposts.worker.identity import IdentityError, validate_acceptor_id
 from devin_outposts.worker.tokenfile import (
-    ENV_TOKEN as ENV_TOKEN,  # re-exported: the orchestrator's options and service_setup use it from here
-)
-from devin_outposts.worker.tokenfile import (
+    ENV_TOKEN,
     ENV_TOKEN_FD,
     ENV_TOKEN_FILE,
     TokenSourceError,

@@ -23,12 +23,12 @@ from typing import Any, NoReturn, Optional
 from devin_outposts.worker.envfile import EnvFileError, read_env_file
 from devin_outposts.worker.logs import JsonFormatter, RedactingFilter, TextFormatter, register_secret
 from devin_outposts.worker.options import (
-    ENV_TOKEN,
     ConfigError,
     WorkerConfig,
     add_start_arguments,
     build_config,
 )
+from devin_outposts.worker.tokenfile import ENV_TOKEN
 
 INSTANCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: What the Linux unit passes as ``--outpost ${DEVIN_OUTPOSTS_WORKER_OUTPOST}``.
