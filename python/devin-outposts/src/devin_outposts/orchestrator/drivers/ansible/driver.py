@@ -1,0 +1,550 @@
+"""The ``ansible`` driver: the user's playbooks make and destroy each session's machine
+(docs/orchestrator-ansible.md).
+
+* :meth:`AnsibleDriver.provision` runs the user's **provision playbook** with the session's variables as extra
+  variables; the playbook reports the host it made with ``ansible.builtin.set_stats`` of
+  ``devin_outposts_machine`` = ``{host: <inventory name>, vars: {<connection variables>}}``.
+* :meth:`AnsibleDriver.start` runs the collection's ``devin.outposts.orchestrator_session`` playbook (the
+  ``devin.outposts.worker`` role in one-session mode) against that host, with the session's connect token in a
+  0600 file outside every artifact, deleted when the run ends.
+* :meth:`AnsibleDriver.status` reads the session unit's state on the host (``systemctl show``, ad hoc).
+* :meth:`AnsibleDriver.teardown` runs the user's **teardown playbook** with the same variables and the host.
+
+Playbook-made hosts carry no labels the driver could query, so it keeps one record per machine under
+``<state_dir>/ansible/machines/`` (0600 files in a 0700 directory): that is what :meth:`list_owned` reads. The
+driver does not snapshot (the ``snapshot`` resume policy is refused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+from devin_outposts.orchestrator.drivers.ansible import _run
+from devin_outposts.orchestrator.drivers.base import (
+    Driver,
+    DriverContext,
+    DriverError,
+    Machine,
+    SessionSpec,
+    Snapshot,
+    WorkerLaunch,
+    WorkerState,
+    WorkerStatus,
+    machine_name,
+    name_taken,
+    option_text,
+)
+
+#: The collection's start playbook (run by its FQCN: the collection must be on ANSIBLE_COLLECTIONS_PATH).
+START_PLAYBOOK = "devin.outposts.orchestrator_session"
+#: The session unit of the worker role's one-session mode, and the ids the role accepts.
+SESSION_UNIT = "devin-outposts-session@{}.service"
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+#: What the provision playbook reports with set_stats.
+MACHINE_FACT = "devin_outposts_machine"
+#: Consecutive unreachable status reads after which a machine counts as gone (one may be a network blip).
+UNREACHABLE_LIMIT = 3
+#: Status runs kept per machine (each status read is a run with artifacts of its own).
+STATUS_RUNS_KEPT = 3
+
+SNAPSHOT_REFUSAL = "the ansible driver does not snapshot; use resume policy start_fresh"
+_SHOW = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "ExecMainCode",
+    "ExecMainStatus",
+    "ExecMainStartTimestampMonotonic",
+)
+_TIMEOUTS = ("provision_timeout", "start_timeout", "status_timeout", "teardown_timeout")
+OPTIONS = frozenset(
+    (
+        "provision_playbook",
+        "teardown_playbook",
+        "start_playbook",
+        "inventory",
+        "extra_vars_file",
+        "artifact_dir",
+        "keep_artifacts",
+        "env",
+        "machine_prefix",
+        "machine_name_length",
+        *_TIMEOUTS,
+    )
+)
+
+
+def _seconds(options: Mapping[str, Any], key: str, default: float) -> float:
+    text = option_text(options, key)
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        raise DriverError(f"driver option {key} must be a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise DriverError(f"driver option {key} must be positive, got {text}")
+    return value
+
+
+def _flag(options: Mapping[str, Any], key: str) -> bool:
+    value = options.get(key)
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise DriverError(f"driver option {key} must be true or false, got {value!r}")
+
+
+def _file(options: Mapping[str, Any], key: str, *, required: bool) -> Optional[Path]:
+    text = option_text(options, key)
+    if text is None:
+        if required:
+            raise DriverError(f"driver option {key} is required")
+        return None
+    path = Path(text).expanduser().absolute()
+    if not path.exists():
+        raise DriverError(f"driver option {key}: {path} does not exist")
+    return path
+
+
+def _mapping(options: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = options.get(key) or {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise DriverError(f"driver option {key} must be a mapping of names to text")
+    return {k: str(v) for k, v in value.items()}
+
+
+class AnsibleDriver(Driver):
+    name: ClassVar[str] = "ansible"
+
+    def __init__(
+        self,
+        context: DriverContext,
+        *,
+        provision_playbook: Path,
+        teardown_playbook: Path,
+        start_playbook: str = START_PLAYBOOK,
+        inventory: Optional[Path] = None,
+        extra_vars_file: Optional[Path] = None,
+        artifact_dir: Optional[Path] = None,
+        keep_artifacts: bool = False,
+        env: Optional[Mapping[str, str]] = None,
+        machine_prefix: str = "devin",
+        machine_name_length: int = 63,
+        timeouts: Optional[Mapping[str, float]] = None,
+        runner_command: tuple[str, ...] = (sys.executable, "-m", "ansible_runner"),
+    ) -> None:
+        self.context = context
+        self.provision_playbook = provision_playbook
+        self.teardown_playbook = teardown_playbook
+        self.start_playbook = start_playbook
+        self.inventory = inventory
+        self.extra_vars_file = extra_vars_file
+        self.root = context.state_dir / "ansible"
+        self.artifact_dir = artifact_dir or self.root / "artifacts"
+        self.keep_artifacts = keep_artifacts
+        self.env = _run.runner_environment(env or {})
+        self.machine_prefix = machine_prefix
+        self.machine_name_length = machine_name_length
+        self.timeouts = {
+            "provision_timeout": context.boot_timeout,
+            "start_timeout": 600.0,
+            "status_timeout": 60.0,
+            "teardown_timeout": 600.0,
+            **(timeouts or {}),
+        }
+        self.runner_command = runner_command
+        self._unreachable: dict[str, int] = {}
+
+    @classmethod
+    def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> AnsibleDriver:
+        for key in options:
+            if key not in OPTIONS:
+                raise DriverError(
+                    f"unknown option {key!r} for the ansible driver; known: {', '.join(sorted(OPTIONS))}"
+                )
+        env = _mapping(options, "env")
+        for key in env:
+            if key in _run.FORBIDDEN_ENV:
+                raise DriverError(
+                    f"driver option env may not set {key}: no credential but the session's reaches a run"
+                )
+        length_text = option_text(options, "machine_name_length", "63")
+        if not (length_text or "").isdigit():
+            raise DriverError(
+                f"driver option machine_name_length must be a whole number, got {length_text!r}"
+            )
+        prefix = option_text(options, "machine_prefix", "devin") or "devin"
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,19}", prefix):
+            raise DriverError(
+                f"driver option machine_prefix must be 1-20 of [a-z0-9-], starting with a letter: {prefix!r}"
+            )
+        artifact_text = option_text(options, "artifact_dir")
+        driver = cls(
+            context,
+            provision_playbook=_file(options, "provision_playbook", required=True) or Path(),
+            teardown_playbook=_file(options, "teardown_playbook", required=True) or Path(),
+            start_playbook=option_text(options, "start_playbook", START_PLAYBOOK) or START_PLAYBOOK,
+            inventory=_file(options, "inventory", required=False),
+            extra_vars_file=_file(options, "extra_vars_file", required=False),
+            artifact_dir=Path(artifact_text).expanduser().absolute() if artifact_text else None,
+            keep_artifacts=_flag(options, "keep_artifacts"),
+            env=env,
+            machine_prefix=prefix,
+            machine_name_length=int(length_text or "63"),
+            timeouts={key: _seconds(options, key, 0.0) for key in _TIMEOUTS if options.get(key) is not None},
+        )
+        try:
+            machine_name(prefix, "x", driver.machine_name_length)
+        except ValueError:
+            raise DriverError(
+                f"driver option machine_name_length {length_text} is too short for prefix {prefix!r}"
+            ) from None
+        return driver
+
+    # --- start-up ---------------------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        self._private_dir(self.root)
+        # What a killed orchestrator left: token files of starts that never reached their `finally`, and
+        # private data directories of runs. No run of this process has begun yet.
+        self._sweep_files(0.0)
+        for path in (self.provision_playbook, self.teardown_playbook):
+            if not path.is_file():
+                raise DriverError(f"the ansible driver's playbook {path} is not a file")
+        result = await _run.run_version(self.runner_command, env=self.env)
+        if result is None:
+            raise DriverError(
+                f"ansible-runner cannot be run with {' '.join(self.runner_command)}; "
+                "install devin-outposts[ansible]"
+            )
+        if shutil.which("ansible-playbook", path=self.env.get("PATH")) is None:
+            raise DriverError(
+                "ansible-playbook is not on the PATH of the ansible driver's runs; install ansible-core"
+            )
+
+    # --- machines ---------------------------------------------------------------------------------------
+
+    async def provision(self, spec: SessionSpec) -> Machine:
+        name = machine_name(self.machine_prefix, spec.session_id, self.machine_name_length)
+        record = self._read_record(name)
+        if record is not None and record.get("session_id") != spec.session_id:
+            raise name_taken(f"machine {name}", str(record.get("session_id")))
+        if record is not None and record.get("host"):
+            return self._machine(record)
+        # Recorded before the playbook runs: a host it half made is still found (list_owned) and torn down.
+        record = {
+            "name": name,
+            "session_id": spec.session_id,
+            "outpost_id": spec.outpost_id,
+            "acceptor_id": spec.acceptor_id,
+            "created_at": time.time(),
+            "session": self._session_vars(spec, name),
+            "host": None,
+            "host_vars": {},
+        }
+        self._write_record(record)
+        result = await self._playbook(
+            name, "provision", str(self.provision_playbook), record["session"], inventory=True
+        )
+        machine_fact = result.stats().get(MACHINE_FACT)
+        problem = None if result.ok else f"the provision playbook failed: {result.failure()}"
+        if problem is None:
+            problem = self._check_machine_fact(machine_fact)
+        if problem is not None:
+            # Whatever the playbook made goes now: a failed provision must leave nothing behind.
+            with contextlib.suppress(DriverError):
+                await self.teardown(self._machine(record))
+            raise DriverError(
+                f"Could not provision machine {name} for session {spec.session_id}: {problem} (artifacts in "
+                f"{result.artifact_dir})"
+            )
+        assert isinstance(machine_fact, dict)
+        record["host"] = str(machine_fact["host"])
+        record["host_vars"] = dict(machine_fact.get("vars") or {})
+        self._write_record(record)
+        return self._machine(record)
+
+    async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
+        record = self._require_record(machine, "start the worker on")
+        if not SESSION_ID.fullmatch(launch.session_id) or launch.session_id.endswith("."):
+            raise DriverError(
+                f"session id {launch.session_id!r} cannot name a systemd unit; the ansible driver refuses it"
+            )
+        extravars: dict[str, Any] = {
+            **record["session"],
+            "devin_outposts_worker_session_id": launch.session_id,
+            "devin_outposts_worker_gateway_url": launch.gateway_url,
+            "devin_outposts_worker_session_remote_sha": launch.remote_binary_sha or "",
+            "devin_outposts_worker_log_format": launch.log_format,
+        }
+        if launch.static_base_url:
+            extravars["devin_outposts_worker_static_base_url"] = launch.static_base_url
+        secrets_dir = self._private_dir(self.root / "secrets")
+        token_file = secrets_dir / f"{machine.name}.{secrets.token_hex(4)}.token"
+        # 0600 from its creation on, outside the artifact and private data directories; the playbook reads it
+        # inside the role's no_log tasks only, and it is gone when the run ends, whatever happened.
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(launch.connect_token)
+            extravars["devin_outposts_orchestrator_token_file"] = str(token_file)
+            result = await self._playbook(
+                machine.name,
+                "start",
+                self.start_playbook,
+                extravars,
+                hosts={record["host"]: record["host_vars"]},
+            )
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                token_file.unlink()
+        if not result.ok:
+            raise DriverError(
+                f"Could not start the worker of session {machine.session_id} on {record['host']}: "
+                f"{result.failure()} "
+                f"(artifacts in {result.artifact_dir})"
+            )
+
+    async def status(self, machine: Machine) -> WorkerStatus:
+        record = self._read_record(machine.name)
+        if record is None:
+            return WorkerStatus(WorkerState.MISSING, detail="no record: torn down")
+        if not record.get("host"):
+            return WorkerStatus(WorkerState.STARTING, detail="provisioning")
+        host = str(record["host"])
+        unit = SESSION_UNIT.format(machine.session_id)
+        result = await _run.run(
+            self.runner_command,
+            artifact_root=self.artifact_dir / machine.name / "status",
+            work_root=self.root / "runs",
+            ident=self._ident("status"),
+            env=self.env,
+            extravars={},
+            cmdline=self._cmdline(),
+            timeout=self.timeouts["status_timeout"],
+            module="ansible.builtin.command",
+            module_args=f"systemctl show --property={','.join(_SHOW)} {unit}",
+            hosts=host,
+            inventory_hosts={host: record["host_vars"]},
+            rotate=STATUS_RUNS_KEPT,
+        )
+        events = result.host_results(host)
+        if any(e["event"] == "runner_on_unreachable" for e in events):
+            count = self._unreachable[machine.name] = self._unreachable.get(machine.name, 0) + 1
+            if count >= UNREACHABLE_LIMIT:
+                return WorkerStatus(WorkerState.MISSING, detail=f"{host} unreachable {count} times in a row")
+            raise DriverError(
+                f"Could not read the worker of session {machine.session_id}: {result.failure()}"
+            )
+        self._unreachable.pop(machine.name, None)
+        answers = [e for e in events if e["event"] == "runner_on_ok"]
+        if not answers:
+            raise DriverError(
+                f"Could not read the worker of session {machine.session_id}: {result.failure()}"
+            )
+        return parse_unit_state(str((answers[-1].get("res") or {}).get("stdout", "")))
+
+    async def teardown(self, machine: Machine) -> None:
+        record = self._read_record(machine.name)
+        if record is None:
+            return
+        extravars = {
+            **record["session"],
+            MACHINE_FACT: {"host": record["host"], "vars": record["host_vars"]} if record.get("host") else {},
+        }
+        result = await self._playbook(
+            machine.name, "teardown", str(self.teardown_playbook), extravars, inventory=True
+        )
+        if not result.ok:
+            raise DriverError(
+                f"Could not tear down machine {machine.name} of session {machine.session_id}: "
+                f"{result.failure()} "
+                f"(artifacts in {result.artifact_dir})"
+            )
+        with contextlib.suppress(FileNotFoundError):
+            self._record_path(machine.name).unlink()
+        self._unreachable.pop(machine.name, None)
+        if not self.keep_artifacts:
+            shutil.rmtree(self.artifact_dir / machine.name, ignore_errors=True)
+
+    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
+        """Token files and run directories older than the longest run (a start in flight is younger)."""
+        return self._sweep_files(max(self.timeouts.values()) + 2 * _run.STOP_GRACE + 60.0)
+
+    def _sweep_files(self, older_than: float) -> int:
+        removed = 0
+        now = time.time()
+        for directory in (self.root / "secrets", self.root / "runs"):
+            for path in directory.iterdir() if directory.is_dir() else ():
+                with contextlib.suppress(FileNotFoundError):
+                    if now - path.stat().st_mtime < older_than:
+                        continue
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink()
+                    removed += 1
+        return removed
+
+    async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
+        directory = self.root / "machines"
+        machines = []
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+            record = self._read_record(path.stem)
+            if record and record["acceptor_id"] == acceptor_id and record["outpost_id"] == outpost_id:
+                machines.append(self._machine(record))
+        return machines
+
+    # --- snapshots: not supported ---------------------------------------------------------------------
+
+    async def snapshot(self, machine: Machine) -> Snapshot:
+        raise DriverError(SNAPSHOT_REFUSAL)
+
+    async def restore(self, machine: Machine, snapshot: Snapshot) -> None:
+        raise DriverError(SNAPSHOT_REFUSAL)
+
+    async def list_snapshots(self, acceptor_id: str, outpost_id: str) -> list[Snapshot]:
+        return []
+
+    async def delete_snapshot(self, snapshot: Snapshot) -> None:
+        return None
+
+    # --- helpers -----------------------------------------------------------------------------------------
+
+    def _session_vars(self, spec: SessionSpec, name: str) -> dict[str, Any]:
+        """The variables every playbook of this session gets (docs/orchestrator-ansible.md)."""
+        return {
+            "devin_outposts_session_id": spec.session_id,
+            "devin_outposts_outpost_id": spec.outpost_id,
+            "devin_outposts_acceptor_id": spec.acceptor_id,
+            "devin_outposts_platform": spec.platform or "",
+            "devin_outposts_session_kind": spec.kind,
+            "devin_outposts_network_policy": dict(spec.network_policy)
+            if spec.network_policy is not None
+            else None,
+            "devin_outposts_remote_binary_sha": spec.remote_binary_sha or "",
+            "devin_outposts_machine_name": name,
+            "devin_outposts_machine_labels": spec.labels(),
+        }
+
+    async def _playbook(
+        self,
+        name: str,
+        phase: str,
+        playbook: str,
+        variables: Mapping[str, Any],
+        *,
+        inventory: bool = False,
+        hosts: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    ) -> _run.RunResult:
+        return await _run.run(
+            self.runner_command,
+            artifact_root=self.artifact_dir / name,
+            work_root=self.root / "runs",
+            ident=self._ident(phase),
+            env=self.env,
+            extravars=variables,
+            cmdline=self._cmdline(),
+            timeout=self.timeouts[f"{phase}_timeout"],
+            playbook=playbook,
+            inventory=str(self.inventory) if inventory and self.inventory else None,
+            inventory_hosts=hosts,
+        )
+
+    def _cmdline(self) -> Optional[str]:
+        # ansible-runner puts these arguments before its own -e @env/extravars: the session's variables win.
+        return f"-e @{shlex.quote(str(self.extra_vars_file))}" if self.extra_vars_file else None
+
+    @staticmethod
+    def _ident(phase: str) -> str:
+        return f"{time.strftime('%Y%m%dT%H%M%S')}-{phase}-{secrets.token_hex(3)}"
+
+    @staticmethod
+    def _check_machine_fact(fact: Any) -> Optional[str]:
+        if not isinstance(fact, dict) or not isinstance(fact.get("host"), str) or not fact["host"].strip():
+            return (
+                f"the provision playbook did not report its host: end it with ansible.builtin.set_stats of "
+                f"{MACHINE_FACT}: {{host: <name>, vars: {{<connection variables>}}}}"
+            )
+        if not isinstance(fact.get("vars", {}), dict):
+            return f"{MACHINE_FACT}.vars must be a mapping of connection variables"
+        return None
+
+    def _private_dir(self, path: Path) -> Path:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.chmod(0o700)
+        return path
+
+    def _record_path(self, name: str) -> Path:
+        return self.root / "machines" / f"{name}.json"
+
+    def _read_record(self, name: str) -> Optional[dict[str, Any]]:
+        try:
+            data = json.loads(self._record_path(name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise DriverError(f"Could not read the record of machine {name}: {exc}") from None
+        return data if isinstance(data, dict) else None
+
+    def _require_record(self, machine: Machine, what: str) -> dict[str, Any]:
+        record = self._read_record(machine.name)
+        if record is None or not record.get("host"):
+            raise DriverError(
+                f"Could not {what} machine {machine.name}: it was not provisioned (no record or no host)"
+            )
+        return record
+
+    def _write_record(self, record: Mapping[str, Any]) -> None:
+        path = self._record_path(str(record["name"]))
+        self._private_dir(path.parent)
+        temporary = path.with_suffix(".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=1)
+        os.replace(temporary, path)
+
+    @staticmethod
+    def _machine(record: Mapping[str, Any]) -> Machine:
+        return Machine(
+            name=str(record["name"]),
+            session_id=str(record["session_id"]),
+            outpost_id=str(record["outpost_id"]),
+            acceptor_id=str(record["acceptor_id"]),
+            created_at=float(record["created_at"]),
+            ref=str(record.get("host") or ""),
+            details={"host": record.get("host"), "host_vars": dict(record.get("host_vars") or {})},
+        )
+
+
+def parse_unit_state(show: str) -> WorkerStatus:
+    """The worker's state from ``systemctl show`` of its unit (``Type=simple``, ``RemainAfterExit=yes``)."""
+    props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+    active, sub = props.get("ActiveState", ""), props.get("SubState", "")
+    detail = f"{active}/{sub} result={props.get('Result', '?')}"
+    if props.get("LoadState") != "loaded" or active in ("activating", "reloading"):
+        return WorkerStatus(WorkerState.STARTING, detail=detail)
+    if active in ("active", "deactivating") and sub != "exited":
+        return WorkerStatus(WorkerState.RUNNING, detail=detail)
+    started = props.get("ExecMainStartTimestampMonotonic", "0") not in ("", "0")
+    if active == "inactive" and not started:
+        return WorkerStatus(WorkerState.STARTING, detail=detail)
+    status = int(props["ExecMainStatus"]) if props.get("ExecMainStatus", "").isdigit() else 1
+    # ExecMainCode is a siginfo code: 1 exited (status: exit code), 2 killed, 3 dumped (status: signal).
+    code = status if props.get("ExecMainCode", "1") == "1" else 128 + status
+    return WorkerStatus(WorkerState.EXITED, exit_code=code, detail=detail)
