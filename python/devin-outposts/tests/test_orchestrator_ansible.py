@@ -137,7 +137,7 @@ def test_the_registry_loads_the_driver() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"provison_playbook": "x"}, "unknown option 'provison_playbook' for the ansible driver"),
+        ({"provison_playbook": "x"}, "unknown ansible driver option provison_playbook; known: provision_"),
         ({"teardown_playbook": "{teardown}"}, "driver option provision_playbook is required"),
         (
             {"provision_playbook": "/nonexistent.yml"},

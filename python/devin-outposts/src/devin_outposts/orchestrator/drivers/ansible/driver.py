@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from devin_outposts.orchestrator.drivers.ansible import _run
+from devin_outposts.orchestrator.drivers.ansible.options import OPTIONS, START_PLAYBOOK, TIMEOUTS
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverContext,
@@ -43,11 +44,8 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerStatus,
     machine_name,
     name_taken,
-    option_text,
 )
 
-#: The collection's start playbook (run by its FQCN: the collection must be on ANSIBLE_COLLECTIONS_PATH).
-START_PLAYBOOK = "devin.outposts.orchestrator_session"
 #: The session unit of the worker role's one-session mode, and the ids the role accepts.
 SESSION_UNIT = "devin-outposts-session@{}.service"
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -68,68 +66,11 @@ _SHOW = (
     "ExecMainStatus",
     "ExecMainStartTimestampMonotonic",
 )
-_TIMEOUTS = ("provision_timeout", "start_timeout", "status_timeout", "teardown_timeout")
-OPTIONS = frozenset(
-    (
-        "provision_playbook",
-        "teardown_playbook",
-        "start_playbook",
-        "inventory",
-        "extra_vars_file",
-        "artifact_dir",
-        "keep_artifacts",
-        "env",
-        "machine_prefix",
-        "machine_name_length",
-        *_TIMEOUTS,
-    )
-)
-
-
-def _seconds(options: Mapping[str, Any], key: str, default: float) -> float:
-    text = option_text(options, key)
-    try:
-        value = float(text) if text is not None else default
-    except ValueError:
-        raise DriverError(f"driver option {key} must be a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise DriverError(f"driver option {key} must be positive, got {text}")
-    return value
-
-
-def _flag(options: Mapping[str, Any], key: str) -> bool:
-    value = options.get(key)
-    if isinstance(value, bool) or value is None:
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise DriverError(f"driver option {key} must be true or false, got {value!r}")
-
-
-def _file(options: Mapping[str, Any], key: str, *, required: bool) -> Optional[Path]:
-    text = option_text(options, key)
-    if text is None:
-        if required:
-            raise DriverError(f"driver option {key} is required")
-        return None
-    path = Path(text).expanduser().absolute()
-    if not path.exists():
-        raise DriverError(f"driver option {key}: {path} does not exist")
-    return path
-
-
-def _mapping(options: Mapping[str, Any], key: str) -> dict[str, str]:
-    value = options.get(key) or {}
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise DriverError(f"driver option {key} must be a mapping of names to text")
-    return {k: str(v) for k, v in value.items()}
 
 
 class AnsibleDriver(Driver):
     name: ClassVar[str] = "ansible"
+    option_table = OPTIONS
 
     def __init__(
         self,
@@ -141,10 +82,10 @@ class AnsibleDriver(Driver):
         inventory: Optional[Path] = None,
         extra_vars_file: Optional[Path] = None,
         artifact_dir: Optional[Path] = None,
-        keep_artifacts: bool = False,
+        keep_artifacts: bool = OPTIONS["keep_artifacts"].default,
         env: Optional[Mapping[str, str]] = None,
-        machine_prefix: str = "devin",
-        machine_name_length: int = 63,
+        machine_prefix: str = OPTIONS["machine_prefix"].default,
+        machine_name_length: int = OPTIONS["machine_name_length"].default,
         timeouts: Optional[Mapping[str, float]] = None,
         runner_command: tuple[str, ...] = (sys.executable, "-m", "ansible_runner"),
     ) -> None:
@@ -161,10 +102,8 @@ class AnsibleDriver(Driver):
         self.machine_prefix = machine_prefix
         self.machine_name_length = machine_name_length
         self.timeouts = {
+            **{name: OPTIONS[name].default for name in TIMEOUTS},
             "provision_timeout": context.boot_timeout,
-            "start_timeout": 600.0,
-            "status_timeout": 60.0,
-            "teardown_timeout": 600.0,
             **(timeouts or {}),
         }
         self.runner_command = runner_command
@@ -172,49 +111,27 @@ class AnsibleDriver(Driver):
 
     @classmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> AnsibleDriver:
-        for key in options:
-            if key not in OPTIONS:
-                raise DriverError(
-                    f"unknown option {key!r} for the ansible driver; known: {', '.join(sorted(OPTIONS))}"
-                )
-        env = _mapping(options, "env")
-        for key in env:
-            if key in _run.FORBIDDEN_ENV:
-                raise DriverError(
-                    f"driver option env may not set {key}: no credential but the session's reaches a run"
-                )
-        length_text = option_text(options, "machine_name_length", "63")
-        if not (length_text or "").isdigit():
-            raise DriverError(
-                f"driver option machine_name_length must be a whole number, got {length_text!r}"
-            )
-        prefix = option_text(options, "machine_prefix", "devin") or "devin"
-        if not re.fullmatch(r"[a-z][a-z0-9-]{0,19}", prefix):
-            raise DriverError(
-                f"driver option machine_prefix must be 1-20 of [a-z0-9-], starting with a letter: {prefix!r}"
-            )
-        artifact_text = option_text(options, "artifact_dir")
-        driver = cls(
-            context,
-            provision_playbook=_file(options, "provision_playbook", required=True) or Path(),
-            teardown_playbook=_file(options, "teardown_playbook", required=True) or Path(),
-            start_playbook=option_text(options, "start_playbook", START_PLAYBOOK) or START_PLAYBOOK,
-            inventory=_file(options, "inventory", required=False),
-            extra_vars_file=_file(options, "extra_vars_file", required=False),
-            artifact_dir=Path(artifact_text).expanduser().absolute() if artifact_text else None,
-            keep_artifacts=_flag(options, "keep_artifacts"),
-            env=env,
-            machine_prefix=prefix,
-            machine_name_length=int(length_text or "63"),
-            timeouts={key: _seconds(options, key, 0.0) for key in _TIMEOUTS if options.get(key) is not None},
-        )
+        values = OPTIONS.read(options)
+        prefix, length = values["machine_prefix"], values["machine_name_length"]
         try:
-            machine_name(prefix, "x", driver.machine_name_length)
+            machine_name(prefix, "x", length)
         except ValueError:
-            raise DriverError(
-                f"driver option machine_name_length {length_text} is too short for prefix {prefix!r}"
-            ) from None
-        return driver
+            too_short = f"{length} is too short for prefix {prefix!r}"
+            raise OPTIONS.error("machine_name_length", too_short) from None
+        return cls(
+            context,
+            provision_playbook=values["provision_playbook"],
+            teardown_playbook=values["teardown_playbook"],
+            start_playbook=values["start_playbook"],
+            inventory=values["inventory"],
+            extra_vars_file=values["extra_vars_file"],
+            artifact_dir=values["artifact_dir"],
+            keep_artifacts=values["keep_artifacts"],
+            env=values["env"],
+            machine_prefix=prefix,
+            machine_name_length=length,
+            timeouts={name: values[name] for name in TIMEOUTS if values[name] is not None},
+        )
 
     # --- start-up ---------------------------------------------------------------------------------------
 

@@ -11,34 +11,22 @@ it: the worker and what a session runs need none.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from devin_outposts.orchestrator.drivers.base import DriverError, option_text
+from devin_outposts.orchestrator.drivers.base import (
+    DriverOption,
+    OptionKind,
+    OptionProblem,
+    OptionTable,
+)
 
 DEFAULT_IMAGE = "localhost/devin-outposts-session:latest"
-OPTIONS = (
-    "image",
-    "network",
-    "cpus",
-    "memory",
-    "pids_limit",
-    "cap_add",
-    "user",
-    "init",
-    "worker_command",
-    "podman",
-    "stop_grace",
-    "command_timeout",
-)
 #: Network modes podman knows by name; anything else must be an existing podman network.
 BUILTIN_NETWORKS = ("bridge", "host", "none", "private", "slirp4netns", "pasta")
 MEMORY = re.compile(r"[0-9]+(\.[0-9]+)?\s*([kmgt]i?b?|b)?", re.IGNORECASE)
 CAPABILITY = re.compile(r"(CAP_)?[A-Z][A-Z_]*")
-TRUE = ("1", "true", "yes", "on")
-FALSE = ("0", "false", "no", "off")
 #: The value that lifts a limit.
 NO_LIMIT = "none"
 
@@ -66,79 +54,80 @@ class Limits:
 DEFAULT_LIMITS = Limits(cpus=2.0, memory="4g", pids_limit=4096)
 
 
-def option_number(options: Mapping[str, Any], key: str, kind: type[float] | type[int]) -> Optional[float]:
-    text = option_text(options, key)
-    if text is None:
-        return None
-    try:
-        value = kind(text)
-    except ValueError:
-        raise DriverError(f"podman driver option {key} must be a number, got {text!r}") from None
-    if value <= 0:
-        raise DriverError(f"podman driver option {key} must be positive, got {text!r}")
-    return value
+def _memory(size: str) -> str:
+    if not MEMORY.fullmatch(size):
+        raise OptionProblem(f"must be a size such as 2g or 512m, or none, got {size!r}")
+    return size
 
 
-def option_bool(options: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = options.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in TRUE:
-        return True
-    if text in FALSE:
-        return False
-    raise DriverError(f"podman driver option {key} must be true or false, got {value!r}")
-
-
-def _lifted(options: Mapping[str, Any], key: str) -> bool:
-    return str(options.get(key, "")).strip().lower() == NO_LIMIT
-
-
-def limits_from(options: Mapping[str, Any]) -> Limits:
-    """The limits: each option's value, :data:`DEFAULT_LIMITS` where it is not set, none where it is
-    ``none``."""
-    memory: Optional[str] = DEFAULT_LIMITS.memory
-    if _lifted(options, "memory"):
-        memory = None
-    elif option_text(options, "memory") is not None:
-        memory = str(option_text(options, "memory")).strip()
-        if not MEMORY.fullmatch(memory):
-            raise DriverError(
-                f"podman driver option memory must be a size such as 2g or 512m, or none, got {memory!r}"
-            )
-    cpus: Optional[float] = DEFAULT_LIMITS.cpus
-    if _lifted(options, "cpus"):
-        cpus = None
-    elif option_text(options, "cpus") is not None:
-        cpus = option_number(options, "cpus", float)
-    pids: Optional[int] = DEFAULT_LIMITS.pids_limit
-    if _lifted(options, "pids_limit"):
-        pids = None
-    elif option_text(options, "pids_limit") is not None:
-        number = option_number(options, "pids_limit", int)
-        pids = int(number) if number is not None else None
-    return Limits(cpus=cpus, memory=memory, pids_limit=pids)
-
-
-def capabilities_from(options: Mapping[str, Any]) -> tuple[str, ...]:
-    """``cap_add``: capability names (a list, or text split on commas and spaces), upper-cased."""
-    value = options.get("cap_add")
-    if value is None:
-        return ()
-    items = value if isinstance(value, (list, tuple)) else re.split(r"[\s,]+", str(value))
-    names = tuple(str(item).strip().upper() for item in items if str(item).strip())
-    for name in names:
+def _capabilities(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Capability names, upper-cased; ``ALL`` is refused (every container starts from none)."""
+    upper = tuple(name.upper() for name in names)
+    for name in upper:
         if not CAPABILITY.fullmatch(name) or name in ("ALL", "CAP_ALL"):
-            raise DriverError(f"podman driver option cap_add names no single capability: {name!r}")
-    return names
+            raise OptionProblem(f"names no single capability: {name!r}")
+    return upper
+
+
+OPTIONS = OptionTable(
+    "podman",
+    DriverOption(
+        "image", OptionKind.TEXT,
+        "the session image (see \"The image\"); `check()` fails when podman does not have it",
+        default=DEFAULT_IMAGE,
+    ),
+    DriverOption(
+        "network", OptionKind.TEXT,
+        "`--network` of every container: `host`, `none`, `bridge`, `slirp4netns`, `pasta`, or the name of an "
+        "existing podman network (checked at start-up). Sessions must reach the gateway (`wss://...`) and "
+        "the `devin-remote` distribution",
+        default_doc="podman's default",
+    ),
+    DriverOption(
+        "cpus", OptionKind.NUMBER,
+        "`--cpus` (a positive number; `1.5` → `HostConfig.NanoCpus` 1500000000); `none`: no limit",
+        default=DEFAULT_LIMITS.cpus, above=0, lift=NO_LIMIT,
+    ),
+    DriverOption(
+        "memory", OptionKind.TEXT, "`--memory` (`512m`, `2g`, bytes); `none`: no limit",
+        default=DEFAULT_LIMITS.memory, lift=NO_LIMIT, parse=_memory,
+    ),
+    DriverOption(
+        "pids_limit", OptionKind.INTEGER,
+        "`--pids-limit` (a positive integer); `none`: podman's own (2048)",
+        default=DEFAULT_LIMITS.pids_limit, above=0, lift=NO_LIMIT,
+    ),
+    DriverOption(
+        "cap_add", OptionKind.NAMES,
+        "capabilities given back (`--cap-add`; a list, or names separated by commas or spaces, e.g. "
+        "`NET_RAW`). Every container starts from `--cap-drop ALL`",
+        default=(), parse=_capabilities,
+    ),
+    DriverOption("user", OptionKind.TEXT, "`--user`", default_doc="the image's (`devin`, uid 1000)"),
+    DriverOption("init", OptionKind.FLAG, "`--init` (needs catatonit on the host)", default=True),
+    DriverOption(
+        "worker_command", OptionKind.WORDS,
+        "the command, after our `/bin/sh` entrypoint (see \"The worker's environment\"), before "
+        "`worker start --session=<id>` (shell words)",
+        default_doc="`devin-outposts`",
+    ),
+    DriverOption("podman", OptionKind.TEXT, "the podman executable", default="podman"),
+    DriverOption(
+        "stop_grace", OptionKind.SECONDS,
+        "seconds between SIGTERM and SIGKILL when a worker is stopped (`--stop-timeout`, `rm --time`)",
+        default=10.0, above=0,
+    ),
+    DriverOption(
+        "command_timeout", OptionKind.SECONDS,
+        "seconds any one podman command may take; a step the orchestrator cancels kills its podman call",
+        default=120.0, above=0,
+    ),
+)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The driver's options, checked."""
+    """The driver's options, read by :data:`OPTIONS`."""
 
     image: str = DEFAULT_IMAGE
     network: Optional[str] = None
@@ -153,22 +142,20 @@ class Settings:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], worker_command: Sequence[str]) -> Settings:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise DriverError(f"unknown podman driver option {unknown[0]}; known: {', '.join(OPTIONS)}")
-        command_text = option_text(options, "worker_command")
-        command = tuple(shlex.split(command_text)) if command_text else tuple(worker_command)
+        values = OPTIONS.read(options)
+        command = values["worker_command"] or tuple(worker_command)
         if not command:
-            raise DriverError("podman driver option worker_command is empty")
+            raise OPTIONS.error("worker_command", "is empty")
+        pids = values["pids_limit"]
         return cls(
-            image=option_text(options, "image", DEFAULT_IMAGE) or DEFAULT_IMAGE,
-            network=option_text(options, "network"),
-            limits=limits_from(options),
-            cap_add=capabilities_from(options),
-            user=option_text(options, "user"),
-            init=option_bool(options, "init", True),
+            image=values["image"],
+            network=values["network"],
+            limits=Limits(cpus=values["cpus"], memory=values["memory"], pids_limit=pids),
+            cap_add=values["cap_add"],
+            user=values["user"],
+            init=values["init"],
             worker_command=command,
-            podman=option_text(options, "podman", "podman") or "podman",
-            stop_grace=option_number(options, "stop_grace", float) or 10.0,
-            command_timeout=option_number(options, "command_timeout", float) or 120.0,
+            podman=values["podman"],
+            stop_grace=values["stop_grace"],
+            command_timeout=values["command_timeout"],
         )
