@@ -60,7 +60,7 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
     owned_by,
     owner_filters,
 )
-from devin_outposts.orchestrator.drivers.podman.settings import BUILTIN_NETWORKS, Settings
+from devin_outposts.orchestrator.drivers.podman.options import BUILTIN_NETWORKS, Settings
 from devin_outposts.orchestrator.drivers.podman.store import PodmanVolumes, TokenSecrets, snapshot_of
 from devin_outposts.worker.paths import make_private_dir
 
