@@ -72,7 +72,7 @@ from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     render_secret,
     secret_name,
 )
-from devin_outposts.orchestrator.drivers.kubernetes.options import KubernetesOptions, parse_options
+from devin_outposts.orchestrator.drivers.kubernetes.options import OPTIONS, KubernetesOptions, parse_options
 
 log = logging.getLogger(__name__)
 _POLL = 0.5  # seconds between reads while waiting for a deleted object to be gone
@@ -95,6 +95,7 @@ def _not_found(exc: ApiError) -> bool:
 
 class KubernetesDriver(Driver):
     name: ClassVar[str] = "kubernetes"
+    option_table = OPTIONS
     restarts_in_place: ClassVar[bool] = True
 
     def __init__(self, context: DriverContext, options: KubernetesOptions) -> None:

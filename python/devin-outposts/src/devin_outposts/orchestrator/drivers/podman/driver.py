@@ -60,7 +60,7 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
     owned_by,
     owner_filters,
 )
-from devin_outposts.orchestrator.drivers.podman.options import BUILTIN_NETWORKS, Settings
+from devin_outposts.orchestrator.drivers.podman.options import BUILTIN_NETWORKS, OPTIONS, Settings
 from devin_outposts.orchestrator.drivers.podman.store import PodmanVolumes, TokenSecrets, snapshot_of
 from devin_outposts.worker.paths import make_private_dir
 
@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 class PodmanDriver(Driver):
     name = "podman"
+    option_table = OPTIONS
 
     def __init__(self, root: Path, settings: Optional[Settings] = None) -> None:
         settings = settings or Settings()

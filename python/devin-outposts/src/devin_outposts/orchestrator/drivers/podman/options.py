@@ -1,7 +1,8 @@
 """The podman driver's options: what a session container may use, and how podman is run.
 
-Every option is checked when the driver is made (:meth:`Settings.from_options`), so a bad configuration
-fails at start-up with one line naming the option (docs/orchestrator-podman.md, "Options").
+One table (:data:`OPTIONS`) declares them; every option is checked when the driver is made
+(:meth:`Settings.from_options`), so a bad configuration fails at start-up with one line naming the driver
+and the option (docs/orchestrator-podman.md, "Options", is the same table).
 
 A session container gets limits by default (:data:`DEFAULT_LIMITS`: 2 CPUs, 4 GiB of memory, 4096
 processes); each can be set, or lifted with ``none``. It never gets a capability unless ``cap_add`` names
