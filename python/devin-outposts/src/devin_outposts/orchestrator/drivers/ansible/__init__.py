@@ -2,7 +2,9 @@
 (docs/orchestrator-ansible.md).
 
 * :mod:`.driver`: :class:`AnsibleDriver` (provision, start, status, teardown; no snapshots);
-* :mod:`._run`: one ansible-runner run in a subprocess, its artifacts and its environment.
+* :mod:`.options`: its option table, with the checks of ``env`` and ``machine_prefix``;
+* :mod:`.records`: its record of each machine (playbook-made hosts carry no labels to find them by);
+* :mod:`._run`: one ansible-runner run in a child process, its artifacts and its environment.
 """
 
 from __future__ import annotations

@@ -11,14 +11,14 @@
 * :meth:`AnsibleDriver.teardown` runs the user's **teardown playbook** with the same variables and the host.
 
 Playbook-made hosts carry no labels the driver could query, so it keeps one record per machine under
-``<state_dir>/ansible/machines/`` (0600 files in a 0700 directory): that is what :meth:`list_owned` reads. The
-driver does not snapshot (the ``snapshot`` resume policy is refused).
+``<state_dir>/ansible/machines/`` (0600 files in a 0700 directory, :mod:`.records`): that is what
+:meth:`list_owned` reads. The driver does not snapshot (the ``snapshot`` resume policy is refused). Its
+options are one table in :mod:`.options`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import secrets
@@ -32,6 +32,12 @@ from typing import Any, ClassVar, Optional
 
 from devin_outposts.orchestrator.drivers.ansible import _run
 from devin_outposts.orchestrator.drivers.ansible.options import OPTIONS, START_PLAYBOOK, TIMEOUTS
+from devin_outposts.orchestrator.drivers.ansible.records import (
+    MachineRecords,
+    machine_of,
+    private_dir,
+    sweep_files,
+)
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverContext,
@@ -96,6 +102,7 @@ class AnsibleDriver(Driver):
         self.inventory = inventory
         self.extra_vars_file = extra_vars_file
         self.root = context.state_dir / "ansible"
+        self.records = MachineRecords(self.root)
         self.artifact_dir = artifact_dir or self.root / "artifacts"
         self.keep_artifacts = keep_artifacts
         self.env = _run.runner_environment(env or {})
@@ -136,7 +143,7 @@ class AnsibleDriver(Driver):
     # --- start-up ---------------------------------------------------------------------------------------
 
     async def check(self) -> None:
-        self._private_dir(self.root)
+        private_dir(self.root)
         # What a killed orchestrator left: token files of starts that never reached their `finally`, and
         # private data directories of runs. No run of this process has begun yet.
         self._sweep_files(0.0)
@@ -158,11 +165,11 @@ class AnsibleDriver(Driver):
 
     async def provision(self, spec: SessionSpec) -> Machine:
         name = machine_name(self.machine_prefix, spec.session_id, self.machine_name_length)
-        record = self._read_record(name)
+        record = self.records.read(name)
         if record is not None and record.get("session_id") != spec.session_id:
             raise name_taken(f"machine {name}", str(record.get("session_id")))
         if record is not None and record.get("host"):
-            return self._machine(record)
+            return machine_of(record)
         # Recorded before the playbook runs: a host it half made is still found (list_owned) and torn down.
         record = {
             "name": name,
@@ -174,7 +181,7 @@ class AnsibleDriver(Driver):
             "host": None,
             "host_vars": {},
         }
-        self._write_record(record)
+        self.records.write(record)
         result = await self._playbook(
             name, "provision", str(self.provision_playbook), record["session"], inventory=True
         )
@@ -185,7 +192,7 @@ class AnsibleDriver(Driver):
         if problem is not None:
             # Whatever the playbook made goes now: a failed provision must leave nothing behind.
             with contextlib.suppress(DriverError):
-                await self.teardown(self._machine(record))
+                await self.teardown(machine_of(record))
             raise DriverError(
                 f"Could not provision machine {name} for session {spec.session_id}: {problem} (artifacts in "
                 f"{result.artifact_dir})"
@@ -193,11 +200,11 @@ class AnsibleDriver(Driver):
         assert isinstance(machine_fact, dict)
         record["host"] = str(machine_fact["host"])
         record["host_vars"] = dict(machine_fact.get("vars") or {})
-        self._write_record(record)
-        return self._machine(record)
+        self.records.write(record)
+        return machine_of(record)
 
     async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
-        record = self._require_record(machine, "start the worker on")
+        record = self.records.require(machine, "start the worker on")
         if not SESSION_ID.fullmatch(launch.session_id) or launch.session_id.endswith("."):
             raise DriverError(
                 f"session id {launch.session_id!r} cannot name a systemd unit; the ansible driver refuses it"
@@ -211,7 +218,7 @@ class AnsibleDriver(Driver):
         }
         if launch.static_base_url:
             extravars["devin_outposts_worker_static_base_url"] = launch.static_base_url
-        secrets_dir = self._private_dir(self.root / "secrets")
+        secrets_dir = private_dir(self.root / "secrets")
         token_file = secrets_dir / f"{machine.name}.{secrets.token_hex(4)}.token"
         # 0600 from its creation on, outside the artifact and private data directories; the playbook reads it
         # inside the role's no_log tasks only, and it is gone when the run ends, whatever happened.
@@ -238,7 +245,7 @@ class AnsibleDriver(Driver):
             )
 
     async def status(self, machine: Machine) -> WorkerStatus:
-        record = self._read_record(machine.name)
+        record = self.records.read(machine.name)
         if record is None:
             return WorkerStatus(WorkerState.MISSING, detail="no record: torn down")
         if not record.get("host"):
@@ -277,7 +284,7 @@ class AnsibleDriver(Driver):
         return parse_unit_state(str((answers[-1].get("res") or {}).get("stdout", "")))
 
     async def teardown(self, machine: Machine) -> None:
-        record = self._read_record(machine.name)
+        record = self.records.read(machine.name)
         if record is None:
             return
         extravars = {
@@ -293,8 +300,7 @@ class AnsibleDriver(Driver):
                 f"{result.failure()} "
                 f"(artifacts in {result.artifact_dir})"
             )
-        with contextlib.suppress(FileNotFoundError):
-            self._record_path(machine.name).unlink()
+        self.records.remove(machine.name)
         self._unreachable.pop(machine.name, None)
         if not self.keep_artifacts:
             shutil.rmtree(self.artifact_dir / machine.name, ignore_errors=True)
@@ -304,28 +310,10 @@ class AnsibleDriver(Driver):
         return self._sweep_files(max(self.timeouts.values()) + 2 * _run.STOP_GRACE + 60.0)
 
     def _sweep_files(self, older_than: float) -> int:
-        removed = 0
-        now = time.time()
-        for directory in (self.root / "secrets", self.root / "runs"):
-            for path in directory.iterdir() if directory.is_dir() else ():
-                with contextlib.suppress(FileNotFoundError):
-                    if now - path.stat().st_mtime < older_than:
-                        continue
-                    if path.is_dir():
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        path.unlink()
-                    removed += 1
-        return removed
+        return sweep_files((self.root / "secrets", self.root / "runs"), older_than)
 
     async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
-        directory = self.root / "machines"
-        machines = []
-        for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
-            record = self._read_record(path.stem)
-            if record and record["acceptor_id"] == acceptor_id and record["outpost_id"] == outpost_id:
-                machines.append(self._machine(record))
-        return machines
+        return [machine_of(record) for record in self.records.owned(acceptor_id, outpost_id)]
 
     # --- snapshots: not supported ---------------------------------------------------------------------
 
@@ -401,52 +389,6 @@ class AnsibleDriver(Driver):
         if not isinstance(fact.get("vars", {}), dict):
             return f"{MACHINE_FACT}.vars must be a mapping of connection variables"
         return None
-
-    def _private_dir(self, path: Path) -> Path:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.chmod(0o700)
-        return path
-
-    def _record_path(self, name: str) -> Path:
-        return self.root / "machines" / f"{name}.json"
-
-    def _read_record(self, name: str) -> Optional[dict[str, Any]]:
-        try:
-            data = json.loads(self._record_path(name).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise DriverError(f"Could not read the record of machine {name}: {exc}") from None
-        return data if isinstance(data, dict) else None
-
-    def _require_record(self, machine: Machine, what: str) -> dict[str, Any]:
-        record = self._read_record(machine.name)
-        if record is None or not record.get("host"):
-            raise DriverError(
-                f"Could not {what} machine {machine.name}: it was not provisioned (no record or no host)"
-            )
-        return record
-
-    def _write_record(self, record: Mapping[str, Any]) -> None:
-        path = self._record_path(str(record["name"]))
-        self._private_dir(path.parent)
-        temporary = path.with_suffix(".tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(record, handle, indent=1)
-        os.replace(temporary, path)
-
-    @staticmethod
-    def _machine(record: Mapping[str, Any]) -> Machine:
-        return Machine(
-            name=str(record["name"]),
-            session_id=str(record["session_id"]),
-            outpost_id=str(record["outpost_id"]),
-            acceptor_id=str(record["acceptor_id"]),
-            created_at=float(record["created_at"]),
-            ref=str(record.get("host") or ""),
-            details={"host": record.get("host"), "host_vars": dict(record.get("host_vars") or {})},
-        )
 
 
 def parse_unit_state(show: str) -> WorkerStatus:
