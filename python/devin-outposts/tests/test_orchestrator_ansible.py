@@ -17,6 +17,7 @@ import pytest
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.ansible import AnsibleDriver, parse_unit_state
 from devin_outposts.orchestrator.drivers.ansible._run import runner_environment
+from devin_outposts.orchestrator.drivers.ansible.records import machine_of
 from devin_outposts.orchestrator.drivers.base import (
     DriverContext,
     DriverError,
@@ -137,7 +138,7 @@ def test_the_registry_loads_the_driver() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"provison_playbook": "x"}, "unknown option 'provison_playbook' for the ansible driver"),
+        ({"provison_playbook": "x"}, "unknown ansible driver option provison_playbook; known: provision_"),
         ({"teardown_playbook": "{teardown}"}, "driver option provision_playbook is required"),
         (
             {"provision_playbook": "/nonexistent.yml"},
@@ -331,7 +332,7 @@ def test_snapshots_are_refused(tmp_path: Path, playbooks: dict[str, Path]) -> No
     driver = _driver(tmp_path, playbooks)
 
     async def scenario() -> None:
-        machine = AnsibleDriver._machine(
+        machine = machine_of(
             {"name": "m", "session_id": "s", "outpost_id": "o", "acceptor_id": "a", "created_at": 0}
         )
         with pytest.raises(DriverError, match="does not snapshot; use resume policy start_fresh"):

@@ -1,7 +1,13 @@
 """Orchestrator drivers: one small class per kind of machine, behind :class:`~.base.Driver`.
 
 Drivers are looked up by name and imported only when chosen, so ``--driver process`` never loads the
-Kubernetes client.
+Kubernetes client. The modules:
+
+* :mod:`.base`: the interface, the values that cross it, and the option table (:class:`~.base.OptionTable`
+  of :class:`~.base.DriverOption` rows) in which every driver declares its options once;
+* :mod:`.process`: a local process per session, in one module;
+* :mod:`.podman`, :mod:`.kubernetes`, :mod:`.ansible`: one package per driver, each with ``driver.py``
+  (the class) and ``options.py`` (its option table), the rest named for what it holds.
 """
 
 from __future__ import annotations

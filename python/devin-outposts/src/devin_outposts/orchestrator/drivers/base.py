@@ -19,20 +19,28 @@ and hands the driver only what a machine needs (docs/orchestrator.md, "Drivers")
 Every method is a coroutine; a driver that calls blocking tools runs them in a thread or a subprocess.
 A driver raises :class:`DriverError` for a failure it understood (one line, no secret in it); the
 orchestrator counts those as infrastructure errors, apart from session failures.
+
+A driver declares its options once, as an :class:`OptionTable` of :class:`DriverOption` rows (name,
+kind, default, bounds, docs, its own check): every driver reads and refuses options alike, and the docs'
+option tables are rendered from the same rows.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 import enum
 import hashlib
+import json
+import math
 import re
+import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional, Protocol
+from typing import Any, Callable, ClassVar, Optional, Protocol
 
 #: Where a session machine's worker keeps its state, relative to the machine's root. Snapshots keep
 #: exactly these two: the worker data dir (per-session state dir, binary cache) and the repos workdir.
@@ -222,14 +230,228 @@ class DriverContext:
     boot_timeout: float = 300.0
 
 
-def option_text(options: Mapping[str, Any], key: str, default: Optional[str] = None) -> Optional[str]:
-    """A driver option as text (``None``/blank: ``default``)."""
-    value = options.get(key)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return default
-    if not isinstance(value, (str, int, float)):
-        raise DriverError(f"driver option {key} must be text, got {type(value).__name__}")
-    return str(value)
+# --- options: how a driver declares what it is configured with ---------------------------------------
+#
+# A driver's options reach it as one mapping (``--driver-config FILE`` in JSON or YAML, then each
+# ``--driver-opt KEY=VALUE`` over it), so a value may be text where a number, a flag, a list or a mapping
+# is meant: every kind's reader accepts both. Each driver declares its options once, as an
+# :class:`OptionTable` of :class:`DriverOption` rows; the table refuses unknown keys, reads every value,
+# and words every refusal alike (``unknown podman driver option imag; known: ...``, ``kubernetes driver
+# option lease_duration must be a number of seconds, got 'soon'``). The docs' option tables are the same
+# rows (:meth:`OptionTable.markdown`; a test compares them).
+
+#: The words a flag option accepts as text (any case).
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class OptionProblem(ValueError):
+    """What is wrong with one option's value, as the end of a sentence that starts with the option
+    (``must be positive, got '0'``); :meth:`OptionTable.read` names the driver and the option."""
+
+
+class OptionKind(enum.Enum):
+    """How an option's value is read (each kind takes text as well as the JSON or YAML type)."""
+
+    TEXT = "text"
+    NUMBER = "number"
+    INTEGER = "integer"
+    SECONDS = "seconds"
+    FLAG = "flag"
+    #: Shell words (a command line), split as ``sh`` would.
+    WORDS = "words"
+    #: Several names: a list, or text split on commas and spaces.
+    NAMES = "names"
+    #: A mapping, or a JSON object as text (what ``--driver-opt KEY={...}`` gives).
+    MAPPING = "mapping"
+    #: A local path, made absolute (``~`` expanded).
+    PATH = "path"
+    #: A local path that must exist.
+    FILE = "file"
+
+
+def _read_text(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise OptionProblem(f"must be text, got {type(value).__name__}")
+    return str(value).strip()
+
+
+def _number_reader(kind: type[float] | type[int], what: str) -> Callable[[Any], float]:
+    def read(value: Any) -> float:
+        text = str(value).strip()
+        try:
+            if isinstance(value, bool):
+                raise ValueError(text)
+            number = kind(text)
+        except ValueError:
+            raise OptionProblem(f"must be {what}, got {text!r}") from None
+        if not math.isfinite(number):
+            raise OptionProblem(f"must be {what}, got {text!r}")
+        return number
+
+    return read
+
+
+def _read_flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS:
+        return True
+    if text in FALSE_WORDS:
+        return False
+    raise OptionProblem(f"must be true or false, got {value!r}")
+
+
+def _read_words(value: Any) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(_read_text(value)))
+    except ValueError as exc:  # an unclosed quote
+        raise OptionProblem(f"must be shell words: {exc}") from None
+
+
+def _read_names(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, (list, tuple)) else re.split(r"[\s,]+", str(value))
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+def _read_mapping(value: Any) -> Mapping[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise OptionProblem("must be a mapping (a JSON object as text)") from None
+    if not isinstance(value, Mapping):
+        raise OptionProblem(f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _read_path(value: Any) -> Path:
+    return Path(_read_text(value)).expanduser().absolute()
+
+
+def _read_file(value: Any) -> Path:
+    path = _read_path(value)
+    if not path.exists():
+        raise OptionProblem(f": {path} does not exist")
+    return path
+
+
+_READERS: dict[OptionKind, Callable[[Any], Any]] = {
+    OptionKind.TEXT: _read_text,
+    OptionKind.NUMBER: _number_reader(float, "a number"),
+    OptionKind.INTEGER: _number_reader(int, "a number"),
+    OptionKind.SECONDS: _number_reader(float, "a number of seconds"),
+    OptionKind.FLAG: _read_flag,
+    OptionKind.WORDS: _read_words,
+    OptionKind.NAMES: _read_names,
+    OptionKind.MAPPING: _read_mapping,
+    OptionKind.PATH: _read_path,
+    OptionKind.FILE: _read_file,
+}
+
+
+@dataclass(frozen=True)
+class DriverOption:
+    """One option of a driver: its name, kind, default, bounds and docs, and any check of its own.
+
+    A value that is absent, ``null`` or blank text is *not set*: the option takes :attr:`default` (a
+    driver may compute a default from its context where this is ``None``; :attr:`default_doc` then
+    says what it is).
+    """
+
+    name: str
+    kind: OptionKind
+    #: The meaning, as the docs' options table shows it (Markdown).
+    doc: str
+    default: Any = None
+    #: The docs' "default" cell when :attr:`default` does not say it (a computed or a platform default).
+    default_doc: Optional[str] = None
+    required: bool = False
+    #: Bounds of a number: ``above`` is excluded (``above=0``: positive), ``minimum`` is included.
+    above: Optional[float] = None
+    minimum: Optional[float] = None
+    #: A word that sets the option to ``None``, past its default (``none`` lifts a limit).
+    lift: Optional[str] = None
+    #: A check of the read value that may also convert it; raises :class:`OptionProblem`.
+    parse: Optional[Callable[[Any], Any]] = None
+
+    def read(self, value: Any) -> Any:
+        """The option's value from ``value`` as given; raises :class:`OptionProblem`."""
+        if value is None or (isinstance(value, str) and not value.strip()):
+            if self.required:
+                raise OptionProblem("is required")
+            return copy.copy(self.default)
+        if self.lift is not None and isinstance(value, str) and value.strip().lower() == self.lift:
+            return None
+        result = _READERS[self.kind](value)
+        if self.above is not None and result <= self.above:
+            limit = "positive" if self.above == 0 else f"more than {self.above:g}"
+            raise OptionProblem(f"must be {limit}, got {str(value).strip()!r}")
+        if self.minimum is not None and result < self.minimum:
+            raise OptionProblem(f"must be at least {self.minimum:g}, got {str(value).strip()!r}")
+        return self.parse(result) if self.parse is not None else result
+
+    def shown_default(self) -> str:
+        """The docs' "default" cell."""
+        if self.default_doc is not None:
+            return self.default_doc
+        if self.required:
+            return "(required)"
+        value = self.default
+        if value is None or value == ():
+            return "none"
+        if isinstance(value, bool):
+            return f"`{str(value).lower()}`"
+        if isinstance(value, float):
+            return f"`{value:g}`"
+        if isinstance(value, Mapping):
+            return f"`{json.dumps(dict(value))}`"
+        return f"`{value}`"
+
+
+class OptionTable(Mapping[str, DriverOption]):
+    """A driver's options, by name, in the order the docs list them."""
+
+    def __init__(self, driver: str, *rows: DriverOption) -> None:
+        self.driver = driver
+        self._rows = {row.name: row for row in rows}
+        if len(self._rows) != len(rows):
+            raise ValueError(f"the {driver} driver declares an option twice")
+
+    def __getitem__(self, name: str) -> DriverOption:
+        return self._rows[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def error(self, name: str, problem: str) -> DriverError:
+        """The one-line error for option ``name``: ``<driver> driver option <name> <problem>``."""
+        joint = "" if problem[:1] in (":", ".") else " "
+        return DriverError(f"{self.driver} driver option {name}{joint}{problem}")
+
+    def read(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Every declared option's value from ``options`` (its default where not set). An unknown key
+        or a bad value raises :class:`DriverError` naming the driver and the option."""
+        unknown = sorted(str(key) for key in options if key not in self._rows)
+        if unknown:
+            raise DriverError(f"unknown {self.driver} driver option {unknown[0]}; known: {', '.join(self)}")
+        values = {}
+        for name, row in self._rows.items():
+            try:
+                values[name] = row.read(options.get(name))
+            except OptionProblem as exc:
+                raise self.error(name, str(exc)) from None
+        return values
+
+    def markdown(self) -> str:
+        """The docs' options table (docs/orchestrator*.md hold exactly this; a test compares)."""
+        lines = ["| option | default | meaning |", "|---|---|---|"]
+        lines += [f"| `{row.name}` | {row.shown_default()} | {row.doc} |" for row in self._rows.values()]
+        return "\n".join(lines) + "\n"
 
 
 class Leadership(Protocol):
@@ -248,14 +470,18 @@ class Leadership(Protocol):
 
 
 class Driver(abc.ABC):
-    """Makes, starts, watches and destroys session machines. Subclasses set :attr:`name`.
+    """Makes, starts, watches and destroys session machines. Subclasses set :attr:`name` and
+    :attr:`option_table`.
 
     A driver is made with :meth:`from_options`: the common :class:`DriverContext` and its own options (a
-    mapping from ``--driver-config FILE`` and ``--driver-opt KEY=VALUE``). It checks them there and raises
-    :class:`DriverError` naming the option, so a bad configuration fails at start-up, before any claim.
+    mapping from ``--driver-config FILE`` and ``--driver-opt KEY=VALUE``), read by its
+    :attr:`option_table`, which raises :class:`DriverError` naming the driver and the option: a bad
+    configuration fails at start-up, before any claim.
     """
 
     name: ClassVar[str]
+    #: The driver's options, declared once (:class:`OptionTable`).
+    option_table: ClassVar[OptionTable]
     #: True when the platform restarts a failed worker by itself (a Pod with ``restartPolicy:
     #: OnFailure``): the orchestrator then counts :attr:`WorkerStatus.restarts` instead of calling
     #: :meth:`start` again after a non-zero exit.
@@ -267,7 +493,7 @@ class Driver(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> Driver:
-        """The driver, from its options (unknown options are refused)."""
+        """The driver, from its options as :attr:`option_table` reads them (unknown ones are refused)."""
 
     async def check(self) -> None:
         """Start-up checks (the tool is installed, the cluster answers); raises :class:`DriverError`."""

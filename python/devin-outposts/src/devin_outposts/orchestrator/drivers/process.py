@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import sys
 import time
@@ -42,7 +41,10 @@ from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverContext,
     DriverError,
+    DriverOption,
     Machine,
+    OptionKind,
+    OptionTable,
     SessionSpec,
     Snapshot,
     WorkerLaunch,
@@ -50,7 +52,6 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerStatus,
     machine_name,
     name_taken,
-    option_text,
 )
 from devin_outposts.worker import platform
 from devin_outposts.worker.paths import make_private_dir
@@ -74,7 +75,22 @@ WRAPPER = (
     'printf "%s" "$rec" > worker.pid.tmp && mv worker.pid.tmp worker.pid || exit 70; '
     '"$@"; code=$?; printf "%s" "$code" > worker.exit.tmp && mv worker.exit.tmp worker.exit; exit "$code"'
 )
-OPTIONS = ("root", "worker_command", "stop_grace")
+OPTIONS = OptionTable(
+    "process",
+    DriverOption(
+        "root", OptionKind.PATH, "the directory of the machines and the snapshots",
+        default_doc="`<state-dir>/process`",
+    ),
+    DriverOption(
+        "worker_command", OptionKind.WORDS,
+        "the worker command, before `worker start --session=<id>` (shell words)",
+        default_doc="this Python's `-m devin_outposts`",
+    ),
+    DriverOption(
+        "stop_grace", OptionKind.SECONDS, "seconds between SIGTERM and SIGKILL when a worker is stopped",
+        default=10.0,
+    ),
+)
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -97,6 +113,7 @@ def _runnable(command: str) -> bool:
 
 class ProcessDriver(Driver):
     name = "process"
+    option_table = OPTIONS
 
     def __init__(self, root: Path, worker_command: tuple[str, ...], *, stop_grace: float = 10.0) -> None:
         self.root = root
@@ -111,23 +128,10 @@ class ProcessDriver(Driver):
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> ProcessDriver:
         if os.name == "nt":  # not sys.platform: mypy's win32 pass would call the rest unreachable
             raise DriverError("the process driver needs a POSIX host (process groups, sh)")
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise DriverError(f"unknown process driver option {unknown[0]}; known: {', '.join(OPTIONS)}")
-        root_text = option_text(options, "root")
-        root = Path(root_text).expanduser().absolute() if root_text else context.state_dir / cls.name
-        command_text = option_text(options, "worker_command")
-        command = (
-            tuple(shlex.split(command_text)) if command_text else (sys.executable, "-m", "devin_outposts")
-        )
-        grace_text = option_text(options, "stop_grace", "10")
-        try:
-            grace = float(grace_text or "10")
-        except ValueError:
-            raise DriverError(
-                f"process driver option stop_grace must be a number, got {grace_text!r}"
-            ) from None
-        return cls(root, command, stop_grace=grace)
+        values = OPTIONS.read(options)
+        root = values["root"] or context.state_dir / cls.name
+        command = values["worker_command"] or (sys.executable, "-m", "devin_outposts")
+        return cls(root, command, stop_grace=values["stop_grace"])
 
     async def check(self) -> None:
         try:

@@ -2,7 +2,14 @@
 
 :mod:`.manifests` renders the objects and needs no client library, so :func:`render_session_manifests`
 works where ``lightkube`` (the ``kubernetes`` extra) is not installed; :class:`KubernetesDriver` and
-:class:`LeaseLock` load it on first use.
+:class:`LeaseLock` load it on first use. The modules:
+
+* :mod:`.options`: the driver's option table and its checks (no client library);
+* :mod:`.manifests`: the Secret, PVC, Pod and Lease as plain mappings (no client library);
+* :mod:`.render`: :func:`render_session_manifests`, for the role, docs examples and tests;
+* :mod:`.cluster`: the lightkube client in one namespace, its failures as one-line driver errors;
+* :mod:`.lease`: leader election through a Lease;
+* :mod:`.driver`: :class:`KubernetesDriver`, what each driver call does to the cluster.
 """
 
 from __future__ import annotations

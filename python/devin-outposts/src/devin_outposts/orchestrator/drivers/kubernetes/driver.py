@@ -20,7 +20,6 @@ What each method does to the cluster:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import logging
@@ -32,10 +31,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Optional
 
 import httpx
-from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube import ApiError, AsyncClient
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod, Secret
-from lightkube.types import PatchType
 
 from devin_outposts.orchestrator.drivers.base import (
     LABEL_ACCEPTOR,
@@ -56,7 +54,8 @@ from devin_outposts.orchestrator.drivers.base import (
     machine_name,
     name_taken,
 )
-from devin_outposts.orchestrator.drivers.kubernetes.lease import LeaseLock, load
+from devin_outposts.orchestrator.drivers.kubernetes.cluster import Cluster
+from devin_outposts.orchestrator.drivers.kubernetes.lease import LeaseLock
 from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     ANNOTATION_ACCEPTOR,
     ANNOTATION_OUTPOST,
@@ -72,10 +71,9 @@ from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     render_secret,
     secret_name,
 )
-from devin_outposts.orchestrator.drivers.kubernetes.options import KubernetesOptions, parse_options
+from devin_outposts.orchestrator.drivers.kubernetes.options import OPTIONS, KubernetesOptions, parse_options
 
 log = logging.getLogger(__name__)
-_POLL = 0.5  # seconds between reads while waiting for a deleted object to be gone
 
 
 def _parse_time(text: Any) -> float:
@@ -89,78 +87,37 @@ def _parse_time(text: Any) -> float:
     return time.time()
 
 
-def _not_found(exc: ApiError) -> bool:
-    return exc.status.code == 404
-
-
 class KubernetesDriver(Driver):
     name: ClassVar[str] = "kubernetes"
+    option_table = OPTIONS
     restarts_in_place: ClassVar[bool] = True
 
     def __init__(self, context: DriverContext, options: KubernetesOptions) -> None:
         self.context = context
         self.options = options
-        self._client: Optional[AsyncClient] = None
-        self._namespace: Optional[str] = options.namespace
+        self.cluster = Cluster(
+            kubeconfig=options.kubeconfig,
+            context=options.context,
+            namespace=options.namespace,
+            request_timeout=options.request_timeout,
+            delete_timeout=options.delete_timeout,
+        )
         self._owner = options.pod.owner
 
     @classmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> KubernetesDriver:
         return cls(context, parse_options(options, tuple(context.worker_command)))
 
-    # -- client -------------------------------------------------------------------------------------
-
-    def _config(self) -> KubeConfig:
-        try:
-            if self.options.kubeconfig:
-                return KubeConfig.from_file(self.options.kubeconfig)
-            return KubeConfig.from_env()  # in-cluster first, then $KUBECONFIG, then ~/.kube/config
-        except (ConfigError, OSError) as exc:
-            raise DriverError(f"kubernetes driver: no usable cluster configuration: {exc}") from exc
-
     @property
     def client(self) -> AsyncClient:
-        return self._connect()
-
-    def _connect(self) -> AsyncClient:
-        """The client, made on first use from the configuration (which also names the namespace)."""
-        if self._client is None:
-            try:
-                config = self._config().get(context_name=self.options.context)
-            except ConfigError as exc:
-                raise DriverError(f"kubernetes driver: {exc}") from exc
-            if config is None:
-                raise DriverError("kubernetes driver: the kubeconfig has no current context")
-            if self._namespace is None:
-                self._namespace = config.namespace or "default"
-            self._client = AsyncClient(
-                config,
-                namespace=self._namespace,
-                timeout=httpx.Timeout(self.options.request_timeout, connect=10.0),
-                field_manager=MANAGED_BY,
-            )
-        return self._client
+        return self.cluster.client
 
     @property
     def namespace(self) -> str:
-        if self._namespace is None:
-            self._connect()  # the namespace comes with the configuration
-        assert self._namespace is not None
-        return self._namespace
+        return self.cluster.namespace
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-
-    def _fail(self, action: str, obj: str, exc: Exception) -> DriverError:
-        if isinstance(exc, ApiError):
-            reason = f"{exc.status.code} {exc.status.reason or ''} {exc.status.message or ''}".strip()
-        else:
-            reason = f"{type(exc).__name__}: {exc}"
-        return DriverError(
-            f"Could not {action} {obj} in namespace {self._namespace}: {' '.join(reason.split())}"
-        )
+        await self.cluster.aclose()
 
     # -- start-up -----------------------------------------------------------------------------------
 
@@ -172,17 +129,15 @@ class KubernetesDriver(Driver):
             ):
                 break
         except (ApiError, httpx.HTTPError) as exc:
-            raise self._fail("list", "pods", exc) from exc
+            raise self.cluster.fail("list", "pods", exc) from exc
         owner = self._owner
         if owner and not owner.get("uid"):
             if owner["kind"] != "Deployment" or not owner["apiVersion"].startswith("apps/"):
-                raise DriverError(
-                    "kubernetes driver option owner needs a uid unless it is an apps/v1 Deployment"
-                )
+                raise OPTIONS.error("owner", "needs a uid unless it is an apps/v1 Deployment")
             try:
                 deployment = await self.client.get(Deployment, owner["name"], namespace=self.namespace)
             except (ApiError, httpx.HTTPError) as exc:
-                raise self._fail("read the owner", f"deployment {owner['name']}", exc) from exc
+                raise self.cluster.fail("read the owner", f"deployment {owner['name']}", exc) from exc
             assert deployment.metadata is not None
             self._owner = {**owner, "uid": str(deployment.metadata.uid)}
 
@@ -233,7 +188,7 @@ class KubernetesDriver(Driver):
 
     async def provision(self, spec: SessionSpec) -> Machine:
         name = pod_name(spec.session_id)
-        existing = await self._get(Pod, name)
+        existing = await self.cluster.get(Pod, name)
         if existing is not None:  # start() replaces the Pod of this name: it must be this session's
             owner = self._identity(existing)
             if owner is None:
@@ -251,7 +206,7 @@ class KubernetesDriver(Driver):
         start, and creating one of that name meanwhile is a 409.
         """
         name = pvc_name(spec.session_id)
-        current = await self._get(PersistentVolumeClaim, name)
+        current = await self.cluster.get(PersistentVolumeClaim, name)
         if current is not None:
             meta = current.get("metadata") or {}
             kept = (meta.get("labels") or {}).get(LABEL_SNAPSHOT) == "true"
@@ -262,88 +217,40 @@ class KubernetesDriver(Driver):
                     name,
                 )
             if meta.get("deletionTimestamp") or (fresh and kept):
-                await self._delete(PersistentVolumeClaim, name, wait=True)
+                await self.cluster.delete(PersistentVolumeClaim, name, wait=True)
+        # Already there is no error: provision is idempotent.
         body = render_pvc(self.namespace, spec, self._settings())
-        try:
-            await self.client.create(load(PersistentVolumeClaim, body))
-        except ApiError as exc:
-            if exc.status.code != 409:  # 409: it exists already (provision is idempotent)
-                raise self._fail("create", f"persistentvolumeclaim {name}", exc) from exc
-        except httpx.HTTPError as exc:
-            raise self._fail("create", f"persistentvolumeclaim {name}", exc) from exc
-
-    async def _get(self, kind: Any, name: str) -> Optional[dict[str, Any]]:
-        try:
-            obj = await self.client.get(kind, name, namespace=self.namespace)
-        except ApiError as exc:
-            if _not_found(exc):
-                return None
-            raise self._fail("read", f"{kind.__name__.lower()} {name}", exc) from exc
-        except httpx.HTTPError as exc:
-            raise self._fail("read", f"{kind.__name__.lower()} {name}", exc) from exc
-        data: dict[str, Any] = obj.to_dict()
-        return data
-
-    async def _delete(self, kind: Any, name: str, *, wait: bool = False) -> bool:
-        """Delete; True when it existed. With ``wait``, return only once it is gone (a Pod terminates)."""
-        what = f"{kind.__name__.lower()} {name}"
-        try:
-            await self.client.delete(kind, name, namespace=self.namespace)
-            existed = True
-        except ApiError as exc:
-            if not _not_found(exc):
-                raise self._fail("delete", what, exc) from exc
-            existed = False
-        except httpx.HTTPError as exc:
-            raise self._fail("delete", what, exc) from exc
-        if wait and existed:
-            deadline = time.monotonic() + self.options.delete_timeout
-            while await self._get(kind, name) is not None:
-                if time.monotonic() > deadline:
-                    raise DriverError(
-                        f"Could not delete {what}: still there after {self.options.delete_timeout:g} s"
-                    )
-                await asyncio.sleep(_POLL)
-        return existed
+        await self.cluster.create_if_missing(PersistentVolumeClaim, body)
 
     async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
         spec = self._spec(machine)
         restored = bool(machine.details.get("restored"))
         settings = self._settings()
         pod_body = render_pod(self.namespace, spec, launch, settings)
-        await self._delete(Pod, machine.ref, wait=True)
+        await self.cluster.delete(Pod, machine.ref, wait=True)
         if settings.state_volume:
             await self._ensure_pvc(spec, fresh=not restored)
         secret = secret_name(spec.session_id)
-        await self._delete(Secret, secret)
-        try:
-            await self.client.create(
-                load(Secret, render_secret(self.namespace, spec, launch.connect_token)),
-            )
-        except (ApiError, httpx.HTTPError) as exc:
-            raise self._fail("create", f"secret {secret}", exc) from exc
-        try:
-            pod = await self.client.create(load(Pod, pod_body))
-        except (ApiError, httpx.HTTPError) as exc:
-            raise self._fail("create", f"pod {machine.ref}", exc) from exc
+        await self.cluster.delete(Secret, secret)
+        await self.cluster.create(Secret, render_secret(self.namespace, spec, launch.connect_token))
+        pod = await self.cluster.create(Pod, pod_body)
         assert pod.metadata is not None
         owner = {"apiVersion": "v1", "kind": "Pod", "name": machine.ref, "uid": str(pod.metadata.uid)}
         try:
-            await self.client.patch(
+            await self.cluster.merge_patch(
                 Secret,
                 secret,
                 {"metadata": {"ownerReferences": [owner_reference(owner)]}},
-                namespace=self.namespace,
-                patch_type=PatchType.MERGE,
+                action="set the owner of",
             )
-        except (ApiError, httpx.HTTPError) as exc:
+        except DriverError as exc:
             # The Pod runs; the Secret is still deleted by teardown or swept by sweep_orphans.
-            log.warning("%s", self._fail("set the owner of", f"secret {secret}", exc))
+            log.warning("%s", exc)
         machine.details["started"] = True
         machine.details["uid"] = str(pod.metadata.uid)
 
     async def status(self, machine: Machine) -> WorkerStatus:
-        pod = await self._get(Pod, machine.ref)
+        pod = await self.cluster.get(Pod, machine.ref)
         if pod is None:
             if not machine.details.get("started") and not machine.details.get("adopted"):
                 return WorkerStatus(WorkerState.STARTING, detail="not started")
@@ -379,11 +286,11 @@ class KubernetesDriver(Driver):
         return WorkerStatus(WorkerState.STARTING, restarts=restarts, detail=f"{phase} {waiting}".strip())
 
     async def teardown(self, machine: Machine) -> None:
-        await self._delete(Pod, machine.ref)
-        await self._delete(Secret, secret_name(machine.session_id))
-        pvc = await self._get(PersistentVolumeClaim, pvc_name(machine.session_id))
+        await self.cluster.delete(Pod, machine.ref)
+        await self.cluster.delete(Secret, secret_name(machine.session_id))
+        pvc = await self.cluster.get(PersistentVolumeClaim, pvc_name(machine.session_id))
         if pvc is not None and (pvc.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) != "true":
-            await self._delete(PersistentVolumeClaim, pvc_name(machine.session_id))
+            await self.cluster.delete(PersistentVolumeClaim, pvc_name(machine.session_id))
 
     def _selector(self, acceptor_id: str, outpost_id: str, **extra: str) -> dict[str, Any]:
         return {
@@ -392,14 +299,6 @@ class KubernetesDriver(Driver):
             LABEL_OUTPOST: label_value(outpost_id),
             **extra,
         }
-
-    async def _list(self, kind: Any, labels: dict[str, Any]) -> list[dict[str, Any]]:
-        try:
-            return [
-                obj.to_dict() async for obj in self.client.list(kind, namespace=self.namespace, labels=labels)
-            ]
-        except (ApiError, httpx.HTTPError) as exc:
-            raise self._fail("list", f"{kind.__name__.lower()}s", exc) from exc
 
     @staticmethod
     def _identity(obj: dict[str, Any]) -> Optional[SessionSpec]:
@@ -419,7 +318,7 @@ class KubernetesDriver(Driver):
 
     async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
         machines = []
-        for pod in await self._list(Pod, self._selector(acceptor_id, outpost_id)):
+        for pod in await self.cluster.list(Pod, self._selector(acceptor_id, outpost_id)):
             spec = self._identity(pod)
             meta = pod.get("metadata") or {}
             if spec is None or spec.acceptor_id != acceptor_id or spec.outpost_id != outpost_id:
@@ -453,12 +352,8 @@ class KubernetesDriver(Driver):
                 },
             }
         }
-        try:
-            await self.client.patch(
-                PersistentVolumeClaim, name, patch, namespace=self.namespace, patch_type=PatchType.MERGE
-            )
-        except (ApiError, httpx.HTTPError) as exc:
-            raise self._fail("keep", f"persistentvolumeclaim {name} as a snapshot", exc) from exc
+        kept = f"persistentvolumeclaim {name} as a snapshot"
+        await self.cluster.merge_patch(PersistentVolumeClaim, name, patch, action="keep", what=kept)
         return Snapshot(machine.session_id, machine.outpost_id, machine.acceptor_id, now, name)
 
     async def restore(self, machine: Machine, snapshot: Snapshot) -> None:
@@ -469,27 +364,20 @@ class KubernetesDriver(Driver):
                 f"Could not restore snapshot {snapshot.ref} into session {machine.session_id}: it belongs to "
                 f"session {snapshot.session_id}"
             )
-        pvc = await self._get(PersistentVolumeClaim, name)
+        pvc = await self.cluster.get(PersistentVolumeClaim, name)
         if pvc is None or (pvc.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) != "true":
             raise DriverError(
                 f"Could not restore snapshot {name}: no kept persistentvolumeclaim of that name"
             )
-        try:
-            # merge patch: null removes the label, so the PVC is the machine's again (no longer a snapshot).
-            await self.client.patch(
-                PersistentVolumeClaim,
-                name,
-                {"metadata": {"labels": {LABEL_SNAPSHOT: None}}},
-                namespace=self.namespace,
-                patch_type=PatchType.MERGE,
-            )
-        except (ApiError, httpx.HTTPError) as exc:
-            raise self._fail("restore", f"persistentvolumeclaim {name}", exc) from exc
+        # null removes the label: the PVC is the machine's again (no longer a snapshot).
+        await self.cluster.merge_patch(
+            PersistentVolumeClaim, name, {"metadata": {"labels": {LABEL_SNAPSHOT: None}}}, action="restore"
+        )
         machine.details["restored"] = True
 
     async def list_snapshots(self, acceptor_id: str, outpost_id: str) -> list[Snapshot]:
         snapshots = []
-        for pvc in await self._list(
+        for pvc in await self.cluster.list(
             PersistentVolumeClaim, self._selector(acceptor_id, outpost_id, **{LABEL_SNAPSHOT: "true"})
         ):
             spec = self._identity(pvc)
@@ -505,23 +393,23 @@ class KubernetesDriver(Driver):
         return snapshots
 
     async def delete_snapshot(self, snapshot: Snapshot) -> None:
-        pvc = await self._get(PersistentVolumeClaim, snapshot.ref)
+        pvc = await self.cluster.get(PersistentVolumeClaim, snapshot.ref)
         # Only while it is still a snapshot: a restored PVC is a live session's volume.
         if pvc is not None and (pvc.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) == "true":
-            await self._delete(PersistentVolumeClaim, snapshot.ref)
+            await self.cluster.delete(PersistentVolumeClaim, snapshot.ref)
 
     async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
         """Token Secrets, and state PVCs that are not snapshots, of sessions not live."""
         removed = 0
         selector = self._selector(acceptor_id, outpost_id)
         for kind in (Secret, PersistentVolumeClaim):
-            for obj in await self._list(kind, selector):
+            for obj in await self.cluster.list(kind, selector):
                 spec = self._identity(obj)
                 meta = obj["metadata"]
                 if spec is None or spec.session_id in live_sessions:
                     continue
                 if kind is PersistentVolumeClaim and (meta.get("labels") or {}).get(LABEL_SNAPSHOT) == "true":
                     continue  # snapshots have their own lifetime (list_snapshots / delete_snapshot)
-                if await self._delete(kind, meta["name"]):
+                if await self.cluster.delete(kind, meta["name"]):
                     removed += 1
         return removed

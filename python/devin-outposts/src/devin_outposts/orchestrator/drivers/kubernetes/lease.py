@@ -16,23 +16,16 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional
 
 import httpx
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
+from devin_outposts.orchestrator.drivers.kubernetes.cluster import load
 from devin_outposts.orchestrator.drivers.kubernetes.manifests import micro_time, render_lease
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-def load(kind: type[T], body: Mapping[str, Any]) -> T:
-    """A lightkube object from a manifest mapping (``from_dict`` is untyped)."""
-    obj: T = kind.from_dict(dict(body))  # type: ignore[attr-defined]
-    return obj
 
 
 class LeaseLock:

@@ -1,18 +1,17 @@
-"""The ``kubernetes`` driver's options: one table, checked before any claim.
+"""The ``kubernetes`` driver's options: one table (:data:`OPTIONS`), checked before any claim.
 
-Options come as a mapping (``--driver-config FILE`` in JSON or YAML, ``--driver-opt KEY=VALUE``), so a
-value may be text where a number or a boolean is meant; each parser accepts both. An unknown key or a
-bad value is a one-line :class:`DriverError` naming the key.
+The rows say how each value is read (:class:`~..base.DriverOption`); the checks here are what a
+Kubernetes object needs beyond its kind: a PodTemplateSpec's keys and restart policy, the override keys
+and the identity labels they may not touch, an owner that outlives the orchestrator's Pod.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from devin_outposts.orchestrator.drivers.base import DriverError
+from devin_outposts.orchestrator.drivers.base import DriverOption, OptionKind, OptionProblem, OptionTable
 from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     DEFAULT_CONTAINER,
     DEFAULT_WORKDIR,
@@ -23,101 +22,139 @@ from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
 )
 
 
-def _text(key: str, value: Any) -> str:
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool) or not str(value).strip():
-        raise DriverError(f"kubernetes driver option {key} must be non-empty text")
-    return str(value).strip()
-
-
-def _bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise DriverError(f"kubernetes driver option {key} must be true or false, got {value!r}")
-
-
-def _seconds(key: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DriverError(
-            f"kubernetes driver option {key} must be a number of seconds, got {value!r}"
-        ) from None
-    if isinstance(value, bool) or number <= 0:
-        raise DriverError(f"kubernetes driver option {key} must be a positive number of seconds")
-    return number
-
-
-def _mapping(key: str, value: Any) -> Mapping[str, Any]:
-    if isinstance(value, str):
-        # --driver-opt KEY=VALUE gives text: a JSON object is accepted there.
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise DriverError(
-                f"kubernetes driver option {key} must be a mapping (a JSON object as text)"
-            ) from None
-    if not isinstance(value, Mapping):
-        raise DriverError(f"kubernetes driver option {key} must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _template(key: str, value: Any) -> Mapping[str, Any]:
-    template = _mapping(key, value)
+def _template(template: Mapping[str, Any]) -> Mapping[str, Any]:
     unknown = set(template) - {"metadata", "spec"}
     if unknown:
-        raise DriverError(
-            f"kubernetes driver option {key} is a PodTemplateSpec: unknown key {sorted(unknown)[0]}"
-        )
+        raise OptionProblem(f"is a PodTemplateSpec: unknown key {sorted(unknown)[0]}")
     spec = template.get("spec") or {}
     if not isinstance(spec, Mapping) or not isinstance(spec.get("containers") or [], list):
-        raise DriverError(f"kubernetes driver option {key}: spec.containers must be a list")
+        raise OptionProblem(": spec.containers must be a list")
     if "restartPolicy" in spec and spec["restartPolicy"] != "OnFailure":
         # The orchestrator counts the Pod's own restarts (restarts_in_place); another policy breaks that.
-        raise DriverError(f"kubernetes driver option {key}: spec.restartPolicy must be OnFailure or unset")
+        raise OptionProblem(": spec.restartPolicy must be OnFailure or unset")
     return template
 
 
-def _overrides(key: str, value: Any) -> Mapping[str, Any]:
-    overrides = _mapping(key, value)
+def _overrides(overrides: Mapping[str, Any]) -> Mapping[str, Any]:
     for name in overrides:
         if name not in OVERRIDE_KEYS:
-            raise DriverError(
-                f"kubernetes driver option {key}: unknown key {name} (one of {', '.join(OVERRIDE_KEYS)})"
-            )
+            raise OptionProblem(f": unknown key {name} (one of {', '.join(OVERRIDE_KEYS)})")
     for name in ("labels", "annotations", "resources"):
         if name in overrides and not isinstance(overrides[name], Mapping):
-            raise DriverError(f"kubernetes driver option {key}.{name} must be a mapping")
+            raise OptionProblem(f".{name} must be a mapping")
     for name in ("command", "args"):
         if name in overrides and not (
             isinstance(overrides[name], list) and all(isinstance(x, str) for x in overrides[name])
         ):
-            raise DriverError(f"kubernetes driver option {key}.{name} must be a list of strings")
+            raise OptionProblem(f".{name} must be a list of strings")
     for label in overrides.get("labels") or {}:
         if label in IDENTITY_LABELS:
             # list_owned and the garbage collection find sessions' objects by these.
-            raise DriverError(f"kubernetes driver option {key}.labels may not set {label}")
+            raise OptionProblem(f".labels may not set {label}")
     return overrides
 
 
-def _owner(key: str, value: Any) -> Mapping[str, str]:
-    owner = _mapping(key, value)
+def _owner(owner: Mapping[str, Any]) -> Mapping[str, str]:
     for name in owner:
         if name not in OWNER_KEYS:
-            raise DriverError(f"kubernetes driver option {key}: unknown key {name}")
+            raise OptionProblem(f": unknown key {name}")
     missing = [name for name in ("apiVersion", "kind", "name") if not owner.get(name)]
     if missing:
-        raise DriverError(f"kubernetes driver option {key} needs {missing[0]}")
+        raise OptionProblem(f"needs {missing[0]}")
     if owner.get("kind") == "Pod":
         # Session Pods must outlive the orchestrator's Pod (a restart adopts them).
-        raise DriverError(
-            f"kubernetes driver option {key}: a Pod cannot own session objects; use its Deployment"
-        )
+        raise OptionProblem(": a Pod cannot own session objects; use its Deployment")
     return {name: str(owner[name]) for name in owner}
+
+
+def _absolute(path: str) -> str:
+    if not path.startswith("/"):
+        raise OptionProblem("must be an absolute path")
+    return path
+
+
+OPTIONS = OptionTable(
+    "kubernetes",
+    DriverOption(
+        "image", OptionKind.TEXT,
+        "The session image: it must have `devin-outposts` on `PATH` (our worker), Python 3.9+, `git`.",
+        default_doc="— (required unless the template's container has one)",
+    ),
+    DriverOption(
+        "namespace", OptionKind.TEXT, "Where every session object goes (one namespace).",
+        default_doc="the kubeconfig context's, in a cluster the Pod's own, else `default`",
+    ),
+    DriverOption(
+        "kubeconfig", OptionKind.TEXT, "A kubeconfig file to use instead.",
+        default_doc="in-cluster service account, then `$KUBECONFIG`, then `~/.kube/config`",
+    ),
+    DriverOption("context", OptionKind.TEXT, "A kubeconfig context.", default_doc="the current context"),
+    DriverOption(
+        "pod_template", OptionKind.MAPPING,
+        "A PodTemplateSpec (`metadata`, `spec`): layer 1 of the Pod. `spec.restartPolicy` may only be "
+        "`OnFailure`.",
+        default={}, parse=_template,
+    ),
+    DriverOption(
+        "container_name", OptionKind.TEXT,
+        "The container the driver owns in the Pod; it is added if the template has none of that name.",
+        default=DEFAULT_CONTAINER,
+    ),
+    DriverOption(
+        "overrides", OptionKind.MAPPING,
+        "Layer 3, the final say: `image`, `command`, `args`, `labels`, `annotations`, `resources`. Labels "
+        "and annotations are *added* to the driver's; the four identity labels cannot be overridden (the "
+        "driver finds its objects by them).",
+        default={}, parse=_overrides,
+    ),
+    DriverOption(
+        "workdir", OptionKind.TEXT, "The sessions' working directory (`DEVIN_WORKER_WORKDIR`).",
+        default=DEFAULT_WORKDIR, parse=_absolute,
+    ),
+    DriverOption(
+        "state_volume", OptionKind.FLAG,
+        "Give every session a PVC mounted at `/var/lib/devin-worker`. **Required for the `snapshot` resume "
+        "policy.**",
+        default=False,
+    ),
+    DriverOption("volume_size", OptionKind.TEXT, "The PVC's storage request.", default="20Gi"),
+    DriverOption(
+        "storage_class", OptionKind.TEXT, "The PVC's `storageClassName`.", default_doc="the cluster default"
+    ),
+    DriverOption(
+        "owner", OptionKind.MAPPING,
+        "An owner reference for session Pods and PVCs: `{apiVersion, kind, name[, uid]}`, e.g. the "
+        "orchestrator's Deployment. Without `uid`, an `apps/v1` `Deployment` is looked up by name at "
+        "start-up. A `Pod` is refused (see [Owner references](#names-labels-and-owner-references)).",
+        parse=_owner,
+    ),
+    DriverOption(
+        "leader_election", OptionKind.FLAG,
+        "Take the Lease before acting; `false` returns no lock (single replica only).",
+        default=True,
+    ),
+    DriverOption(
+        "lease_name", OptionKind.TEXT, "The Lease's name.",
+        default_doc="`devin-outposts-leader-<acceptor id>-<hash>`",
+    ),
+    DriverOption(
+        "lease_duration", OptionKind.SECONDS, "Seconds a Lease lasts without renewal.",
+        default=15.0, above=0,
+    ),
+    DriverOption(
+        "lease_renew_interval", OptionKind.SECONDS, "Seconds between renewals (shorter than the duration).",
+        default=5.0, above=0,
+    ),
+    DriverOption(
+        "delete_timeout", OptionKind.SECONDS,
+        "Seconds to wait for a replaced Pod (or a discarded PVC) to be gone.",
+        default=120.0, above=0,
+    ),
+    DriverOption(
+        "request_timeout", OptionKind.SECONDS, "Seconds per API request (connect: 10).",
+        default=30.0, above=0,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -134,71 +171,37 @@ class KubernetesOptions:
     request_timeout: float = 30.0
 
 
-_TABLE: dict[str, Callable[[str, Any], Any]] = {
-    "namespace": _text,
-    "kubeconfig": _text,
-    "context": _text,
-    "image": _text,
-    "container_name": _text,
-    "pod_template": _template,
-    "overrides": _overrides,
-    "workdir": _text,
-    "state_volume": _bool,
-    "volume_size": _text,
-    "storage_class": _text,
-    "owner": _owner,
-    "leader_election": _bool,
-    "lease_name": _text,
-    "lease_duration": _seconds,
-    "lease_renew_interval": _seconds,
-    "delete_timeout": _seconds,
-    "request_timeout": _seconds,
-}
-OPTION_NAMES = tuple(_TABLE)
-
-
 def parse_options(
     options: Mapping[str, Any], worker_command: tuple[str, ...] = ("devin-outposts",)
 ) -> KubernetesOptions:
-    values: dict[str, Any] = {}
-    for key, raw in options.items():
-        parse = _TABLE.get(key)
-        if parse is None:
-            raise DriverError(f"unknown kubernetes driver option {key} (known: {', '.join(OPTION_NAMES)})")
-        if raw is None:
-            continue
-        values[key] = parse(key, raw)
-    workdir = values.get("workdir", DEFAULT_WORKDIR)
-    if not workdir.startswith("/"):
-        raise DriverError("kubernetes driver option workdir must be an absolute path")
+    """The driver's options, read by :data:`OPTIONS` and checked together."""
+    values = OPTIONS.read(options)
     pod = PodSettings(
-        image=values.get("image"),
-        container_name=values.get("container_name", DEFAULT_CONTAINER),
-        template=values.get("pod_template", {}),
-        overrides=values.get("overrides", {}),
-        workdir=workdir,
-        state_volume=values.get("state_volume", False),
-        volume_size=values.get("volume_size", "20Gi"),
-        storage_class=values.get("storage_class"),
-        owner=values.get("owner"),
+        image=values["image"],
+        container_name=values["container_name"],
+        template=values["pod_template"],
+        overrides=values["overrides"],
+        workdir=values["workdir"],
+        state_volume=values["state_volume"],
+        volume_size=values["volume_size"],
+        storage_class=values["storage_class"],
+        owner=values["owner"],
         worker_command=worker_command,
     )
     if not pod.effective_image():
-        raise DriverError(
-            "kubernetes driver option image is required (or the pod_template's container image)"
-        )
+        raise OPTIONS.error("image", "is required (or the pod_template's container image)")
     parsed = KubernetesOptions(
         pod=pod,
-        namespace=values.get("namespace"),
-        kubeconfig=values.get("kubeconfig"),
-        context=values.get("context"),
-        leader_election=values.get("leader_election", True),
-        lease_name=values.get("lease_name"),
-        lease_duration=values.get("lease_duration", 15.0),
-        lease_renew_interval=values.get("lease_renew_interval", 5.0),
-        delete_timeout=values.get("delete_timeout", 120.0),
-        request_timeout=values.get("request_timeout", 30.0),
+        namespace=values["namespace"],
+        kubeconfig=values["kubeconfig"],
+        context=values["context"],
+        leader_election=values["leader_election"],
+        lease_name=values["lease_name"],
+        lease_duration=values["lease_duration"],
+        lease_renew_interval=values["lease_renew_interval"],
+        delete_timeout=values["delete_timeout"],
+        request_timeout=values["request_timeout"],
     )
     if parsed.lease_renew_interval >= parsed.lease_duration:
-        raise DriverError("kubernetes driver option lease_renew_interval must be shorter than lease_duration")
+        raise OPTIONS.error("lease_renew_interval", "must be shorter than lease_duration")
     return parsed

@@ -22,7 +22,7 @@ as soon as ``podman create`` returns). podman itself runs with our environment m
 variable: the account token never reaches podman, and so never a container.
 
 **Locked down.** Every container runs with ``no-new-privileges`` and ``--cap-drop ALL`` (``cap_add`` gives
-back what it names), and with default limits (2 CPUs, 4 GiB, 4096 processes; see :mod:`.settings`).
+back what it names), and with default limits (2 CPUs, 4 GiB, 4096 processes; see :mod:`.options`).
 
 **Snapshots.** Podman can neither rename a volume nor change its labels, so a snapshot is the state volume
 itself plus a *marker*: an empty volume ``<state volume>-snapshot`` labelled ``kind=snapshot`` that names
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from devin_outposts.orchestrator.drivers.podman.driver import PodmanDriver
 from devin_outposts.orchestrator.drivers.podman.objects import DATA_DIR, LABEL_KIND, MOUNT, WORKDIR
-from devin_outposts.orchestrator.drivers.podman.settings import DEFAULT_IMAGE, DEFAULT_LIMITS, OPTIONS, Limits
+from devin_outposts.orchestrator.drivers.podman.options import DEFAULT_IMAGE, DEFAULT_LIMITS, OPTIONS, Limits
 
 __all__ = [
     "DATA_DIR",

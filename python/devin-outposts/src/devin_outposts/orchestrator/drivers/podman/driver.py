@@ -29,7 +29,6 @@ from devin_outposts.orchestrator.drivers.base import (
     SessionSpec,
     Snapshot,
     WorkerLaunch,
-    WorkerState,
     WorkerStatus,
     machine_name,
     name_taken,
@@ -59,8 +58,9 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
     our_labels,
     owned_by,
     owner_filters,
+    worker_status_of,
 )
-from devin_outposts.orchestrator.drivers.podman.settings import BUILTIN_NETWORKS, Settings
+from devin_outposts.orchestrator.drivers.podman.options import BUILTIN_NETWORKS, OPTIONS, Settings
 from devin_outposts.orchestrator.drivers.podman.store import PodmanVolumes, TokenSecrets, snapshot_of
 from devin_outposts.worker.paths import make_private_dir
 
@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 class PodmanDriver(Driver):
     name = "podman"
+    option_table = OPTIONS
 
     def __init__(self, root: Path, settings: Optional[Settings] = None) -> None:
         settings = settings or Settings()
@@ -309,29 +310,7 @@ class PodmanDriver(Driver):
         await self.cli.check("start", machine.name, what=f"start container {machine.name}")
 
     async def status(self, machine: Machine) -> WorkerStatus:
-        found = await self.cli.inspect("container", machine.name)
-        if found is None:
-            return WorkerStatus(WorkerState.MISSING, detail="container gone")
-        raw_state = found.get("State")
-        state: Mapping[str, Any] = raw_state if isinstance(raw_state, dict) else {}
-        status = str(state.get("Status", "")).lower()
-        if status in ("created", "configured", "initialized"):
-            return WorkerStatus(WorkerState.STARTING, detail=f"container {status}")
-        if status in ("running", "paused", "stopping"):
-            return WorkerStatus(
-                WorkerState.RUNNING, detail="" if status == "running" else f"container {status}"
-            )
-        if status in ("exited", "stopped"):
-            try:
-                code = int(state.get("ExitCode", 1))
-            except (TypeError, ValueError):
-                code = 1
-            detail = "killed for lack of memory" if state.get("OOMKilled") else ""
-            return WorkerStatus(WorkerState.EXITED, exit_code=code, detail=detail)
-        if status == "removing":
-            return WorkerStatus(WorkerState.MISSING, detail="container being removed")
-        # A state this driver does not know: not running, not ended; the boot timeout bounds it.
-        return WorkerStatus(WorkerState.STARTING, detail=f"container state {status or 'unknown'}")
+        return worker_status_of(await self.cli.inspect("container", machine.name))
 
     async def teardown(self, machine: Machine) -> None:
         found = await self.cli.inspect("container", machine.name)

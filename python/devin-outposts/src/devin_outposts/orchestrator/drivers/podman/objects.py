@@ -1,7 +1,8 @@
 """The podman objects of a machine, as the driver names, labels and reads them.
 
 Constants (mount points, label keys, kinds), the labels' helpers (the exact ids are URL-encoded in one
-label, since label-safe values may be hashed), podman's answers (:class:`Result`) and the env-file format.
+label, since label-safe values may be hashed), podman's answers (:class:`Result`), the env-file format,
+and a container's state read as its worker's (:func:`worker_status_of`).
 Everything the driver acts on is checked against these labels in Python (:func:`owned_by`): podman's
 label filters only narrow a listing.
 """
@@ -12,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 from urllib.parse import parse_qs, urlencode
 
 from devin_outposts.orchestrator.drivers.base import (
@@ -24,6 +25,8 @@ from devin_outposts.orchestrator.drivers.base import (
     MACHINE_WORKDIR,
     MANAGED_BY,
     DriverError,
+    WorkerState,
+    WorkerStatus,
     label_value,
 )
 
@@ -171,3 +174,27 @@ def env_file_text(env: Mapping[str, str]) -> str:
             raise DriverError(f"the worker's environment variable {key} holds a line break or NUL")
         lines.append(f"{key}={value}\n")
     return "".join(lines)
+
+
+def worker_status_of(container: Optional[Mapping[str, Any]]) -> WorkerStatus:
+    """The worker's state from ``podman inspect`` of its container (``None``: there is no container)."""
+    if container is None:
+        return WorkerStatus(WorkerState.MISSING, detail="container gone")
+    raw_state = container.get("State")
+    state: Mapping[str, Any] = raw_state if isinstance(raw_state, dict) else {}
+    status = str(state.get("Status", "")).lower()
+    if status in ("created", "configured", "initialized"):
+        return WorkerStatus(WorkerState.STARTING, detail=f"container {status}")
+    if status in ("running", "paused", "stopping"):
+        return WorkerStatus(WorkerState.RUNNING, detail="" if status == "running" else f"container {status}")
+    if status in ("exited", "stopped"):
+        try:
+            code = int(state.get("ExitCode", 1))
+        except (TypeError, ValueError):
+            code = 1
+        detail = "killed for lack of memory" if state.get("OOMKilled") else ""
+        return WorkerStatus(WorkerState.EXITED, exit_code=code, detail=detail)
+    if status == "removing":
+        return WorkerStatus(WorkerState.MISSING, detail="container being removed")
+    # A state this driver does not know: not running, not ended; the boot timeout bounds it.
+    return WorkerStatus(WorkerState.STARTING, detail=f"container state {status or 'unknown'}")
