@@ -2,8 +2,9 @@
 
 One :class:`FleetClient` owns the connection: base URL, bearer token, timeouts, TLS verification, the CA
 bundle and proxies (both from the environment, as httpx reads ``SSL_CERT_FILE``, ``HTTPS_PROXY`` and
-``NO_PROXY``), bounded retries on 429/5xx and connection errors, both pagination envelopes, the SSE watch
-and error mapping. Methods return the pydantic models of :mod:`devin_outposts.api.models`.
+``NO_PROXY``), bounded retries on 429/5xx and connection errors (waiting the one backoff of
+:mod:`.backoff`), both pagination envelopes, the SSE watch (read by :mod:`.stream`, the one reader of the
+stream) and error mapping. Methods return the pydantic models of :mod:`devin_outposts.api.models`.
 
 Usage::
 
@@ -36,6 +37,7 @@ if "httpx" not in sys.modules:
 import httpx
 
 from devin_outposts import __version__
+from devin_outposts.api.backoff import backoff_delay
 from devin_outposts.api.decode import UndecodableReply, decode, error_detail
 from devin_outposts.api.errors import (
     FleetConflict,
@@ -46,7 +48,7 @@ from devin_outposts.api.errors import (
     FleetRedirect,
     error_for_status,
 )
-from devin_outposts.api.limits import MAX_BODY_BYTES, MAX_SSE_LINE, ResponseTooLarge, read_capped, sse_events
+from devin_outposts.api.limits import MAX_BODY_BYTES, ResponseTooLarge, read_capped
 from devin_outposts.api.models import (
     DefaultPlatform,
     Outpost,
@@ -55,6 +57,7 @@ from devin_outposts.api.models import (
     QueueList,
     WatchEvent,
 )
+from devin_outposts.api.stream import EVENT_STREAM, EventStreamReader, EventStreamTooLarge, watch_params
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +217,9 @@ class FleetClient:
     # --- transport --------------------------------------------------------------------------------
 
     def _backoff(self, attempt: int) -> float:
-        """Full-jitter exponential backoff: uniform in [0, min(max, base * 2**attempt)]."""
-        return random.uniform(0, min(self._backoff_max, self._backoff_base * (2**attempt)))  # noqa: S311
+        """The wait before retry ``attempt``: between half and all of ``min(max, base * 2**attempt)``."""
+        # S311: spreading retries, not a secret.
+        return backoff_delay(attempt, self._backoff_base, self._backoff_max, random.random())  # noqa: S311
 
     async def _request(
         self,
@@ -356,12 +360,11 @@ class FleetClient:
         reconnect loop owns the backoff).
         """
         operation = f"watch sessions{f' on outpost {outpost}' if outpost else ''}"
-        params = {"watch": "true", "outpost": outpost, "cursor": cursor}
-        clean = {k: v for k, v in params.items() if v is not None}
-        headers = {"Accept": "text/event-stream"}
+        headers = {"Accept": EVENT_STREAM}
         try:
+            params = watch_params(outpost, cursor)
             async with self._http.stream(
-                "GET", QUEUE_PATH, params=clean, headers=headers, timeout=self._watch_timeout
+                "GET", QUEUE_PATH, params=params, headers=headers, timeout=self._watch_timeout
             ) as response:
                 if response.status_code >= 400:
                     content = await read_capped(response, MAX_BODY_BYTES)
@@ -369,12 +372,16 @@ class FleetClient:
                     raise error_for_status(response.status_code)(
                         operation, _detail(reply), response.status_code
                     )
-                async for data in sse_events(response, MAX_SSE_LINE):
-                    yield self._parse_event(data, operation)
+                reader = EventStreamReader()
+                async for chunk in response.aiter_bytes():
+                    for event in reader.feed(chunk):
+                        yield self._parse_event(event.data, operation)
         except httpx.TransportError as exc:
             raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
         except ResponseTooLarge as exc:
             raise FleetProtocolError(operation, f"watch stream: {exc}") from exc
+        except EventStreamTooLarge as exc:
+            raise FleetProtocolError(operation, str(exc)) from exc
 
     @staticmethod
     def _parse_event(data: str, operation: str) -> WatchEvent:
