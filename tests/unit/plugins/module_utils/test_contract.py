@@ -2,11 +2,13 @@
 # Copyright (c) devin.outposts contributors
 # MIT License (see https://opensource.org/licenses/MIT)
 # SPDX-License-Identifier: MIT
-"""The modules' fleet client against the shared contract cases (python/contract/cases.yaml).
+"""The modules' fleet client against the shared contract cases (python/contract/cases.yaml), and its copy of
+the backoff against the backoff cases of python/contract/stream.yaml.
 
-The worker's client runs the same cases in the worker package's tests/test_contract.py. Each case scripts
-the server's answers (a stand-in for ``open_url``) and states the result or error, the requests sent and
-the waits between retries; this runner turns the client's dicts and exceptions into the case's terms.
+The worker's client runs the same cases in the worker package's tests/test_contract.py, the event source in
+tests/eda/test_contract.py. Each case scripts the server's answers (a stand-in for ``open_url``) and states
+the result or error, the requests sent and the waits between retries; this runner turns the client's dicts
+and exceptions into the case's terms.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -34,20 +36,22 @@ from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
 )
 
 
-def _cases_file():
+def _cases_file(name="cases.yaml"):
     here = os.path.dirname(os.path.abspath(__file__))
     while True:
-        candidate = os.path.join(here, "python", "contract", "cases.yaml")
+        candidate = os.path.join(here, "python", "contract", name)
         if os.path.isfile(candidate):
             return candidate
         parent = os.path.dirname(here)
         if parent == here:
-            raise RuntimeError("python/contract/cases.yaml not found above " + __file__)
+            raise RuntimeError("python/contract/{0} not found above {1}".format(name, __file__))
         here = parent
 
 
 with open(_cases_file(), encoding="utf-8") as handle:
     CASES = yaml.safe_load(handle)
+with open(_cases_file("stream.yaml"), encoding="utf-8") as handle:
+    BACKOFF_CASES = yaml.safe_load(handle)["backoff"]
 API = "https://api.test.invalid"
 
 
@@ -165,3 +169,14 @@ def test_contract_case(case, monkeypatch):
         for slept, wanted in zip(sleeps, expect["sleeps"]):
             low, high = (wanted, wanted) if not isinstance(wanted, list) else wanted
             assert low - 0.01 <= slept <= high + 0.01, (slept, wanted)
+
+
+@pytest.mark.parametrize("case", BACKOFF_CASES, ids=lambda c: c["id"])
+def test_backoff_case(case, monkeypatch):
+    """The modules' own copy of the one backoff: the lowest and the highest wait of each attempt."""
+    client = FleetClient(api_url=API, token="cog_contract_token", backoff_base=case["base"], backoff_max=case["cap"])
+    first = case.get("from", 0)
+    for side in (0, 1):
+        monkeypatch.setattr(_fleet_api.random, "uniform", lambda low, high, side=side: (low, high)[side])
+        waits = [client._backoff(first + offset) for offset in range(len(case["waits"]))]
+        assert waits == pytest.approx([bounds[side] for bounds in case["waits"]]), waits
