@@ -31,7 +31,10 @@ from ansible_collections.devin.outposts.plugins.module_utils import _fleet_api
 from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     FleetAPIError,
     FleetClient,
+    looks_like_outpost_id,
+    normalize_api_url,
     outpost_id_of,
+    outpost_name_error,
     session_id_of,
 )
 
@@ -103,6 +106,17 @@ class ScriptedOpenURL:
 
 def _call(client, name, args):
     """The operation ``name`` on the modules' client, its answer in the cases' terms."""
+    if name == "defaults":
+        fresh = FleetClient(token="cog_contract_token")
+        return {"api_url": fresh.api_url, "timeout": fresh.timeout, "max_page_size": _fleet_api.MAX_PAGE_SIZE}
+    if name == "phases":
+        return list(_fleet_api.PHASES)
+    if name == "normalize_api_url":
+        return normalize_api_url(args["url"])
+    if name == "outpost_names":
+        return [outpost_name_error("name", value) is None for value in args["names"]]
+    if name == "outpost_ids":
+        return [looks_like_outpost_id(value) for value in args["values"]]
     if name == "list_outposts":
         return [outpost_id_of(o) for o in client.list_outposts(page_size=args.get("page_size", 100))]
     if name == "create_outpost":
