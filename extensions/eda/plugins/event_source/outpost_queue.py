@@ -51,7 +51,15 @@ description:
     cursor. After any other answer (a 404, a cursor refused with 400 or 422), and after any reply that is not
     what the API sends (not JSON, larger than the caps, nested too deeply, of the wrong shape), the queue is
     listed again first. A malformed entry in a list is skipped with one log line.
+  - Before that, a list request that met a connection error, HTTP 429 or 5xx is sent again up to three times,
+    after a random wait between half and all of 0.5, 1 and 2 seconds, or after what the answer's
+    C(Retry-After) asks (at most 60 seconds), as the collection's modules and the worker do.
   - A token the API refuses (HTTP 401 or 403) stops the source with an error, since retrying cannot fix it.
+    So does a redirect (HTTP 3xx), which is never followed (the token would go wherever it points); it means
+    that O(api_url) is not the API's base URL.
+  - Needs the collection installed whole, as C(ansible-galaxy collection install) installs it. The source
+    reads the watch stream and computes its waits with the collection's
+    C(plugins/module_utils/_fleet_stream.py) and C(_fleet_backoff.py), the same code as the worker's.
   - With O(cursor_file) the cursor of the last event is kept on disk (written atomically, mode 0600), so a
     restarted rulebook resumes where it stopped instead of starting from the current queue.
   - Every O(queue_depth_interval) seconds it also sends a C(queue_depth) event per outpost, saying how many
