@@ -9,6 +9,7 @@ errors. It imports nothing else of ours: the worker, the simulator and the comma
   bytes in and events out; the simulator's pytest plugin and the event source read streams with it too;
 * :mod:`.backoff`: the one backoff (a random wait between half and all of ``min(cap, base * 2**n)``).
 
-:mod:`.stream` and :mod:`.backoff` import only the standard library: the collection ships byte-identical copies
-of them in ``plugins/module_utils/`` for the event source, which runs where this package is not installed.
+:mod:`.stream` and :mod:`.backoff` import only the standard library: the collection ships byte-identical
+copies of them in ``plugins/module_utils/`` for the event source, which runs where this package is not
+installed.
 """
