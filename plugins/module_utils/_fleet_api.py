@@ -14,7 +14,8 @@ This is the only code in the collection's plugins that talks HTTP. Modules build
 * TLS (``validate_certs``, ``ca_path``), the ``timeout`` and the proxy from the environment
   (``HTTPS_PROXY``/``NO_PROXY``, as urllib reads them),
 * bounded retries on 429, 5xx and connection errors with the fleet API's one backoff (a random wait between
-  half and all of ``min(backoff_max, backoff_base * 2**attempt)``), honouring ``Retry-After``; creating an outpost is not replayed after the server may have acted on it,
+  half and all of ``min(backoff_max, backoff_base * 2**attempt)``), honouring ``Retry-After``; creating an
+  outpost is not replayed after the server may have acted on it,
 * both pagination envelopes (outposts and organizations: ``end_cursor``/``after``; queue: ``cursor``, upserted by
   ``metadata.session_id`` because page boundaries repeat rows),
 * error mapping into one exception, :class:`FleetAPIError`, whose text names the operation and the object:
