@@ -17,17 +17,12 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import os
 import random
-import ssl
 import sys
-import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Optional, Union
-from urllib.parse import quote
+from typing import Any, Optional
 
 # httpx imports its command-line client (rich, click, pygments: about 5 MiB resident) whenever those
 # happen to be installed, and falls back to a stub when that import fails. Nothing here uses it, so
@@ -38,7 +33,7 @@ import httpx
 
 from devin_outposts import __version__
 from devin_outposts.api.backoff import backoff_delay
-from devin_outposts.api.decode import UndecodableReply, decode, error_detail
+from devin_outposts.api.decode import UndecodableReply, decode
 from devin_outposts.api.errors import (
     FleetConflict,
     FleetConnectionError,
@@ -58,94 +53,25 @@ from devin_outposts.api.models import (
     WatchEvent,
 )
 from devin_outposts.api.stream import EVENT_STREAM, EventStreamReader, EventStreamTooLarge, watch_params
+from devin_outposts.api.transport import (
+    DEFAULT_API_URL,
+    MAX_PAGE_SIZE,
+    RETRY_STATUSES,
+    Reply,
+    VerifyType,
+    check_page_size,
+    normalize_api_url,
+    path_segment,
+    reply_detail,
+    retry_after,
+    tls_context,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API_URL = "https://api.devin.ai"
 QUEUE_PATH = "/opbeta/outposts/devins"
 #: The documented outposts CRUD path; the simulator also serves ``/opbeta/outposts`` and ``…/pools``.
 OUTPOSTS_PATH = "/opbeta/outposts/outposts"
-MAX_PAGE_SIZE = 200
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-MAX_RETRY_AFTER = 60.0
-
-#: ``verify`` as httpx takes it: on/off, a CA bundle path, or a ready SSL context (shared between clients).
-VerifyType = Union[bool, str, ssl.SSLContext]
-
-
-def tls_context(environ: Optional[Mapping[str, str]] = None) -> ssl.SSLContext:
-    """The TLS context a long-running process shares between its clients (each costs megabytes): it
-    trusts ``DEVIN_CA_BUNDLE`` when set, else httpx's defaults (certifi, ``SSL_CERT_FILE``/``DIR``).
-    Verification is never off."""
-    env = os.environ if environ is None else environ
-    return httpx.create_ssl_context(verify=env.get("DEVIN_CA_BUNDLE") or True, trust_env=True)
-
-
-def normalize_api_url(url: str) -> str:
-    """Return the API base URL without a trailing slash or an ``/opbeta...`` suffix.
-
-    Users sometimes paste ``https://api.devin.ai/opbeta/outposts/``; the contract says to give the base
-    only, so we accept both rather than building ``/opbeta/outposts/opbeta/outposts/...``.
-    """
-    text = url.strip()
-    if not text.startswith(("http://", "https://")):
-        raise ValueError(f"API URL must start with http:// or https://, got {url!r}")
-    text = text.rstrip("/")
-    for suffix in ("/opbeta/outposts", "/opbeta"):
-        if text.endswith(suffix):
-            text = text[: -len(suffix)]
-    return text
-
-
-def _segment(value: str) -> str:
-    """Quote a server- or user-provided id for use as exactly one URL path segment.
-
-    Every reserved character is escaped (``/``, ``?``, ``#``, ``%``), and so are the dot segments ``.``
-    and ``..``, which URL normalisation (httpx's included) would otherwise remove, turning a claim of
-    session ``..`` into ``POST /opbeta/outposts/claim``.
-    """
-    if not value:
-        raise ValueError("an id cannot be empty")
-    if value in (".", ".."):
-        return value.replace(".", "%2E")
-    return quote(value, safe="")
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A fleet API answer, read in full but within :data:`~devin_outposts.api.limits.MAX_BODY_BYTES`."""
-
-    status_code: int
-    headers: httpx.Headers
-    content: bytes
-    reason_phrase: str
-
-
-def _detail(response: Reply) -> str:
-    """The server's ``detail`` (FastAPI style), else a truncated body, for error messages (never raises,
-    whatever the body holds: :func:`~devin_outposts.api.decode.error_detail`)."""
-    return error_detail(response.content, response.reason_phrase)
-
-
-def _retry_after(response: Reply) -> Optional[float]:
-    """Seconds to wait from ``Retry-After`` (delta-seconds or an HTTP date), at most a minute; else None."""
-    value = response.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        seconds = when.timestamp() - time.time()
-    return max(0.0, min(seconds, MAX_RETRY_AFTER))
-
-
-def _check_page_size(first: int) -> None:
-    if not 1 <= first <= MAX_PAGE_SIZE:
-        raise ValueError(f"page size must be between 1 and {MAX_PAGE_SIZE}, got {first}")
 
 
 class FleetClient:
@@ -264,9 +190,9 @@ class FleetClient:
                 )
                 if not retryable or attempt >= self._retries:
                     raise error_for_status(response.status_code)(
-                        operation, _detail(response), response.status_code
+                        operation, reply_detail(response), response.status_code
                     )
-                after = _retry_after(response)
+                after = retry_after(response)
                 delay = self._backoff(attempt) if after is None else after
                 log.debug("retrying %s after HTTP %s (%.2fs)", operation, response.status_code, delay)
             attempt += 1
@@ -312,7 +238,7 @@ class FleetClient:
         cursor: Optional[str] = None,
     ) -> QueueList:
         """One page of ``GET /opbeta/outposts/devins``."""
-        _check_page_size(first)
+        check_page_size(first)
         operation = f"list sessions{f' on outpost {outpost}' if outpost else ''}"
         params = {"outpost": outpost, "phase": phase, "acceptor_id": acceptor_id, "first": first}
         params["cursor"] = cursor
@@ -370,7 +296,7 @@ class FleetClient:
                     content = await read_capped(response, MAX_BODY_BYTES)
                     reply = Reply(response.status_code, response.headers, content, response.reason_phrase)
                     raise error_for_status(response.status_code)(
-                        operation, _detail(reply), response.status_code
+                        operation, reply_detail(reply), response.status_code
                     )
                 reader = EventStreamReader()
                 async for chunk in response.aiter_bytes():
@@ -393,7 +319,7 @@ class FleetClient:
     async def get_devin(self, session_id: str) -> QueueEntry:
         """``GET …/devins/{id}``; raises :class:`FleetNotFound` once the entry is gone."""
         operation = f"get session {session_id}"
-        response = await self._request("GET", f"{QUEUE_PATH}/{_segment(session_id)}", operation)
+        response = await self._request("GET", f"{QUEUE_PATH}/{path_segment(session_id)}", operation)
         result: QueueEntry = self._parse(QueueEntry, response, operation)
         return result
 
@@ -402,7 +328,7 @@ class FleetClient:
         operation = f"claim session {session_id}"
         response = await self._request(
             "POST",
-            f"{QUEUE_PATH}/{_segment(session_id)}/claim",
+            f"{QUEUE_PATH}/{path_segment(session_id)}/claim",
             operation,
             body={"acceptor_id": acceptor_id},
         )
@@ -421,7 +347,7 @@ class FleetClient:
         try:
             response = await self._request(
                 "POST",
-                f"{QUEUE_PATH}/{_segment(session_id)}/release",
+                f"{QUEUE_PATH}/{path_segment(session_id)}/release",
                 operation,
                 body={"acceptor_id": acceptor_id},
             )
@@ -435,7 +361,7 @@ class FleetClient:
     # --- outposts ---------------------------------------------------------------------------------
 
     async def list_outposts(self, *, first: int = 100, after: Optional[str] = None) -> OutpostList:
-        _check_page_size(first)
+        check_page_size(first)
         operation = "list outposts"
         response = await self._request(
             "GET", OUTPOSTS_PATH, operation, params={"first": first, "after": after}
@@ -468,7 +394,7 @@ class FleetClient:
 
     async def get_outpost(self, outpost_id: str) -> Outpost:
         operation = f"get outpost {outpost_id}"
-        response = await self._request("GET", f"{OUTPOSTS_PATH}/{_segment(outpost_id)}", operation)
+        response = await self._request("GET", f"{OUTPOSTS_PATH}/{path_segment(outpost_id)}", operation)
         result: Outpost = self._parse(Outpost, response, operation)
         return result
 
@@ -487,7 +413,7 @@ class FleetClient:
         """Delete an outpost. Returns False when it was already gone and ``missing_ok`` is set."""
         operation = f"delete outpost {outpost_id}"
         try:
-            await self._request("DELETE", f"{OUTPOSTS_PATH}/{_segment(outpost_id)}", operation)
+            await self._request("DELETE", f"{OUTPOSTS_PATH}/{path_segment(outpost_id)}", operation)
         except FleetNotFound:
             if missing_ok:
                 return False
@@ -499,7 +425,7 @@ class FleetClient:
     async def get_default_platform(self, org_id: str) -> DefaultPlatform:
         operation = f"get the default platform of organization {org_id}"
         response = await self._request(
-            "GET", f"/v3beta1/organizations/{_segment(org_id)}/default-platform", operation
+            "GET", f"/v3beta1/organizations/{path_segment(org_id)}/default-platform", operation
         )
         result: DefaultPlatform = self._parse(DefaultPlatform, response, operation)
         return result
@@ -513,7 +439,7 @@ class FleetClient:
         operation = f"set the default platform of organization {org_id}"
         response = await self._request(
             "PUT",
-            f"/v3beta1/organizations/{_segment(org_id)}/default-platform",
+            f"/v3beta1/organizations/{path_segment(org_id)}/default-platform",
             operation,
             body={"platform": platform, "outpost_pool_id": outpost_pool_id},
         )
@@ -521,4 +447,13 @@ class FleetClient:
         return result
 
 
-__all__ = ["DEFAULT_API_URL", "FleetClient", "FleetError", "normalize_api_url"]
+__all__ = [
+    "DEFAULT_API_URL",
+    "MAX_PAGE_SIZE",
+    "OUTPOSTS_PATH",
+    "QUEUE_PATH",
+    "FleetClient",
+    "FleetError",
+    "normalize_api_url",
+    "tls_context",
+]
