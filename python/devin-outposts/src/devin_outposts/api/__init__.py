@@ -2,6 +2,8 @@
 errors. It imports nothing else of ours: the worker, the simulator and the command line build on it.
 
 * :mod:`.client`: :class:`~.client.FleetClient` (retries, pagination, the SSE watch, error mapping);
+* :mod:`.transport`: what every request shares (the API URL rule, ids as path segments, TLS, the reply read
+  within its limit, ``Retry-After``, the page-size rule);
 * :mod:`.models`: the pydantic models of queue entries, outposts and the default platform;
 * :mod:`.errors`: the exceptions, one per kind of answer (auth, not found, conflict, ...);
 * :mod:`.limits`: the size limits every reply is read within;
