@@ -7,7 +7,7 @@ python/contract/cases.yaml (the modules' client and the worker's client run the 
 python/contract/stream.yaml (the watch stream's framing and caps, and the backoff).
 
 The source is loaded as ansible-rulebook loads it (runpy.run_path), so what runs here is what it loaded from
-the collection's plugins/module_utils/: the one SSE reader and the one backoff. Each contract case scripts
+the collection's plugins/plugin_utils/: the one SSE reader and the one backoff. Each contract case scripts
 the server's answers on a real socket (a small HTTP server in the test, so aiohttp reads them as it reads the
 API) and states the result or error, the requests sent and the waits between retries; this runner turns the
 source's dicts and errors into the case's terms.
@@ -313,10 +313,10 @@ def test_backoff_case(source: dict[str, Any], case: dict[str, Any], monkeypatch:
 
 
 def test_the_source_runs_the_collections_reader_and_backoff(source: dict[str, Any]) -> None:
-    """What the source loaded is plugins/module_utils/'s code, not a copy of its own."""
+    """What the source loaded is plugins/plugin_utils/'s code, not a copy of its own."""
     reader_file = source["_stream"].__file__
     backoff_file = source["_backoff"].__file__
-    assert Path(reader_file) == ROOT / "plugins" / "module_utils" / "_fleet_stream.py"
-    assert Path(backoff_file) == ROOT / "plugins" / "module_utils" / "_fleet_backoff.py"
+    assert Path(reader_file) == ROOT / "plugins" / "plugin_utils" / "_fleet_stream.py"
+    assert Path(backoff_file) == ROOT / "plugins" / "plugin_utils" / "_fleet_backoff.py"
     assert source["EventStreamReader"] is source["_stream"].EventStreamReader
     assert source["backoff_delay"] is source["_backoff"].backoff_delay

@@ -2,7 +2,7 @@
 
 The event source runs the same cases against what it loads from the collection (tests/eda/test_contract.py),
 and the modules' client runs the backoff cases (tests/unit/plugins/module_utils/test_contract.py). The
-collection ships the reader and the backoff as byte-identical copies in plugins/module_utils/; the last
+collection ships the reader and the backoff as byte-identical copies in plugins/plugin_utils/; the last
 tests here fail when a copy differs, or when either file imports anything but the standard library.
 """
 
@@ -33,8 +33,8 @@ CASES: dict[str, list[dict[str, Any]]] = yaml.safe_load(
 )
 #: Each module and its copy in the collection (docs/eda.md, "What the source shares").
 TWINS = {
-    "stream": (Path(stream_module.__file__), ROOT / "plugins" / "module_utils" / "_fleet_stream.py"),
-    "backoff": (Path(backoff_module.__file__), ROOT / "plugins" / "module_utils" / "_fleet_backoff.py"),
+    "stream": (Path(stream_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_stream.py"),
+    "backoff": (Path(backoff_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_backoff.py"),
 }
 
 

@@ -7,8 +7,8 @@ ansible-rulebook loads this file with ``runpy.run_path`` and calls ``main(queue,
 Ansible's collection loader, where ``import ansible_collections...`` fails, and in decision environments where
 the worker package (``devin_outposts``) is not installed. What it shares with the other clients of the fleet
 API it therefore loads from this collection's own files, by path (:func:`_collection_module`): the one reader
-of the watch stream (``plugins/module_utils/_fleet_stream.py``) and the one backoff
-(``plugins/module_utils/_fleet_backoff.py``), byte-identical copies of the worker package's
+of the watch stream (``plugins/plugin_utils/_fleet_stream.py``) and the one backoff
+(``plugins/plugin_utils/_fleet_backoff.py``), byte-identical copies of the worker package's
 ``devin_outposts/api/stream.py`` and ``api/backoff.py``. Its requests follow the same contract as the other
 two clients (``python/contract/cases.yaml``, run by ``tests/eda/test_contract.py``). docs/eda.md is the user
 guide; its section "What the source shares" says what was tried.
@@ -59,7 +59,7 @@ description:
     that O(api_url) is not the API's base URL.
   - Needs the collection installed whole, as C(ansible-galaxy collection install) installs it. The source
     reads the watch stream and computes its waits with the collection's
-    C(plugins/module_utils/_fleet_stream.py) and C(_fleet_backoff.py), the same code as the worker's.
+    C(plugins/plugin_utils/_fleet_stream.py) and C(_fleet_backoff.py), the same code as the worker's.
   - With O(cursor_file) the cursor of the last event is kept on disk (written atomically, mode 0600), so a
     restarted rulebook resumes where it stopped instead of starting from the current queue.
   - Every O(queue_depth_interval) seconds it also sends a C(queue_depth) event per outpost, saying how many
@@ -169,14 +169,14 @@ log = logging.getLogger("devin.outposts.outpost_queue")
 
 
 def _collection_module(name: str) -> Any:
-    """``plugins/module_utils/<name>.py`` of the collection this file belongs to, loaded from its file.
+    """``plugins/plugin_utils/<name>.py`` of the collection this file belongs to, loaded from its file.
 
     ansible-rulebook runs this file from the installed collection (``ansible_collections/devin/outposts/
     extensions/eda/plugins/event_source/``), so the module is four folders up and down again. It is loaded
     under a private name, without touching ``sys.path`` or ``sys.modules`` of the rulebook's process.
     """
     here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.normpath(os.path.join(here, *[os.pardir] * 4, "plugins", "module_utils", f"{name}.py"))
+    path = os.path.normpath(os.path.join(here, *[os.pardir] * 4, "plugins", "plugin_utils", f"{name}.py"))
     spec = importlib.util.spec_from_file_location(f"devin_outposts_outpost_queue.{name}", path)
     if spec is None or spec.loader is None or not os.path.isfile(path):
         raise ImportError(

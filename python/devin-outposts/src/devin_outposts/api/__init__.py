@@ -12,6 +12,6 @@ errors. It imports nothing else of ours: the worker, the simulator and the comma
 * :mod:`.backoff`: the one backoff (a random wait between half and all of ``min(cap, base * 2**n)``).
 
 :mod:`.stream` and :mod:`.backoff` import only the standard library: the collection ships byte-identical
-copies of them in ``plugins/module_utils/`` for the event source, which runs where this package is not
+copies of them in ``plugins/plugin_utils/`` for the event source, which runs where this package is not
 installed.
 """

@@ -20,7 +20,7 @@ formula in two lines; ``python/contract/stream.yaml`` holds cases that all of th
 drift apart.
 
 This module imports only the standard library, and nothing of ours: the collection ships a byte-identical
-copy as ``plugins/module_utils/_fleet_backoff.py`` for the event source, which runs where this package is
+copy as ``plugins/plugin_utils/_fleet_backoff.py`` for the event source, which runs where this package is
 not installed (docs/eda.md, "What the source shares").
 """
 

@@ -26,7 +26,7 @@ events the chunk completed. It owns what every client of the stream must get rig
   :attr:`EventStreamReader.last_event_id` all the same).
 
 It never decodes JSON: that is each client's, with its own models. It imports only the standard library
-and nothing of ours: the collection ships a byte-identical copy as ``plugins/module_utils/_fleet_stream.py``
+and nothing of ours: the collection ships a byte-identical copy as ``plugins/plugin_utils/_fleet_stream.py``
 for the event source ``devin.outposts.outpost_queue`` (docs/eda.md, "What the source shares"), and the
 simulator's pytest plugin reads its streams with it too. ``python/contract/stream.yaml`` holds the cases
 that every reader runs.
