@@ -13,8 +13,9 @@ This is the only code in the collection's plugins that talks HTTP. Modules build
 * the bearer token (never logged, never part of a message: every error text is redacted),
 * TLS (``validate_certs``, ``ca_path``), the ``timeout`` and the proxy from the environment
   (``HTTPS_PROXY``/``NO_PROXY``, as urllib reads them),
-* bounded retries on 429, 5xx and connection errors with full-jitter exponential backoff, honouring
-  ``Retry-After``; creating an outpost is not replayed after the server may have acted on it,
+* bounded retries on 429, 5xx and connection errors with the fleet API's one backoff (a random wait between
+  half and all of ``min(backoff_max, backoff_base * 2**attempt)``), honouring ``Retry-After``; creating an
+  outpost is not replayed after the server may have acted on it,
 * both pagination envelopes (outposts and organizations: ``end_cursor``/``after``; queue: ``cursor``, upserted by
   ``metadata.session_id`` because page boundaries repeat rows),
 * error mapping into one exception, :class:`FleetAPIError`, whose text names the operation and the object:
@@ -378,8 +379,12 @@ class FleetClient:
         return FleetAPIError(operation, self._redact(detail), status)
 
     def _backoff(self, attempt):
-        """Full jitter: uniform in [0, min(backoff_max, backoff_base * 2**attempt)]."""
-        return random.uniform(0, min(self.backoff_max, self.backoff_base * (2 ** attempt)))
+        """Between half and all of ``min(backoff_max, backoff_base * 2**attempt)``: the formula of the worker
+        package's ``devin_outposts/api/backoff.py``, repeated because modules run on Python 3.6 and import
+        nothing but the standard library and Ansible. The backoff cases of python/contract/stream.yaml
+        (tests/unit/plugins/module_utils/test_contract.py) fail when the two differ."""
+        ceiling = min(self.backoff_max, self.backoff_base * (2 ** min(max(attempt, 0), 32)))
+        return random.uniform(ceiling / 2, ceiling)
 
     def _headers(self, has_body):
         headers = {

@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import stat
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,6 @@ import pytest
 import yaml
 
 from devin_outposts_sim.testing import SimHandle, sim_process
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.asyncio
 
@@ -115,31 +112,6 @@ async def test_the_documented_defaults_are_the_defaults(source: dict[str, Any]) 
     defaults = {name: spec["default"] for name, spec in documented.items() if "default" in spec}
     assert defaults == {name: getattr(options, name) for name in defaults}
     assert defaults["backoff_max"] == 5  # the worker's cap for its watch reconnects
-
-
-async def test_the_shared_constants_match_the_module_client(source: dict[str, Any]) -> None:
-    """The source cannot import module_utils under ansible-rulebook; its copies must not drift."""
-    sys.path.insert(0, str(ROOT / ".cache" / "collections"))
-    try:
-        from ansible_collections.devin.outposts.plugins.module_utils import _fleet_api as fleet
-    finally:
-        sys.path.pop(0)
-    for name in (
-        "DEFAULT_API_URL",
-        "DEFAULT_TIMEOUT",
-        "OUTPOSTS_PATH",
-        "QUEUE_PATH",
-        "PHASES",
-        "OUTPOST_ID_PREFIX",
-        "MAX_PAGE_SIZE",
-        "OUTPOST_NAME_MAX",
-    ):
-        if name == "OUTPOST_NAME_MAX":
-            assert source["OUTPOST_NAME"].pattern == fleet._OUTPOST_NAME.pattern
-        else:
-            assert source[name] == getattr(fleet, name), name
-    for url in ("https://api.devin.ai/", "https://x.test/opbeta", "https://x.test/opbeta/outposts"):
-        assert source["normalize_api_url"](url) == fleet.normalize_api_url(url)
 
 
 # --- events -----------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The worker's fleet client against the shared contract cases (python/contract/cases.yaml).
 
-The modules' client runs the same cases in tests/unit/plugins/module_utils/test_contract.py. Each case
+The modules' client runs the same cases in tests/unit/plugins/module_utils/test_contract.py, the event
+source in tests/eda/test_contract.py. Each case
 scripts the server's answers (httpx.MockTransport) and states the result or error, the requests sent and
 the waits between retries; this runner turns the client's models and exceptions into the case's terms.
 """
@@ -19,8 +20,9 @@ import pytest
 import yaml
 
 from devin_outposts.api import client as client_module
-from devin_outposts.api.client import FleetClient
+from devin_outposts.api.client import FleetClient, normalize_api_url
 from devin_outposts.api.errors import FleetError, FleetNotFound
+from devin_outposts.api.models import Phase
 
 CASES_FILE = next(
     parent / "python" / "contract" / "cases.yaml"
@@ -64,6 +66,20 @@ class ScriptedServer:
 
 async def call(client: FleetClient, name: str, args: dict[str, Any]) -> Any:
     """The operation ``name`` on the worker's client, its answer in the cases' terms."""
+    if name == "defaults":
+        fresh = FleetClient.from_env(environ={})
+        try:
+            return {
+                "api_url": fresh.api_url,
+                "timeout": fresh._http.timeout.read,
+                "max_page_size": client_module.MAX_PAGE_SIZE,
+            }
+        finally:
+            await fresh.aclose()
+    if name == "phases":
+        return [phase.value for phase in Phase]
+    if name == "normalize_api_url":
+        return normalize_api_url(args["url"])
     if name == "list_outposts":
         outposts = await client.list_all_outposts(page_size=args.get("page_size", 200))
         return [o.outpost_id for o in outposts]

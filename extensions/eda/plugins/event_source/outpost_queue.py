@@ -4,17 +4,23 @@
 """devin.outposts.outpost_queue: an ansible-rulebook event source for a Devin Outposts session queue.
 
 ansible-rulebook loads this file with ``runpy.run_path`` and calls ``main(queue, args)``. It runs outside
-Ansible's collection loader, so it cannot import ``ansible_collections.devin.outposts.plugins.module_utils``
-(nothing puts the collections path on ``sys.path``); the few constants it shares with
-``plugins/module_utils/_fleet_api.py`` are repeated below, and ``tests/eda/test_outpost_queue.py`` fails when
-the two drift apart. docs/eda.md is the user guide.
+Ansible's collection loader, where ``import ansible_collections...`` fails, and in decision environments where
+the worker package (``devin_outposts``) is not installed. What it shares with the other clients of the fleet
+API it therefore loads from this collection's own files, by path (:func:`_collection_module`): the one reader
+of the watch stream (``plugins/plugin_utils/_fleet_stream.py``) and the one backoff
+(``plugins/plugin_utils/_fleet_backoff.py``), byte-identical copies of the worker package's
+``devin_outposts/api/stream.py`` and ``api/backoff.py``. Its requests follow the same contract as the other
+two clients (``python/contract/cases.yaml``, run by ``tests/eda/test_contract.py``). docs/eda.md is the user
+guide; its section "What the source shares" says what was tried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import hashlib
+import importlib.util
 import json
 import logging
 import math
@@ -45,7 +51,15 @@ description:
     cursor. After any other answer (a 404, a cursor refused with 400 or 422), and after any reply that is not
     what the API sends (not JSON, larger than the caps, nested too deeply, of the wrong shape), the queue is
     listed again first. A malformed entry in a list is skipped with one log line.
+  - Before that, a list request that met a connection error, HTTP 429 or 5xx is sent again up to three times,
+    after a random wait between half and all of 0.5, 1 and 2 seconds, or after what the answer's
+    C(Retry-After) asks (at most 60 seconds), as the collection's modules and the worker do.
   - A token the API refuses (HTTP 401 or 403) stops the source with an error, since retrying cannot fix it.
+    So does a redirect (HTTP 3xx), which is never followed (the token would go wherever it points); it means
+    that O(api_url) is not the API's base URL.
+  - Needs the collection installed whole, as C(ansible-galaxy collection install) installs it. The source
+    reads the watch stream and computes its waits with the collection's
+    C(plugins/plugin_utils/_fleet_stream.py) and C(_fleet_backoff.py), the same code as the worker's.
   - With O(cursor_file) the cursor of the last event is kept on disk (written atomically, mode 0600), so a
     restarted rulebook resumes where it stopped instead of starting from the current queue.
   - Every O(queue_depth_interval) seconds it also sends a C(queue_depth) event per outpost, saying how many
@@ -153,7 +167,35 @@ EXAMPLES = r"""
 
 log = logging.getLogger("devin.outposts.outpost_queue")
 
-# Shared with plugins/module_utils/_fleet_api.py (tests/eda checks that they agree).
+
+def _collection_module(name: str) -> Any:
+    """``plugins/plugin_utils/<name>.py`` of the collection this file belongs to, loaded from its file.
+
+    ansible-rulebook runs this file from the installed collection (``ansible_collections/devin/outposts/
+    extensions/eda/plugins/event_source/``), so the module is four folders up and down again. It is loaded
+    under a private name, without touching ``sys.path`` or ``sys.modules`` of the rulebook's process.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.normpath(os.path.join(here, *[os.pardir] * 4, "plugins", "plugin_utils", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"devin_outposts_outpost_queue.{name}", path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        raise ImportError(
+            f"devin.outposts.outpost_queue needs the devin.outposts collection installed whole: {path} is "
+            "missing (run the source from the installed collection, not a copy of this one file)"
+        )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_stream = _collection_module("_fleet_stream")
+_backoff = _collection_module("_fleet_backoff")
+#: The fleet API's one SSE reader and one backoff (their cases: python/contract/stream.yaml).
+EventStreamReader = _stream.EventStreamReader
+EventStreamTooLarge = _stream.EventStreamTooLarge
+backoff_delay = _backoff.backoff_delay
+
+# The values of plugins/module_utils/_fleet_api.py and of the worker: python/contract/cases.yaml pins them.
 DEFAULT_API_URL = "https://api.devin.ai"
 DEFAULT_TIMEOUT = 30.0
 OUTPOSTS_PATH = "/opbeta/outposts/outposts"
@@ -177,15 +219,20 @@ SEEN_MAX = 4096
 MAX_BODY = 8 << 20
 #: Of an error answer, this much is read for its detail.
 MAX_ERROR_BODY = 1 << 16
-#: One SSE line may be at most this long, and one event's data as buffered (a line feed per data line).
-MAX_LINE = 1 << 20
-MAX_EVENT = 1 << 20
 #: A reply nested deeper than this (objects and arrays) is refused; a queue entry is about 4 deep.
 MAX_NESTING = 32
 #: Bytes asked of the connection per read.
 READ_SIZE = 1 << 16
 #: The default of backoff_max: the worker's cap for watch reconnects (FEED_BACKOFF_CAP).
 DEFAULT_BACKOFF_MAX = 5.0
+#: A list request is retried this often after a connection error, 429 or 5xx, waiting the one backoff from
+#: REQUEST_BACKOFF_BASE to REQUEST_BACKOFF_MAX seconds, or what Retry-After says (at most MAX_RETRY_AFTER), as
+#: the other clients do (python/contract/cases.yaml); only then does the error reach the loop and its backoff.
+REQUEST_RETRIES = 3
+REQUEST_BACKOFF_BASE = 0.5
+REQUEST_BACKOFF_MAX = 8.0
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+MAX_RETRY_AFTER = 60.0
 CURSOR_FILE_VERSION = 1
 OPTIONS = frozenset(
     (
@@ -220,6 +267,23 @@ class FleetError(Exception):
         self.status = status
         self.retry = status not in (401, 403)
         self.relist = status is not None and status != 429 and status < 500
+        #: Seconds the answer's Retry-After asked for (429, 5xx), at most MAX_RETRY_AFTER; else None.
+        self.retry_after: Optional[float] = None
+
+    @property
+    def outage(self) -> bool:
+        """A connection error, 429 or 5xx: the request itself is worth repeating (REQUEST_RETRIES)."""
+        return self.status in RETRY_STATUSES or (self.status is None and not isinstance(self, MalformedReply))
+
+
+class Redirected(FleetError):
+    """A 3xx answer: never followed (the token would go wherever it points) and never retried, since it
+    means api_url is not the API's base URL, which waiting does not fix. It stops the source, as a refused
+    token does."""
+
+    def __init__(self, operation: str, location: str, status: int) -> None:
+        super().__init__(operation, f"redirected to {location}; set api_url to the API's base URL", status)
+        self.retry = False
 
 
 class CursorRejected(FleetError):
@@ -448,7 +512,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def decode_json(data: bytes, operation: str) -> Any:
+def decode_json(data: bytes | str, operation: str) -> Any:
     """The one way a reply becomes data: JSON (UTF-8), no NaN or Infinity, at most MAX_NESTING deep."""
     try:
         value = json.loads(data, parse_constant=_refuse_constant)
@@ -513,7 +577,7 @@ def outpost_problem(item: Any) -> Optional[str]:
     return None
 
 
-def decode_event(data: bytes, operation: str) -> tuple[str, dict[str, Any], Optional[str]]:
+def decode_event(data: str, operation: str) -> tuple[str, dict[str, Any], Optional[str]]:
     """One watch event: its type, its entry and its cursor."""
     event = decode_json(data, operation)
     if not isinstance(event, dict):
@@ -529,67 +593,52 @@ def decode_event(data: bytes, operation: str) -> tuple[str, dict[str, Any], Opti
     return kind, entry, cursor or None
 
 
+def _validation_error(item: Any) -> str:
+    """One FastAPI validation error as ``loc.path: msg``."""
+    if not isinstance(item, dict):
+        return str(item)
+    message = str(item.get("msg", json.dumps(item)))
+    loc = item.get("loc")
+    return ".".join(str(part) for part in loc) + ": " + message if isinstance(loc, list) and loc else message
+
+
 def error_detail(body: bytes) -> str:
-    """What an error answer says: its ``detail``, else the start of its body; printable, 200 characters."""
+    """What an error answer says, printable and short, as the other clients say it: its ``detail`` (a list of
+    validation errors as ``loc.path: msg; ...``, an object as JSON), else the start of its body."""
     try:
         reply = decode_json(body, "read an error answer")
         detail = reply.get("detail") if isinstance(reply, dict) else None
     except MalformedReply:
         detail = None
-    text = str(detail) if detail is not None else body[:200].decode("utf-8", "replace")
-    return "".join(c if c.isprintable() else "?" for c in text[:200])
+    if isinstance(detail, list):
+        text = "; ".join(_validation_error(item) for item in detail)[:300]
+    elif detail is not None:
+        text = detail if isinstance(detail, str) else json.dumps(detail)[:300]
+    else:
+        text = body[:200].decode("utf-8", "replace").strip()
+    return "".join(c if c.isprintable() else "?" for c in text[:300])
 
 
-class EventParser:
-    """Server-sent events from the bytes of a stream, as they come: the data of each complete event.
-
-    What it keeps is capped: a line (an unfinished one too) at MAX_LINE bytes, and an event's data at
-    MAX_EVENT bytes as buffered, with the line feed each data line adds, so empty ``data:`` lines count.
-    Comments (keepalives) and other fields are not kept, so only their line length is capped.
-    """
-
-    def __init__(self, operation: str) -> None:
-        self.operation = operation
-        self.partial = bytearray()
-        self.data = bytearray()
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        events: list[bytes] = []
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            if end < 0:
-                break
-            if self.partial:
-                self.partial += chunk[start:end]
-                line, self.partial = bytes(self.partial), bytearray()
-            else:
-                line = chunk[start:end]
-            start = end + 1
-            self._check_line(len(line))
-            data = self._line(line[:-1] if line.endswith(b"\r") else line)
-            if data is not None:
-                events.append(data)
-        self.partial += chunk[start:]
-        self._check_line(len(self.partial))
-        return events
-
-    def _check_line(self, length: int) -> None:
-        if length > MAX_LINE:
-            raise MalformedReply(self.operation, f"a watch line is longer than {MAX_LINE} bytes")
-
-    def _line(self, line: bytes) -> Optional[bytes]:
-        if not line:  # a blank line ends the event
-            data, self.data = bytes(self.data[:-1]), bytearray()
-            return data or None
-        field, dummy, value = line.partition(b":")
-        if field != b"data":  # a comment (empty field) or a field this source does not use
-            return None
-        self.data += value[1:] if value.startswith(b" ") else value
-        self.data += b"\n"
-        if len(self.data) > MAX_EVENT:
-            raise MalformedReply(self.operation, f"a watch event is larger than {MAX_EVENT} bytes")
+def retry_after(value: Optional[str]) -> Optional[float]:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date), at most MAX_RETRY_AFTER,
+    never below 0; None when there is none or it cannot be read."""
+    if value is None:
         return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError):
+            return None
+    if math.isnan(seconds):
+        return None
+    return max(0.0, min(seconds, MAX_RETRY_AFTER))
+
+
+def check_page_size(size: int) -> None:
+    if not 1 <= size <= MAX_PAGE_SIZE:
+        raise ValueError(f"page size must be between 1 and {MAX_PAGE_SIZE}, got {size}")
 
 
 # --- events ------------------------------------------------------------------------------------------------
@@ -681,7 +730,28 @@ class QueueSource:
     async def _get_page(
         self, path: str, params: dict[str, Any], operation: str, cursor_key: str
     ) -> tuple[list[Any], Optional[str], bool]:
-        """One page of a list: the whole body (however many reads it takes, at most MAX_BODY), decoded."""
+        """One page of a list, decoded. After a connection error, 429 or 5xx the request is sent again, up to
+        REQUEST_RETRIES times, after the one backoff or what Retry-After asks, as every client of the API
+        does."""
+        attempt = 0
+        while True:
+            try:
+                body = await self._get(path, params, operation)
+            except FleetError as exc:
+                if not exc.outage or attempt >= REQUEST_RETRIES:
+                    raise
+                delay = exc.retry_after
+                if delay is None:
+                    draw = random.random()  # noqa: S311 - spreading retries, not a secret
+                    delay = backoff_delay(attempt, REQUEST_BACKOFF_BASE, REQUEST_BACKOFF_MAX, draw)
+                attempt += 1
+                log.debug("%s; sending it again in %.2fs", exc, delay)
+                await self.sleep(delay)
+                continue
+            return decode_page(body, operation, cursor_key)
+
+    async def _get(self, path: str, params: dict[str, Any], operation: str) -> bytes:
+        """One GET of a list: the whole body (however many reads it takes, at most MAX_BODY)."""
         assert self.http is not None
         query = {k: str(v) for k, v in params.items() if v is not None}
         try:
@@ -691,13 +761,13 @@ class QueueSource:
                 headers=self._headers(),
                 ssl=self.options.ssl_context(),
                 timeout=aiohttp.ClientTimeout(total=self.options.timeout),
+                allow_redirects=False,
             ) as response:
-                if response.status >= 400:
+                if response.status >= 300:
                     raise await self._error(operation, response, FleetError)
-                body = await self._read(response, operation)
+                return await self._read(response, operation)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise FleetError(operation, self._redact(f"{type(exc).__name__}: {exc}")) from None
-        return decode_page(body, operation, cursor_key)
 
     @staticmethod
     async def _read(response: aiohttp.ClientResponse, operation: str, limit: int = MAX_BODY) -> bytes:
@@ -714,12 +784,19 @@ class QueueSource:
     async def _error(
         self, operation: str, response: aiohttp.ClientResponse, kind: type[FleetError]
     ) -> FleetError:
-        """The error of an answer >= 400, with the API's ``detail`` (or the body's start) in its message."""
+        """The error of an answer >= 300: a redirect (never followed), or one with the API's ``detail`` (or
+        the body's start) in its message and what its Retry-After asks."""
+        if response.status < 400:
+            location = self._redact(response.headers.get("Location") or "another URL")
+            return Redirected(operation, location, response.status)
         try:
             text = error_detail(await self._read(response, operation, MAX_ERROR_BODY))
         except MalformedReply:  # larger than MAX_ERROR_BODY
             text = ""
-        return kind(operation, self._redact(text or response.reason or ""), response.status)
+        error = kind(operation, self._redact(text or response.reason or ""), response.status)
+        if response.status in RETRY_STATUSES:
+            error.retry_after = retry_after(response.headers.get("Retry-After"))
+        return error
 
     async def resolve_outpost(self) -> None:
         """Turn the outpost option (a name or an id) into the id, through the outposts list."""
@@ -751,26 +828,44 @@ class QueueSource:
             )
         return [item for item, problem in problems if problem is None]
 
-    async def list_outposts(self) -> dict[str, str]:
+    async def list_outposts(self, page_size: int = MAX_PAGE_SIZE) -> dict[str, str]:
+        """Every outpost of the account: id -> name."""
+        check_page_size(page_size)
         found: dict[str, str] = {}
         after: Optional[str] = None
         operation = "list outposts"
         while True:
-            params = {"first": MAX_PAGE_SIZE, "after": after}
+            params = {"first": page_size, "after": after}
             items, end_cursor, more = await self._get_page(OUTPOSTS_PATH, params, operation, "end_cursor")
             for item in self._usable(items, operation, outpost_problem, ("outpost", "outposts")):
                 found[item["metadata"]["outpost_id"]] = _section(item, "spec").get("name", "")
-            if not more or not end_cursor or end_cursor == after:
+            if not more:
                 return found
+            if not end_cursor or end_cursor == after:
+                raise FleetError(operation, "the API reported another page but did not advance end_cursor")
             after = end_cursor
 
     async def list_queue(self) -> tuple[list[dict[str, Any]], Optional[str]]:
-        """Every entry (all phases), upserted by session id across pages, and the final cursor."""
+        """Every entry of the followed outpost(s) in every phase, and the final cursor: the watch's start."""
+        return await self.list_sessions(outpost=self.outpost_id)
+
+    async def list_sessions(
+        self,
+        *,
+        outpost: Optional[str] = None,
+        phase: Optional[str] = None,
+        acceptor_id: Optional[str] = None,
+        page_size: int = MAX_PAGE_SIZE,
+        cursor: Optional[str] = None,
+    ) -> tuple[list[dict[str, Any]], Optional[str]]:
+        """Every matching entry, upserted by session id across pages (a page boundary repeats rows), and the
+        final cursor."""
+        check_page_size(page_size)
         entries: dict[str, dict[str, Any]] = {}
-        cursor: Optional[str] = None
-        operation = f"list sessions{f' on outpost {self.outpost_id}' if self.outpost_id else ''}"
+        operation = f"list sessions{f' on outpost {outpost}' if outpost else ''}"
         while True:
-            params = {"outpost": self.outpost_id, "first": MAX_PAGE_SIZE, "cursor": cursor}
+            params = {"outpost": outpost, "phase": phase, "acceptor_id": acceptor_id, "first": page_size}
+            params["cursor"] = cursor
             items, page_cursor, more = await self._get_page(QUEUE_PATH, params, operation, "cursor")
             for item in self._usable(items, operation, entry_problem, ("queue entry", "queue entries")):
                 sid = item["metadata"]["session_id"]
@@ -787,9 +882,8 @@ class QueueSource:
         """One watch stream from the cursor; handles its events and returns how many it carried."""
         assert self.http is not None
         operation = f"watch sessions{f' on outpost {self.outpost_id}' if self.outpost_id else ''}"
-        params = {"watch": "true", "outpost": self.outpost_id, "cursor": self.cursor}
-        query = {k: v for k, v in params.items() if v is not None}
-        headers = dict(self._headers(), Accept="text/event-stream")
+        query = _stream.watch_params(self.outpost_id, self.cursor)
+        headers = dict(self._headers(), Accept=_stream.EVENT_STREAM)
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self.options.timeout, sock_read=4 * self.options.timeout
         )
@@ -801,21 +895,24 @@ class QueueSource:
                 headers=headers,
                 ssl=self.options.ssl_context(),
                 timeout=timeout,
+                allow_redirects=False,
             ) as response:
-                if response.status >= 400:
+                if response.status >= 300:
                     # 400/422 to a watch: the API refuses the cursor (too old, or not one of its own).
                     kind = CursorRejected if response.status in (400, 422) else FleetError
                     raise await self._error(operation, response, kind)
-                parser = EventParser(operation)
+                reader = EventStreamReader()
                 while True:
                     chunk = await response.content.read(READ_SIZE)
                     if not chunk:
-                        break
-                    for data in parser.feed(chunk):
-                        await self.handle(*decode_event(data, operation))
+                        break  # an event the stream ended inside is dropped: the reconnect replays it
+                    for event in reader.feed(chunk):
+                        await self.handle(*decode_event(event.data, operation))
                         count += 1
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise FleetError(operation, self._redact(f"{type(exc).__name__}: {exc}")) from None
+        except EventStreamTooLarge as exc:
+            raise MalformedReply(operation, str(exc)) from None
         return count
 
     # --- events ---
@@ -973,10 +1070,11 @@ class QueueSource:
                 await self.sleep(delay)
 
     def backoff(self, attempt: int) -> float:
-        """Jittered exponential backoff, as the worker's: attempt *n* waits a random time between half of
-        ``d`` and ``d``, where ``d = min(backoff_max, backoff_initial * 2**n)``."""
-        ceiling = min(self.options.backoff_max, self.options.backoff_initial * (2 ** min(attempt, 30)))
-        return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - spreading reconnects, not a secret
+        """The one backoff (``_fleet_backoff.py``): attempt *n* waits a random time between half of ``d`` and
+        ``d``, where ``d = min(backoff_max, backoff_initial * 2**n)``."""
+        draw = random.random()  # noqa: S311 - spreading reconnects, not a secret
+        delay: float = backoff_delay(attempt, self.options.backoff_initial, self.options.backoff_max, draw)
+        return delay
 
     async def follow(self, stored: Optional[str]) -> None:
         """List (to seed the picture, and for the first cursor), then watch, forever. A failure waits

@@ -2,11 +2,13 @@
 # Copyright (c) devin.outposts contributors
 # MIT License (see https://opensource.org/licenses/MIT)
 # SPDX-License-Identifier: MIT
-"""The modules' fleet client against the shared contract cases (python/contract/cases.yaml).
+"""The modules' fleet client against the shared contract cases (python/contract/cases.yaml), and its copy of
+the backoff against the backoff cases of python/contract/stream.yaml.
 
-The worker's client runs the same cases in the worker package's tests/test_contract.py. Each case scripts
-the server's answers (a stand-in for ``open_url``) and states the result or error, the requests sent and
-the waits between retries; this runner turns the client's dicts and exceptions into the case's terms.
+The worker's client runs the same cases in the worker package's tests/test_contract.py, the event source in
+tests/eda/test_contract.py. Each case scripts the server's answers (a stand-in for ``open_url``) and states
+the result or error, the requests sent and the waits between retries; this runner turns the client's dicts
+and exceptions into the case's terms.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -29,25 +31,30 @@ from ansible_collections.devin.outposts.plugins.module_utils import _fleet_api
 from ansible_collections.devin.outposts.plugins.module_utils._fleet_api import (
     FleetAPIError,
     FleetClient,
+    looks_like_outpost_id,
+    normalize_api_url,
     outpost_id_of,
+    outpost_name_error,
     session_id_of,
 )
 
 
-def _cases_file():
+def _cases_file(name="cases.yaml"):
     here = os.path.dirname(os.path.abspath(__file__))
     while True:
-        candidate = os.path.join(here, "python", "contract", "cases.yaml")
+        candidate = os.path.join(here, "python", "contract", name)
         if os.path.isfile(candidate):
             return candidate
         parent = os.path.dirname(here)
         if parent == here:
-            raise RuntimeError("python/contract/cases.yaml not found above " + __file__)
+            raise RuntimeError("python/contract/{0} not found above {1}".format(name, __file__))
         here = parent
 
 
 with open(_cases_file(), encoding="utf-8") as handle:
     CASES = yaml.safe_load(handle)
+with open(_cases_file("stream.yaml"), encoding="utf-8") as handle:
+    BACKOFF_CASES = yaml.safe_load(handle)["backoff"]
 API = "https://api.test.invalid"
 
 
@@ -99,6 +106,17 @@ class ScriptedOpenURL:
 
 def _call(client, name, args):
     """The operation ``name`` on the modules' client, its answer in the cases' terms."""
+    if name == "defaults":
+        fresh = FleetClient(token="cog_contract_token")
+        return {"api_url": fresh.api_url, "timeout": fresh.timeout, "max_page_size": _fleet_api.MAX_PAGE_SIZE}
+    if name == "phases":
+        return list(_fleet_api.PHASES)
+    if name == "normalize_api_url":
+        return normalize_api_url(args["url"])
+    if name == "outpost_names":
+        return [outpost_name_error("name", value) is None for value in args["names"]]
+    if name == "outpost_ids":
+        return [looks_like_outpost_id(value) for value in args["values"]]
     if name == "list_outposts":
         return [outpost_id_of(o) for o in client.list_outposts(page_size=args.get("page_size", 100))]
     if name == "create_outpost":
@@ -165,3 +183,14 @@ def test_contract_case(case, monkeypatch):
         for slept, wanted in zip(sleeps, expect["sleeps"]):
             low, high = (wanted, wanted) if not isinstance(wanted, list) else wanted
             assert low - 0.01 <= slept <= high + 0.01, (slept, wanted)
+
+
+@pytest.mark.parametrize("case", BACKOFF_CASES, ids=lambda c: c["id"])
+def test_backoff_case(case, monkeypatch):
+    """The modules' own copy of the one backoff: the lowest and the highest wait of each attempt."""
+    client = FleetClient(api_url=API, token="cog_contract_token", backoff_base=case["base"], backoff_max=case["cap"])
+    first = case.get("from", 0)
+    for side in (0, 1):
+        monkeypatch.setattr(_fleet_api.random, "uniform", lambda low, high, side=side: (low, high)[side])
+        waits = [client._backoff(first + offset) for offset in range(len(case["waits"]))]
+        assert waits == pytest.approx([bounds[side] for bounds in case["waits"]]), waits

@@ -9,7 +9,8 @@ project's own fixture of the same name wins, and ``-p no:devin_outposts_sim`` tu
 * ``orchestrator_token`` / ``machine_token``: API tokens of the default account on ``sim``.
 * ``api(token)``: a sync httpx client on ``sim`` sending ``Authorization: Bearer <token>``.
 * ``outpost``: an outpost (``linux``) created on ``sim``.
-* ``watch(token, **params)``: open a watch stream (:class:`WatchStream`) as a context manager.
+* ``watch(token, **params)``: open a watch stream (:class:`WatchStream`) as a context manager; it is read
+  by the fleet API's one SSE reader (:mod:`devin_outposts.api.stream`), as the worker reads it.
 * ``wait_until(predicate, timeout=10)``: bounded polling for a condition.
 """
 
@@ -24,6 +25,7 @@ import httpx
 import pytest
 
 from devin_outposts.api.models import Outpost
+from devin_outposts.api.stream import EVENT_STREAM, EventStreamReader, watch_params
 from devin_outposts_sim import testing as sim_testing
 from devin_outposts_sim.testing import SimHandle, run_sim
 
@@ -119,20 +121,22 @@ class WatchStream:
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
-        self._lines = response.iter_lines()
         self.comments: list[str] = []
+        self._chunks = response.iter_bytes()
+        self._reader = EventStreamReader(on_comment=lambda text: self.comments.append(text.strip()))
+        self._ready: list[str] = []  # the data of events read but not returned yet
         self.ended = False
 
     def next_event(self) -> Optional[dict[str, Any]]:
         """The next data event (comments are counted, not returned), or None when the stream ended."""
-        for line in self._lines:
-            if line.startswith(":"):
-                self.comments.append(line[1:].strip())
-            elif line.startswith("data:"):
-                event: dict[str, Any] = json.loads(line[len("data:") :].strip())
-                return event
-        self.ended = True
-        return None
+        while not self._ready:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self.ended = True
+                return None
+            self._ready.extend(event.data for event in self._reader.feed(chunk))
+        event: dict[str, Any] = json.loads(self._ready.pop(0))
+        return event
 
     def until(self, predicate: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
         """Events up to and including the first one matching ``predicate``; fails if the stream ends."""
@@ -163,8 +167,9 @@ def watch(sim: SimHandle) -> WatchFactory:
     @contextmanager
     def open_watch(token: str, *, handle: Optional[SimHandle] = None, **params: Any) -> Iterator[WatchStream]:
         target = handle or sim
-        query = {"watch": "true", **{k: v for k, v in params.items() if v is not None}}
-        headers = {"Authorization": f"Bearer {token}"}
+        outpost, cursor = params.pop("outpost", None), params.pop("cursor", None)
+        query = {**watch_params(outpost, cursor), **{k: v for k, v in params.items() if v is not None}}
+        headers = {"Authorization": f"Bearer {token}", "Accept": EVENT_STREAM}
         with ExitStack() as stack:  # one ``with`` per context: Python 3.9 has no parenthesised form
             client = stack.enter_context(httpx.Client(base_url=target.url, headers=headers, timeout=15.0))
             response = stack.enter_context(client.stream("GET", "/opbeta/outposts/devins", params=query))

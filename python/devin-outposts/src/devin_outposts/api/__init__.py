@@ -2,7 +2,16 @@
 errors. It imports nothing else of ours: the worker, the simulator and the command line build on it.
 
 * :mod:`.client`: :class:`~.client.FleetClient` (retries, pagination, the SSE watch, error mapping);
+* :mod:`.transport`: what every request shares (the API URL rule, ids as path segments, TLS, the reply read
+  within its limit, ``Retry-After``, the page-size rule);
 * :mod:`.models`: the pydantic models of queue entries, outposts and the default platform;
 * :mod:`.errors`: the exceptions, one per kind of answer (auth, not found, conflict, ...);
-* :mod:`.limits`: the size limits every reply is read within.
+* :mod:`.limits`: the size limits every reply is read within;
+* :mod:`.stream`: the one reader of the watch stream (SSE framing, its caps, keepalives, where to resume),
+  bytes in and events out; the simulator's pytest plugin and the event source read streams with it too;
+* :mod:`.backoff`: the one backoff (a random wait between half and all of ``min(cap, base * 2**n)``).
+
+:mod:`.stream` and :mod:`.backoff` import only the standard library: the collection ships byte-identical
+copies of them in ``plugins/plugin_utils/`` for the event source, which runs where this package is not
+installed.
 """

@@ -2,8 +2,9 @@
 
 One :class:`FleetClient` owns the connection: base URL, bearer token, timeouts, TLS verification, the CA
 bundle and proxies (both from the environment, as httpx reads ``SSL_CERT_FILE``, ``HTTPS_PROXY`` and
-``NO_PROXY``), bounded retries on 429/5xx and connection errors, both pagination envelopes, the SSE watch
-and error mapping. Methods return the pydantic models of :mod:`devin_outposts.api.models`.
+``NO_PROXY``), bounded retries on 429/5xx and connection errors (waiting the one backoff of
+:mod:`.backoff`), both pagination envelopes, the SSE watch (read by :mod:`.stream`, the one reader of the
+stream) and error mapping. Methods return the pydantic models of :mod:`devin_outposts.api.models`.
 
 Usage::
 
@@ -16,17 +17,12 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import os
 import random
-import ssl
 import sys
-import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Optional, Union
-from urllib.parse import quote
+from typing import Any, Optional
 
 # httpx imports its command-line client (rich, click, pygments: about 5 MiB resident) whenever those
 # happen to be installed, and falls back to a stub when that import fails. Nothing here uses it, so
@@ -36,7 +32,8 @@ if "httpx" not in sys.modules:
 import httpx
 
 from devin_outposts import __version__
-from devin_outposts.api.decode import UndecodableReply, decode, error_detail
+from devin_outposts.api.backoff import backoff_delay
+from devin_outposts.api.decode import UndecodableReply, decode
 from devin_outposts.api.errors import (
     FleetConflict,
     FleetConnectionError,
@@ -46,7 +43,7 @@ from devin_outposts.api.errors import (
     FleetRedirect,
     error_for_status,
 )
-from devin_outposts.api.limits import MAX_BODY_BYTES, MAX_SSE_LINE, ResponseTooLarge, read_capped, sse_events
+from devin_outposts.api.limits import MAX_BODY_BYTES, ResponseTooLarge, read_capped
 from devin_outposts.api.models import (
     DefaultPlatform,
     Outpost,
@@ -55,94 +52,26 @@ from devin_outposts.api.models import (
     QueueList,
     WatchEvent,
 )
+from devin_outposts.api.stream import EVENT_STREAM, EventStreamReader, EventStreamTooLarge, watch_params
+from devin_outposts.api.transport import (
+    DEFAULT_API_URL,
+    MAX_PAGE_SIZE,
+    RETRY_STATUSES,
+    Reply,
+    VerifyType,
+    check_page_size,
+    normalize_api_url,
+    path_segment,
+    reply_detail,
+    retry_after,
+    tls_context,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API_URL = "https://api.devin.ai"
 QUEUE_PATH = "/opbeta/outposts/devins"
 #: The documented outposts CRUD path; the simulator also serves ``/opbeta/outposts`` and ``…/pools``.
 OUTPOSTS_PATH = "/opbeta/outposts/outposts"
-MAX_PAGE_SIZE = 200
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-MAX_RETRY_AFTER = 60.0
-
-#: ``verify`` as httpx takes it: on/off, a CA bundle path, or a ready SSL context (shared between clients).
-VerifyType = Union[bool, str, ssl.SSLContext]
-
-
-def tls_context(environ: Optional[Mapping[str, str]] = None) -> ssl.SSLContext:
-    """The TLS context a long-running process shares between its clients (each costs megabytes): it
-    trusts ``DEVIN_CA_BUNDLE`` when set, else httpx's defaults (certifi, ``SSL_CERT_FILE``/``DIR``).
-    Verification is never off."""
-    env = os.environ if environ is None else environ
-    return httpx.create_ssl_context(verify=env.get("DEVIN_CA_BUNDLE") or True, trust_env=True)
-
-
-def normalize_api_url(url: str) -> str:
-    """Return the API base URL without a trailing slash or an ``/opbeta...`` suffix.
-
-    Users sometimes paste ``https://api.devin.ai/opbeta/outposts/``; the contract says to give the base
-    only, so we accept both rather than building ``/opbeta/outposts/opbeta/outposts/...``.
-    """
-    text = url.strip()
-    if not text.startswith(("http://", "https://")):
-        raise ValueError(f"API URL must start with http:// or https://, got {url!r}")
-    text = text.rstrip("/")
-    for suffix in ("/opbeta/outposts", "/opbeta"):
-        if text.endswith(suffix):
-            text = text[: -len(suffix)]
-    return text
-
-
-def _segment(value: str) -> str:
-    """Quote a server- or user-provided id for use as exactly one URL path segment.
-
-    Every reserved character is escaped (``/``, ``?``, ``#``, ``%``), and so are the dot segments ``.``
-    and ``..``, which URL normalisation (httpx's included) would otherwise remove, turning a claim of
-    session ``..`` into ``POST /opbeta/outposts/claim``.
-    """
-    if not value:
-        raise ValueError("an id cannot be empty")
-    if value in (".", ".."):
-        return value.replace(".", "%2E")
-    return quote(value, safe="")
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A fleet API answer, read in full but within :data:`~devin_outposts.api.limits.MAX_BODY_BYTES`."""
-
-    status_code: int
-    headers: httpx.Headers
-    content: bytes
-    reason_phrase: str
-
-
-def _detail(response: Reply) -> str:
-    """The server's ``detail`` (FastAPI style), else a truncated body, for error messages (never raises,
-    whatever the body holds: :func:`~devin_outposts.api.decode.error_detail`)."""
-    return error_detail(response.content, response.reason_phrase)
-
-
-def _retry_after(response: Reply) -> Optional[float]:
-    """Seconds to wait from ``Retry-After`` (delta-seconds or an HTTP date), at most a minute; else None."""
-    value = response.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        seconds = when.timestamp() - time.time()
-    return max(0.0, min(seconds, MAX_RETRY_AFTER))
-
-
-def _check_page_size(first: int) -> None:
-    if not 1 <= first <= MAX_PAGE_SIZE:
-        raise ValueError(f"page size must be between 1 and {MAX_PAGE_SIZE}, got {first}")
 
 
 class FleetClient:
@@ -214,8 +143,9 @@ class FleetClient:
     # --- transport --------------------------------------------------------------------------------
 
     def _backoff(self, attempt: int) -> float:
-        """Full-jitter exponential backoff: uniform in [0, min(max, base * 2**attempt)]."""
-        return random.uniform(0, min(self._backoff_max, self._backoff_base * (2**attempt)))  # noqa: S311
+        """The wait before retry ``attempt``: between half and all of ``min(max, base * 2**attempt)``."""
+        # S311: spreading retries, not a secret.
+        return backoff_delay(attempt, self._backoff_base, self._backoff_max, random.random())  # noqa: S311
 
     async def _request(
         self,
@@ -260,9 +190,9 @@ class FleetClient:
                 )
                 if not retryable or attempt >= self._retries:
                     raise error_for_status(response.status_code)(
-                        operation, _detail(response), response.status_code
+                        operation, reply_detail(response), response.status_code
                     )
-                after = _retry_after(response)
+                after = retry_after(response)
                 delay = self._backoff(attempt) if after is None else after
                 log.debug("retrying %s after HTTP %s (%.2fs)", operation, response.status_code, delay)
             attempt += 1
@@ -308,7 +238,7 @@ class FleetClient:
         cursor: Optional[str] = None,
     ) -> QueueList:
         """One page of ``GET /opbeta/outposts/devins``."""
-        _check_page_size(first)
+        check_page_size(first)
         operation = f"list sessions{f' on outpost {outpost}' if outpost else ''}"
         params = {"outpost": outpost, "phase": phase, "acceptor_id": acceptor_id, "first": first}
         params["cursor"] = cursor
@@ -356,25 +286,28 @@ class FleetClient:
         reconnect loop owns the backoff).
         """
         operation = f"watch sessions{f' on outpost {outpost}' if outpost else ''}"
-        params = {"watch": "true", "outpost": outpost, "cursor": cursor}
-        clean = {k: v for k, v in params.items() if v is not None}
-        headers = {"Accept": "text/event-stream"}
+        headers = {"Accept": EVENT_STREAM}
         try:
+            params = watch_params(outpost, cursor)
             async with self._http.stream(
-                "GET", QUEUE_PATH, params=clean, headers=headers, timeout=self._watch_timeout
+                "GET", QUEUE_PATH, params=params, headers=headers, timeout=self._watch_timeout
             ) as response:
                 if response.status_code >= 400:
                     content = await read_capped(response, MAX_BODY_BYTES)
                     reply = Reply(response.status_code, response.headers, content, response.reason_phrase)
                     raise error_for_status(response.status_code)(
-                        operation, _detail(reply), response.status_code
+                        operation, reply_detail(reply), response.status_code
                     )
-                async for data in sse_events(response, MAX_SSE_LINE):
-                    yield self._parse_event(data, operation)
+                reader = EventStreamReader()
+                async for chunk in response.aiter_bytes():
+                    for event in reader.feed(chunk):
+                        yield self._parse_event(event.data, operation)
         except httpx.TransportError as exc:
             raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
         except ResponseTooLarge as exc:
             raise FleetProtocolError(operation, f"watch stream: {exc}") from exc
+        except EventStreamTooLarge as exc:
+            raise FleetProtocolError(operation, str(exc)) from exc
 
     @staticmethod
     def _parse_event(data: str, operation: str) -> WatchEvent:
@@ -386,7 +319,7 @@ class FleetClient:
     async def get_devin(self, session_id: str) -> QueueEntry:
         """``GET …/devins/{id}``; raises :class:`FleetNotFound` once the entry is gone."""
         operation = f"get session {session_id}"
-        response = await self._request("GET", f"{QUEUE_PATH}/{_segment(session_id)}", operation)
+        response = await self._request("GET", f"{QUEUE_PATH}/{path_segment(session_id)}", operation)
         result: QueueEntry = self._parse(QueueEntry, response, operation)
         return result
 
@@ -395,7 +328,7 @@ class FleetClient:
         operation = f"claim session {session_id}"
         response = await self._request(
             "POST",
-            f"{QUEUE_PATH}/{_segment(session_id)}/claim",
+            f"{QUEUE_PATH}/{path_segment(session_id)}/claim",
             operation,
             body={"acceptor_id": acceptor_id},
         )
@@ -414,7 +347,7 @@ class FleetClient:
         try:
             response = await self._request(
                 "POST",
-                f"{QUEUE_PATH}/{_segment(session_id)}/release",
+                f"{QUEUE_PATH}/{path_segment(session_id)}/release",
                 operation,
                 body={"acceptor_id": acceptor_id},
             )
@@ -428,7 +361,7 @@ class FleetClient:
     # --- outposts ---------------------------------------------------------------------------------
 
     async def list_outposts(self, *, first: int = 100, after: Optional[str] = None) -> OutpostList:
-        _check_page_size(first)
+        check_page_size(first)
         operation = "list outposts"
         response = await self._request(
             "GET", OUTPOSTS_PATH, operation, params={"first": first, "after": after}
@@ -461,7 +394,7 @@ class FleetClient:
 
     async def get_outpost(self, outpost_id: str) -> Outpost:
         operation = f"get outpost {outpost_id}"
-        response = await self._request("GET", f"{OUTPOSTS_PATH}/{_segment(outpost_id)}", operation)
+        response = await self._request("GET", f"{OUTPOSTS_PATH}/{path_segment(outpost_id)}", operation)
         result: Outpost = self._parse(Outpost, response, operation)
         return result
 
@@ -480,7 +413,7 @@ class FleetClient:
         """Delete an outpost. Returns False when it was already gone and ``missing_ok`` is set."""
         operation = f"delete outpost {outpost_id}"
         try:
-            await self._request("DELETE", f"{OUTPOSTS_PATH}/{_segment(outpost_id)}", operation)
+            await self._request("DELETE", f"{OUTPOSTS_PATH}/{path_segment(outpost_id)}", operation)
         except FleetNotFound:
             if missing_ok:
                 return False
@@ -492,7 +425,7 @@ class FleetClient:
     async def get_default_platform(self, org_id: str) -> DefaultPlatform:
         operation = f"get the default platform of organization {org_id}"
         response = await self._request(
-            "GET", f"/v3beta1/organizations/{_segment(org_id)}/default-platform", operation
+            "GET", f"/v3beta1/organizations/{path_segment(org_id)}/default-platform", operation
         )
         result: DefaultPlatform = self._parse(DefaultPlatform, response, operation)
         return result
@@ -506,7 +439,7 @@ class FleetClient:
         operation = f"set the default platform of organization {org_id}"
         response = await self._request(
             "PUT",
-            f"/v3beta1/organizations/{_segment(org_id)}/default-platform",
+            f"/v3beta1/organizations/{path_segment(org_id)}/default-platform",
             operation,
             body={"platform": platform, "outpost_pool_id": outpost_pool_id},
         )
@@ -514,4 +447,13 @@ class FleetClient:
         return result
 
 
-__all__ = ["DEFAULT_API_URL", "FleetClient", "FleetError", "normalize_api_url"]
+__all__ = [
+    "DEFAULT_API_URL",
+    "MAX_PAGE_SIZE",
+    "OUTPOSTS_PATH",
+    "QUEUE_PATH",
+    "FleetClient",
+    "FleetError",
+    "normalize_api_url",
+    "tls_context",
+]

@@ -7,55 +7,25 @@ still failing after that is handled here, one level up, where the worker knows w
   HTML page or other non-contract answer) from an answer that will not change (401/403, 404, 400/422);
 * :func:`retry_transient` repeats an operation on transient errors with :class:`Backoff`, logging one
   warning line per failure (never a traceback), until it succeeds, fails for good, or the worker stops.
+
+:class:`Backoff` is the fleet API's one backoff (:mod:`devin_outposts.api.backoff`), imported here so that
+the worker's and the orchestrator's loops keep importing it from this module.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Awaitable
 from typing import Callable, Optional, TypeVar
 
+from devin_outposts.api.backoff import Backoff
 from devin_outposts.api.errors import FleetConnectionError, FleetError, FleetProtocolError, FleetServerError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-
-class Backoff:
-    """Exponential backoff with jitter: attempt *n* waits in ``[d/2, d]``, ``d = min(cap, base * 2**n)``.
-
-    :meth:`connection_lived` resets it after a connection that lived at least ``reset_after`` seconds.
-    """
-
-    def __init__(
-        self,
-        base: float = 1.0,
-        cap: float = 60.0,
-        reset_after: float = 5.0,
-        rng: Callable[[], float] = random.random,
-    ) -> None:
-        self.base = base
-        self.cap = max(cap, 0.0)
-        self.reset_after = reset_after
-        self.attempt = 0
-        self._rng = rng
-
-    def next_delay(self) -> float:
-        ceiling = min(self.cap, self.base * (2 ** min(self.attempt, 32)))
-        self.attempt += 1
-        return float(ceiling / 2 + self._rng() * ceiling / 2)
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-    def connection_lived(self, seconds: float) -> bool:
-        """Reset when the connection lived long enough; returns True when it did."""
-        if seconds >= self.reset_after:
-            self.reset()
-            return True
-        return False
+__all__ = ["Backoff", "Stopped", "is_transient", "retry_transient"]
 
 
 def is_transient(exc: FleetError) -> bool:

@@ -1,0 +1,322 @@
+# Copyright (c) devin.outposts contributors
+# MIT License (see https://opensource.org/licenses/MIT)
+# SPDX-License-Identifier: MIT
+
+"""The event source devin.outposts.outpost_queue against the shared cases: the third runner of
+python/contract/cases.yaml (the modules' client and the worker's client run the same table) and a runner of
+python/contract/stream.yaml (the watch stream's framing and caps, and the backoff).
+
+The source is loaded as ansible-rulebook loads it (runpy.run_path), so what runs here is what it loaded from
+the collection's plugins/plugin_utils/: the one SSE reader and the one backoff. Each contract case scripts
+the server's answers on a real socket (a small HTTP server in the test, so aiohttp reads them as it reads the
+API) and states the result or error, the requests sent and the waits between retries; this runner turns the
+source's dicts and errors into the case's terms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+from urllib.parse import parse_qsl, urlsplit
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp.abc import AbstractResolver
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES: list[dict[str, Any]] = yaml.safe_load((ROOT / "python" / "contract" / "cases.yaml").read_text("utf-8"))
+STREAM_CASES: dict[str, list[dict[str, Any]]] = yaml.safe_load(
+    (ROOT / "python" / "contract" / "stream.yaml").read_text("utf-8")
+)
+REASONS = {
+    200: "OK",
+    204: "No Content",
+    302: "Found",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+}
+
+
+def for_eda(case: dict[str, Any]) -> bool:
+    return "eda" in case.get("clients", ["module", "worker"])
+
+
+def header_value(value: Any) -> str:
+    text = str(value)
+    if text.startswith("@+"):  # an HTTP date this many seconds from now
+        return email.utils.formatdate(time.time() + float(text[2:]), usegmt=True)
+    return text
+
+
+class ScriptedServer:
+    """An HTTP/1.1 server on 127.0.0.1 that answers each request with the case's next reply, then closes the
+    connection. ``{connection: refused}`` is played by :class:`ScriptedResolver` before any connection."""
+
+    def __init__(self, replies: list[dict[str, Any]]) -> None:
+        self.replies = list(replies)
+        self.requests: list[dict[str, Any]] = []
+        self.port = 0
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://fleet.test:{self.port}"
+
+    async def __aenter__(self) -> ScriptedServer:
+        self._server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            method, target = head.decode("latin-1").split(" ", 2)[:2]
+            parts = urlsplit(target)
+            self.requests.append(
+                {"method": method, "path": parts.path, "query": dict(parse_qsl(parts.query))}
+            )
+            if self.replies:  # else an unexpected request: no answer (the case fails on the requests sent)
+                writer.write(self._response(self.replies.pop(0)))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _response(reply: dict[str, Any]) -> bytes:
+        headers = {k: header_value(v) for k, v in (reply.get("headers") or {}).items()}
+        if "raw" in reply:
+            body = str(reply["raw"]).encode()
+        else:
+            body = json.dumps(reply["body"]).encode()
+            headers.setdefault("Content-Type", "application/json")
+        headers.update({"Content-Length": str(len(body)), "Connection": "close"})
+        status = reply["status"]
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}"] + [
+            f"{k}: {v}" for k, v in headers.items()
+        ]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class ScriptedResolver(AbstractResolver):
+    """Resolves ``fleet.test`` to the scripted server, or, when the next reply is ``{connection: refused}``,
+    fails as a refused connection does: before anything is sent, with an error aiohttp never retries itself
+    (it sends an idempotent request again once after the server closed a connection without an answer)."""
+
+    def __init__(self, server: ScriptedServer) -> None:
+        self.server = server
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[Any]:
+        replies = self.server.replies
+        if replies and replies[0].get("connection") == "refused":
+            replies.pop(0)
+            self.server.requests.append({"method": "GET", "path": "(refused)", "query": {}})
+            raise OSError(111, "Connection refused")
+        address = {"hostname": host, "host": "127.0.0.1", "port": self.server.port}
+        return [{**address, "family": socket.AF_INET, "proto": 0, "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self) -> None:
+        pass
+
+
+async def call(source: dict[str, Any], queue_source: Any, name: str, args: dict[str, Any]) -> Any:
+    """The operation ``name`` on the event source, its answer in the cases' terms."""
+    if name == "list_outposts":
+        return list(
+            await queue_source.list_outposts(page_size=args.get("page_size", source["MAX_PAGE_SIZE"]))
+        )
+    if name == "list_sessions":
+        entries, cursor = await queue_source.list_sessions(
+            outpost=args.get("outpost"),
+            phase=args.get("phase"),
+            acceptor_id=args.get("acceptor_id"),
+            page_size=args.get("page_size", source["MAX_PAGE_SIZE"]),
+            cursor=args.get("cursor"),
+        )
+        return {
+            "sessions": [e["metadata"]["session_id"] for e in entries],
+            "phases": [(e.get("status") or {}).get("phase") for e in entries],
+            "cursor": cursor,
+        }
+    if name == "defaults":
+        options = source["Options"]({"token": "cog_contract_token"}, environ={})
+        return {
+            "api_url": options.api_url,
+            "timeout": options.timeout,
+            "max_page_size": source["MAX_PAGE_SIZE"],
+        }
+    if name == "phases":
+        return list(source["PHASES"])
+    if name == "normalize_api_url":
+        return source["normalize_api_url"](args["url"])
+    if name == "outpost_names":
+        return [bool(source["OUTPOST_NAME"].match(value)) for value in args["names"]]
+    if name == "outpost_ids":
+        return [value.startswith(source["OUTPOST_ID_PREFIX"]) for value in args["values"]]
+    raise AssertionError(f"the event source's runner does not know the operation {name!r}")
+
+
+async def run_case(
+    source: dict[str, Any], case: dict[str, Any]
+) -> tuple[Any, Any, ScriptedServer, list[float]]:
+    """The case's call on a source whose requests reach the scripted server: result, error, server, waits."""
+    sleeps: list[float] = []
+
+    async def record(seconds: float) -> None:
+        sleeps.append(seconds)
+        await asyncio.sleep(0)
+
+    async with ScriptedServer(case.get("replies") or []) as server:
+        connector = aiohttp.TCPConnector(resolver=ScriptedResolver(server), use_dns_cache=False)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            options = source["Options"]({"api_url": server.url, "token": "cog_contract_token"}, environ={})
+            queue_source = source["QueueSource"](options, asyncio.Queue(), sleep=record)
+            queue_source.http = http
+            result, error = None, None
+            try:
+                result = await call(source, queue_source, case["call"], case.get("args") or {})
+            except source["FleetError"] as exc:
+                error = {"status": exc.status, "message": str(exc)}
+            except ValueError as exc:  # refused before any request (an option error is a ValueError too)
+                error = {"status": None, "message": str(exc)}
+    return result, error, server, sleeps
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("case", [c for c in CASES if for_eda(c)], ids=lambda c: c["id"])
+async def test_contract_case(source: dict[str, Any], case: dict[str, Any]) -> None:
+    result, error, server, sleeps = await run_case(source, case)
+    expect = {**case["expect"], **(case.get("dialects") or {}).get("eda", {})}
+    if "error" in expect:
+        assert error is not None, f"expected an error, got the result {result!r}"
+        assert error["status"] == expect["error"]["status"], error
+        assert expect["error"]["message"] in error["message"], error["message"]
+        assert "\n" not in error["message"], "an error is one line"
+    else:
+        assert error is None, f"expected {expect.get('result')!r}, got the error {error}"
+        assert result == expect["result"]
+    assert not server.replies, f"{len(server.replies)} scripted answer(s) were never asked for"
+    if "requests" in expect:
+        assert len(server.requests) == len(expect["requests"]), server.requests
+        for sent, wanted in zip(server.requests, expect["requests"]):
+            assert sent["method"] == wanted["method"]
+            assert sent["path"] == wanted["path"]
+            for key, value in (wanted.get("query") or {}).items():
+                assert sent["query"].get(key) == str(value), (key, sent)
+    if "sleeps" in expect:
+        assert len(sleeps) == len(expect["sleeps"]), sleeps
+        for slept, wanted in zip(sleeps, expect["sleeps"]):
+            low, high = (wanted, wanted) if not isinstance(wanted, list) else wanted
+            assert low - 0.01 <= slept <= high + 0.01, (slept, wanted)
+
+
+def test_every_case_the_source_can_make_is_run() -> None:
+    """The source lists and watches: every case of a list is one of its cases too."""
+    lists = [c["id"] for c in CASES if c["call"] in ("list_outposts", "list_sessions") and not for_eda(c)]
+    assert lists == []
+
+
+# --- the watch stream and the backoff (python/contract/stream.yaml) -----------------------------------------
+
+
+def assemble(parts: list[Any]) -> bytes:
+    out = bytearray()
+    for part in parts:
+        if isinstance(part, str):
+            out += part.encode("utf-8")
+        elif "hex" in part:
+            out += bytes.fromhex(part["hex"])
+        else:
+            out += part["repeat"].encode("utf-8") * part["times"]
+    return bytes(out)
+
+
+def feedings(case: dict[str, Any]) -> dict[str, list[bytes]]:
+    data = assemble(case["stream"])
+    sizes = (1, 2, 3, 7) if len(data) < 4096 else (65536,)
+    ways = {"whole": [data]}
+    ways.update(
+        {f"{size} bytes at a time": [data[i : i + size] for i in range(0, len(data), size)] for size in sizes}
+    )
+    if "chunks" in case:
+        ways["its chunks"] = [chunk.encode("utf-8") for chunk in case["chunks"]]
+    return ways
+
+
+@pytest.mark.parametrize("case", STREAM_CASES["sse"], ids=lambda c: c["id"])
+def test_sse_case(source: dict[str, Any], case: dict[str, Any]) -> None:
+    expect = case["expect"]
+    limits = case.get("limits") or {}
+    for way, chunks in feedings(case).items():
+        reader = source["EventStreamReader"](**{f"max_{part}": limit for part, limit in limits.items()})
+        events: list[Any] = []
+        failure = None
+        try:
+            for chunk in chunks:
+                events.extend(reader.feed(chunk))
+        except source["EventStreamTooLarge"] as exc:
+            failure = (exc.part, str(exc))
+        if "error" in expect:
+            limit = limits.get(expect["error"], 1 << 20)
+            assert failure == (expect["error"], f"a watch {expect['error']} is larger than {limit} bytes"), (
+                way
+            )
+            continue
+        assert failure is None, (way, failure)
+        assert [e.data for e in events] == [assemble([x]).decode("utf-8") for x in expect["events"]], way
+        if "types" in expect:
+            assert [e.event for e in events] == expect["types"], way
+        if "last_event_id" in expect:
+            assert reader.last_event_id == expect["last_event_id"], way
+        if "comments" in expect:
+            assert reader.comments == expect["comments"], way
+
+
+def constant(value: float) -> Callable[[], float]:
+    return lambda: value
+
+
+@pytest.mark.parametrize("case", STREAM_CASES["backoff"], ids=lambda c: c["id"])
+def test_backoff_case(source: dict[str, Any], case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lowest and highest wait of each attempt: of the formula the source loaded (its list requests'
+    retries use it with the other clients' parameters) and of its loop's backoff (backoff_initial and
+    backoff_max being the case's base and cap, when the options allow them: backoff_max may not be below
+    backoff_initial)."""
+    first = case.get("from", 0)
+    attempts = range(first, first + len(case["waits"]))
+    for side in (0, 1):
+        waits = [
+            source["backoff_delay"](attempt, case["base"], case["cap"], float(side)) for attempt in attempts
+        ]
+        assert waits == pytest.approx([bounds[side] for bounds in case["waits"]]), waits
+    if case["cap"] >= case["base"]:
+        args = {"token": "t", "backoff_initial": case["base"], "backoff_max": case["cap"]}
+        queue_source = source["QueueSource"](source["Options"](args, environ={}), asyncio.Queue())
+        for side in (0, 1):
+            monkeypatch.setattr(random, "random", constant(float(side)))
+            waits = [queue_source.backoff(attempt) for attempt in attempts]
+            assert waits == pytest.approx([bounds[side] for bounds in case["waits"]]), waits
+
+
+def test_the_source_runs_the_collections_reader_and_backoff(source: dict[str, Any]) -> None:
+    """What the source loaded is plugins/plugin_utils/'s code, not a copy of its own."""
+    reader_file = source["_stream"].__file__
+    backoff_file = source["_backoff"].__file__
+    assert Path(reader_file) == ROOT / "plugins" / "plugin_utils" / "_fleet_stream.py"
+    assert Path(backoff_file) == ROOT / "plugins" / "plugin_utils" / "_fleet_backoff.py"
+    assert source["EventStreamReader"] is source["_stream"].EventStreamReader
+    assert source["backoff_delay"] is source["_backoff"].backoff_delay
