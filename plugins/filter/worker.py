@@ -74,7 +74,7 @@ def _extra_args(value, what):
         if len(flag) > 2 and "--token".startswith(flag):
             raise AnsibleFilterError(
                 "{0}: {1} would put the token on the command line, where every user of the host can read it; "
-                "the token goes in devin_outposts_worker_token (the 0600 environment file) only".format(what, flag)
+                "the token goes in devin_outposts_worker_token (a 0600 root-only file on the host) only".format(what, flag)
             )
         if "\n" in text or "\r" in text or "\x00" in text:
             raise AnsibleFilterError("{0}: an argument must be one line".format(what))
@@ -149,11 +149,12 @@ def worker_instance_dirs(instances):
 
 
 def worker_instance_leftovers(instances, systemd_dir, unit, config_dir, remove_workdir=True):
-    """The paths that belong to instances being removed: drop-in dir, env file, data dir, workdir."""
+    """The paths that belong to instances being removed: drop-in dir, env file, token file, data dir, workdir."""
     paths = []
     for instance in instances:
         paths.append("{0}/{1}{2}.service.d".format(systemd_dir, unit, instance["name"]))
         paths.append("{0}/{1}.env".format(config_dir, instance["name"]))
+        paths.append("{0}/{1}.token".format(config_dir, instance["name"]))
         paths.append(instance["data_dir"])
         if remove_workdir:
             paths.append(instance["workdir"])

@@ -76,11 +76,15 @@ def test_the_unit_has_no_argument_and_no_secret_and_keeps_sessions_on_restart(tm
     assert unit["ExecStart"] == "/opt/devin-outposts-orchestrator/venv/bin/devin-outposts orchestrate"
     assert unit["KillMode"] == "process"
     assert unit["EnvironmentFile"] == "/etc/devin-outposts-orchestrator/orchestrator.env"
+    # The token is the orchestrator's standard input (issue 24, point 2), never in its environment.
+    assert unit["StandardInput"] == "file:/etc/devin-outposts-orchestrator/orchestrator.token"
+    assert unit["StandardOutput"] == "journal"
+    assert unit["Environment"] == "DEVIN_OUTPOSTS_TOKEN_FD=0"
     assert unit["NoNewPrivileges"] == "true" and unit["ProtectControlGroups"] == "true"
     assert TOKEN not in out["unit"]
 
 
-def test_the_env_file_carries_every_option_quoted_and_the_token_last(tmp_path: Path) -> None:
+def test_the_env_file_carries_every_option_quoted_and_no_token(tmp_path: Path) -> None:
     role_vars = {
         **BASE,
         "devin_outposts_orchestrator_driver": "kubernetes",
@@ -99,7 +103,8 @@ def test_the_env_file_carries_every_option_quoted_and_the_token_last(tmp_path: P
     assert "DEVIN_ORCHESTRATOR_ACCEPTOR_ID" not in env  # empty: generated and kept in the state dir
     assert env["EXTRA"] == '"a \\"quoted\\" \\\\ value"'
     assert env["DEVIN_API_URL"] == '"https://api.example.com"'  # devin_outposts_orchestrator_env cannot replace it
-    assert env["DEVIN_OUTPOSTS_TOKEN"] == f'"{TOKEN}"'
+    assert not {"DEVIN_OUTPOSTS_TOKEN", "DEVIN_OUTPOSTS_TOKEN_FD", "DEVIN_OUTPOSTS_TOKEN_FILE"} & set(env), sorted(env)
+    assert TOKEN not in "\n".join(lines)
 
 
 def test_the_podman_driver_leaves_out_what_would_stop_podman(tmp_path: Path) -> None:

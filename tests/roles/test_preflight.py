@@ -237,9 +237,10 @@ def test_orchestrator_role_refuses_an_unsupported_os(tmp_path: Path) -> None:
         ({"devin_outposts_orchestrator_validate_certs": False}, "the orchestrator always verifies TLS"),
         ({"devin_outposts_orchestrator_max_concurrent": 0}, "max_concurrent, boot_timeout"),
         ({"devin_outposts_orchestrator_env": {"DEVIN_OUTPOSTS_TOKEN": "x"}}, "env must not carry DEVIN_OUTPOSTS_TOKEN"),
+        ({"devin_outposts_orchestrator_env": {"DEVIN_OUTPOSTS_TOKEN_FD": "3"}}, "env must not carry DEVIN_OUTPOSTS_TOKEN"),
         ({"devin_outposts_orchestrator_driver": "docker"}, "value of devin_outposts_orchestrator_driver must be one of"),
     ],
-    ids=["no-token", "validate-certs-false", "max-concurrent-0", "token-in-env", "unknown-driver"],
+    ids=["no-token", "validate-certs-false", "max-concurrent-0", "token-in-env", "token-fd-in-env", "unknown-driver"],
 )
 def test_orchestrator_role_refuses_bad_inputs_first(tmp_path: Path, role_vars: dict, expected: str) -> None:
     done = run_role(tmp_path, "devin.outposts.orchestrator", SYSTEMD_DEBIAN, {**ORCHESTRATOR_VARS, **role_vars})
@@ -247,4 +248,62 @@ def test_orchestrator_role_refuses_bad_inputs_first(tmp_path: Path, role_vars: d
     assert done.returncode == 2, out
     assert expected in out, out
     assert "is not the bundled version" not in out, out  # it stopped before the package check
+    assert "changed=0" in out, out
+
+
+# Issue 24, point 2: systemd hands the token file to the bundled worker and to the orchestrator as their standard
+# input (StandardInput=file:, systemd 236 or newer), so an older systemd is refused before anything changes. The
+# facts carry the version as ansible-core 2.17+ gathers it; without it the role asks systemctl (252 here).
+OLD_SYSTEMD = {**SYSTEMD_DEBIAN, "systemd": {"version": 219, "features": ""}}
+SYSTEMD_TOO_OLD = "runs systemd 219; the {} needs systemd 236 or newer, which opens its token file as its standard input"
+
+
+def test_worker_role_refuses_a_systemd_too_old_for_the_token_file(tmp_path: Path) -> None:
+    done = run_role(tmp_path, "devin.outposts.worker", OLD_SYSTEMD, {**WORKER_VARS, **NOT_BUNDLED})
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert SYSTEMD_TOO_OLD.format("bundled worker") in out, out
+    assert "is not the bundled version" not in out, out  # it stopped before the package check
+    assert "changed=0" in out, out
+
+
+def test_the_official_cli_alone_does_not_need_the_token_file(tmp_path: Path) -> None:
+    """The control: an instance of the official CLI keeps its token in its environment file, so an old systemd
+    passes (the run stops later, at the package check)."""
+    role_vars = {**WORKER_VARS, **NOT_BUNDLED, "devin_outposts_worker_instances": [
+        {"name": "main", "outpost": "o", "implementation": "devin_cli"}]}  # fmt: skip
+    done = run_role(tmp_path, "devin.outposts.worker", OLD_SYSTEMD, role_vars)
+    out = done.stdout + done.stderr
+    assert "needs systemd 236" not in out, out
+    assert "is not the bundled version" in out, out
+
+
+def test_a_systemd_read_from_systemctl_passes(tmp_path: Path) -> None:
+    """Without the systemd fact (ansible-core 2.16 does not gather it) the role reads ``systemctl --version``:
+    this machine's systemd (252 on our Debian 12 machines) passes."""
+    done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, {**WORKER_VARS, **NOT_BUNDLED})
+    out = done.stdout + done.stderr
+    assert "TASK [devin.outposts.worker : Read the version of systemd]" in out, out
+    assert "needs systemd 236" not in out, out
+    assert "is not the bundled version" in out, out
+
+
+@pytest.mark.parametrize("name", ["DEVIN_OUTPOSTS_TOKEN", "DEVIN_OUTPOSTS_TOKEN_FD", "DEVIN_OUTPOSTS_TOKEN_FILE"])
+def test_worker_role_refuses_a_token_variable_in_a_bundled_instances_env(tmp_path: Path, name: str) -> None:
+    """The worker refuses two token sources at start (exit 2, no restart): the role refuses first."""
+    role_vars = {**WORKER_VARS, "devin_outposts_worker_instances": [
+        {"name": "main", "outpost": "o"}, {"name": "b", "outpost": "o", "env": {name: "x"}}]}  # fmt: skip
+    done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, role_vars)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "Instances b: env must not carry DEVIN_OUTPOSTS_TOKEN, DEVIN_OUTPOSTS_TOKEN_FD or DEVIN_OUTPOSTS_TOKEN_FILE" in out, out
+    assert "changed=0" in out, out
+
+
+def test_orchestrator_role_refuses_a_systemd_too_old_for_the_token_file(tmp_path: Path) -> None:
+    done = run_role(tmp_path, "devin.outposts.orchestrator", OLD_SYSTEMD, ORCHESTRATOR_VARS)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert SYSTEMD_TOO_OLD.format("orchestrator") in out, out
+    assert "is not the bundled version" not in out, out
     assert "changed=0" in out, out

@@ -57,7 +57,7 @@ FAILING_TASK = "Read the outposts on the controller"
 #: The role's no_log tasks before the outpost check: their results are the only censored ones (the second is
 #: skipped here: no devin_outposts_worker_create_outpost).
 RESOLVE_TASK = "Resolve the token (devin_outposts_worker_token, else the controller's DEVIN_OUTPOSTS_TOKEN)"
-NO_LOG_TASKS = {RESOLVE_TASK, "Find the instances whose environment file would get the token that creates the outposts"}
+NO_LOG_TASKS = {RESOLVE_TASK, "Find the instances that would get the token that creates the outposts"}
 RECAP = re.compile(
     r"^localhost\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
 )

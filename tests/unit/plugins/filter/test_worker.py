@@ -120,6 +120,7 @@ def test_directories_and_leftovers():
     assert worker_instance_leftovers(rows[:1], *args) == [
         "/etc/systemd/system/devin-outposts-worker@a.service.d",
         "/etc/devin-outposts/a.env",
+        "/etc/devin-outposts/a.token",
         "/var/lib/devin-outposts/a",
         "/srv/devin-outposts/a",
     ]

@@ -1,0 +1,115 @@
+"""Where the worker role puts an instance's token: the drop-in and the environment file, rendered by Ansible from
+the role's templates with its defaults and private vars (no host needed).
+
+Issue 24, point 2: the bundled worker's token is its standard input (``StandardInput=file:<name>.token``,
+``DEVIN_OUTPOSTS_TOKEN_FD=0``) and in no environment file; the official CLI (``devin_cli``), which can read its
+token from its environment only, keeps it in its 0600 environment file. The Molecule ``default`` scenario checks
+the bundled layout on real hosts (``/proc/<pid>/environ``); no scenario runs the official CLI, so this is where
+its layout is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "worker"
+TOKEN = "unit-test-token-8d21c4"
+OWN_TOKEN = "unit-test-own-token-3f9a07"
+
+
+@pytest.fixture(autouse=True)
+def _collection_link() -> None:
+    if not (ROOT / ".cache/collections/ansible_collections/devin/outposts").exists():
+        pytest.fail("run through scripts/test.sh (scripts/lib.sh links the checkout into .cache/collections)")
+
+
+def render(tmp_path: Path, role_vars: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The drop-in and the env file of each instance of ``role_vars`` (over the role's defaults and vars)."""
+    dropin = ROLE / "templates" / "instance.conf.j2"
+    env_file = ROLE / "templates" / "worker.env.j2"
+    content = (
+        f"{{{{ {{'dropin': lookup('ansible.builtin.template', '{dropin}'), "
+        f"'env': lookup('ansible.builtin.template', '{env_file}')}} | to_json }}}}"
+    )
+    # The role's own first task, which resolves the token (the variable, else DEVIN_OUTPOSTS_TOKEN) under no_log.
+    resolve_token = next(task for task in yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+                         if task["name"].startswith("Resolve the token"))  # fmt: skip
+    resolve_instances = {"name": "Resolve the instances", "ansible.builtin.set_fact": {
+        "resolved": "{{ devin_outposts_worker_instances | devin.outposts.worker_instances({'workdir_root': "
+                    "devin_outposts_worker_workdir_root, 'data_dir': devin_outposts_worker_data_dir, 'env': "
+                    "devin_outposts_worker_env, 'api_url': devin_outposts_worker_api_url, 'has_token': true}) }}"}}  # fmt: skip
+    play = [{
+        "name": "Render the worker's drop-ins and environment files", "hosts": "localhost",
+        "connection": "local", "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+        "tasks": [resolve_token, resolve_instances, {
+            "name": "Render", "no_log": True, "loop": "{{ resolved }}",
+            "ansible.builtin.copy": {"content": content, "dest": str(tmp_path) + "/{{ item.name }}.json",
+                                     "mode": "0600"}}],
+    }]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play), encoding="utf-8")
+    (tmp_path / "vars.json").write_text(json.dumps(role_vars), encoding="utf-8")
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("DEVIN_OUTPOSTS_TOKEN", "DEVIN_API_URL")},
+        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".cache" / "collections"),
+        "ANSIBLE_LOCALHOST_WARNING": "False",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
+         str(tmp_path / "play.yml")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert TOKEN not in done.stdout + done.stderr and OWN_TOKEN not in done.stdout + done.stderr
+    return {
+        instance["name"]: json.loads((tmp_path / f"{instance['name']}.json").read_text(encoding="utf-8"))
+        for instance in role_vars["devin_outposts_worker_instances"]
+    }
+
+
+def directives(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+
+INSTANCES = {
+    "devin_outposts_worker_token": TOKEN,
+    "devin_outposts_worker_instances": [
+        {"name": "main", "outpost": "pool"},
+        {"name": "own", "outpost": "pool", "token": OWN_TOKEN},
+        {"name": "cli", "outpost": "pool", "implementation": "devin_cli", "max_sessions": 1},
+        {"name": "cliown", "outpost": "pool", "implementation": "devin_cli", "max_sessions": 1, "token": OWN_TOKEN},
+    ],
+}
+
+
+def test_a_bundled_worker_gets_its_token_on_standard_input_and_in_no_environment(tmp_path: Path) -> None:
+    out = render(tmp_path, INSTANCES)
+    for name in ("main", "own"):
+        dropin, env = directives(out[name]["dropin"]), directives(out[name]["env"])
+        assert dropin["StandardInput"] == f"file:/etc/devin-outposts/{name}.token", out[name]["dropin"]
+        assert dropin["StandardOutput"] == "journal"
+        assert dropin["Environment"] == "DEVIN_OUTPOSTS_TOKEN_FD=0"
+        assert not {"DEVIN_OUTPOSTS_TOKEN", "DEVIN_OUTPOSTS_TOKEN_FD", "DEVIN_OUTPOSTS_TOKEN_FILE"} & set(env), sorted(env)
+        assert TOKEN not in out[name]["env"] + out[name]["dropin"]
+        assert OWN_TOKEN not in out[name]["env"] + out[name]["dropin"]
+        assert env["DEVIN_OUTPOSTS_WORKER_OUTPOST"] == '"pool"'
+
+
+def test_the_official_cli_keeps_its_token_in_its_environment_file(tmp_path: Path) -> None:
+    out = render(tmp_path, INSTANCES)
+    for name, token in (("cli", TOKEN), ("cliown", OWN_TOKEN)):
+        dropin, env = directives(out[name]["dropin"]), directives(out[name]["env"])
+        assert "StandardInput" not in dropin and "Environment" not in dropin, out[name]["dropin"]
+        assert env["DEVIN_OUTPOSTS_TOKEN"] == f'"{token}"'
+        assert dropin["ExecStart"].startswith("/usr/local/bin/devin worker start")
