@@ -75,9 +75,9 @@ from urllib.parse import unquote
 import httpx
 
 from devin_outposts.api.client import QUEUE_PATH, FleetClient
+from devin_outposts.core.exits import WorkerExit
 from devin_outposts.worker import session as session_module
 from devin_outposts.worker.binary import BinaryStore
-from devin_outposts.worker.exits import WorkerExit
 from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.runner import Worker
 from devin_outposts.worker.session import SERVED

@@ -1,4 +1,4 @@
-"""The worker's Windows code paths (worker/platform.py and what uses it) on Linux, with the platform switched.
+"""The worker's Windows code paths (core/platform and what uses it) on Linux, with the platform switched.
 
 Environment building, path checks and spelling, session-id sanitising against Windows' naming rules, the
 ``windows_x64.exe`` remote's URLs, the ``msvcrt`` lock (with a fake ``msvcrt`` that keeps byte-range locks
@@ -21,11 +21,12 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from devin_outposts.worker import platform, spawn
+from devin_outposts.core import platform
+from devin_outposts.core.identity import FileLock, LockedError
+from devin_outposts.core.paths import safe_component
+from devin_outposts.worker import spawn
 from devin_outposts.worker.binary import BinaryStore, VerificationError, platform_suffix
-from devin_outposts.worker.identity import FileLock, LockedError
 from devin_outposts.worker.options import ConfigError, parse_start_args
-from devin_outposts.worker.paths import safe_component
 
 TOKEN = "cog_windows_account_token_value"
 SYSTEM_ROOT = "C:\\Windows"
@@ -417,7 +418,7 @@ def test_a_ctrl_break_that_cannot_be_sent_is_logged(caplog: pytest.LogCaptureFix
         def send_signal(self, value: int) -> None:
             raise OSError(6, "The handle is invalid")  # what a console-less service would get
 
-    with caplog.at_level("WARNING", logger="devin_outposts.worker.platform"):
+    with caplog.at_level("WARNING", logger="devin_outposts.core.platform"):
         windows().signal_group(NoConsole(), 42, kill=False)
     assert "could not send Ctrl-Break to devin-remote pid 42" in caplog.text
 

@@ -34,11 +34,11 @@ from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetConnectionError, FleetProtocolError
 from devin_outposts.api.limits import MAX_BODY_BYTES, MAX_SSE_LINE
 from devin_outposts.api.models import QueueEntry, WatchEvent
-from devin_outposts.worker import feed as queue_module
+from devin_outposts.core import feed as queue_module
+from devin_outposts.core.exits import WorkerExit
+from devin_outposts.core.feed import FEED_BACKOFF_CAP, QUICK_END_PAUSE, QueueFeed
+from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.worker.binary import BinaryError, BinaryStore
-from devin_outposts.worker.exits import WorkerExit
-from devin_outposts.worker.feed import FEED_BACKOFF_CAP, QUICK_END_PAUSE, QueueFeed
-from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.worker.runner import Worker
 from devin_outposts_sim.testing import run_sim
 

@@ -7,14 +7,15 @@ import argparse
 import re
 from pathlib import Path
 
-from devin_outposts.worker import exits
+from devin_outposts.core import exits
 from devin_outposts.worker.options import add_start_arguments
 
 ROOT = Path(__file__).resolve().parents[3]
 SRC = ROOT / "python/devin-outposts/src/devin_outposts"
 DOC = (ROOT / "docs/worker.md").read_text()
 WORKER_SOURCES = [
-    *(SRC / "worker").glob("*.py"),
+    *(SRC / "worker").rglob("*.py"),
+    *(SRC / "core").rglob("*.py"),  # the machinery the worker runs on (the orchestrator's too)
     SRC / "cli/worker.py",
 ]
 

@@ -231,7 +231,7 @@ def test_unauthorized_mid_run_exits_3(tmp_path: Path, remote: FakeRemote) -> Non
             await until(lambda: worker.fatal is not None, "the worker to notice the 401")
             await until(lambda: not worker.health()[0], "/healthz to report it")
 
-        from devin_outposts.worker.exits import WorkerExit
+        from devin_outposts.core.exits import WorkerExit
 
         with pytest.raises(WorkerExit, match="401") as caught:
             in_process(config, scenario, transport)

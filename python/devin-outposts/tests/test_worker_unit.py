@@ -18,7 +18,18 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import QueueEntry, WatchEvent
-from devin_outposts.worker import platform, spawn
+from devin_outposts.core import platform
+from devin_outposts.core.claiming import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
+from devin_outposts.core.feed import Backoff, QueueFeed, oldest_first
+from devin_outposts.core.identity import (
+    FileLock,
+    LockedError,
+    load_or_create_acceptor_id,
+)
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.paths import UnsafePathError, child_dir, safe_component
+from devin_outposts.core.pool import SessionPool
+from devin_outposts.worker import spawn
 from devin_outposts.worker.binary import (
     BinaryError,
     BinaryStore,
@@ -27,17 +38,7 @@ from devin_outposts.worker.binary import (
     parse_digest,
     platform_suffix,
 )
-from devin_outposts.worker.feed import Backoff, QueueFeed, oldest_first
-from devin_outposts.worker.identity import (
-    FileLock,
-    LockedError,
-    load_or_create_acceptor_id,
-)
-from devin_outposts.worker.metrics import Metrics
 from devin_outposts.worker.options import ConfigError, WorkerConfig, parse_metrics_addr, parse_start_args
-from devin_outposts.worker.paths import UnsafePathError, child_dir, safe_component
-from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.queue_mode import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
 from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionResult, SessionServer, renew_delay
 
 from worker_fakes import SUFFIX, DistServer, FakeFleet, FakeRemote, sha256_hex
@@ -208,7 +209,7 @@ def test_data_dir_lock_excludes_a_second_worker_process(tmp_path: Path) -> None:
             FileLock(tmp_path / "worker.lock", "the worker data directory").acquire()
         code = (
             "import sys; from pathlib import Path\n"
-            "from devin_outposts.worker.identity import FileLock, LockedError\n"
+            "from devin_outposts.core.identity import FileLock, LockedError\n"
             "try:\n FileLock(Path(sys.argv[1]), 'x').acquire()\nexcept LockedError:\n sys.exit(9)\n"
         )
         other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "worker.lock")], check=False)
@@ -1194,7 +1195,7 @@ def test_pydantic_loader_stand_in_hands_unknown_names_to_the_real_loader() -> No
 def test_states_read_as_their_values_in_logs() -> None:
     # Operators grep journals for "session X served: ..." (the upgrade scenario does): a state logs as
     # its value, whatever the Python version's default for str-mixin enums.
-    from devin_outposts.worker.queue_mode import ClaimOutcome
+    from devin_outposts.core.claiming import ClaimOutcome
     from devin_outposts.worker.session import Stop
 
     assert "%s %s" % (SERVED, Stop.LAPSED) == "served lapsed"  # noqa: UP031 - the logging style

@@ -70,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     this process undumpable (Linux): the token in its environment is then root's to read, not every
     process of its user's, a few milliseconds after the interpreter started (docs/security.md)."""
     privacy.make_undumpable()
-    from devin_outposts.worker.exits import EXIT_USAGE
+    from devin_outposts.core.exits import EXIT_USAGE
 
     words = list(sys.argv[1:] if argv is None else argv)
     first = words[0] if words else None

@@ -14,8 +14,8 @@ from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 
 # One table of exit codes for every verb (documented in docs/worker.md).
-from devin_outposts.worker import platform
-from devin_outposts.worker.exits import (
+from devin_outposts.core import platform
+from devin_outposts.core.exits import (
     EXIT_AUTH,
     EXIT_CONFLICT,
     EXIT_ERROR,

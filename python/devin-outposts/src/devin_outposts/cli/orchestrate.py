@@ -13,15 +13,15 @@ log = logging.getLogger("devin_outposts.orchestrator")
 
 def _orchestrate(args: argparse.Namespace) -> int:
     # Imported here so that other verbs do not pay for the orchestrator's modules.
+    from devin_outposts.core.logs import setup_logging
+    from devin_outposts.core.tokenfile import ENV_TOKEN, TokenSourceError, token_from_source
     from devin_outposts.orchestrator.options import build_config
     from devin_outposts.orchestrator.runner import Orchestrator
-    from devin_outposts.worker.logs import setup_logging
     from devin_outposts.worker.options import ConfigError
-    from devin_outposts.worker.tokenfile import ENV_TOKEN, TokenSourceError, token_from_source
 
     environ = dict(os.environ)
     try:
-        # DEVIN_OUTPOSTS_TOKEN_FD or _FILE (worker/tokenfile.py): the token reaches the config without ever
+        # DEVIN_OUTPOSTS_TOKEN_FD or _FILE (core/tokenfile.py): the token reaches the config without ever
         # being in this process's environment.
         token = token_from_source(os.environ)
         if token is not None:

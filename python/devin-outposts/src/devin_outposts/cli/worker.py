@@ -22,7 +22,7 @@ def _start(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc), EXIT_USAGE)
     # Imported here so that `worker outpost ...` does not pay for the worker's modules.
-    from devin_outposts.worker.logs import setup_logging
+    from devin_outposts.core.logs import setup_logging
     from devin_outposts.worker.runner import Worker
 
     setup_logging(config.log_format, config.log_level)

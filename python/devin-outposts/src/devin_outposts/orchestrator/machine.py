@@ -1,6 +1,6 @@
 """One session on one machine: provision (or adopt), start the worker, watch it, snapshot, tear down.
 
-:class:`MachineSession` is a :class:`~devin_outposts.worker.serving.ClaimedSession`: the claim is
+:class:`MachineSession` is a :class:`~devin_outposts.core.serving.ClaimedSession`: the claim is
 renewed, the session's status watched, a worker exit confirmed and restarts counted exactly as the
 worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). Its three hooks:
 
@@ -16,7 +16,7 @@ worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). 
   session is terminated).
 
 A :class:`MachineRun` turns the driver's status reads into what serving waits on: an exit code, or a
-:class:`~devin_outposts.worker.serving.LaunchError` when the worker never came up within
+:class:`~devin_outposts.core.serving.LaunchError` when the worker never came up within
 ``--boot-timeout``, ran that long without the session being served (its queue entry never ``running``),
 or the machine vanished.
 """
@@ -30,6 +30,8 @@ import time
 from typing import Callable, ClassVar, Optional
 
 from devin_outposts.api.models import QueueEntry, SessionKind, SessionStatus
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.serving import FAILED, ClaimedSession, LaunchError, SessionFleet, SessionResult
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverError,
@@ -41,8 +43,6 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerStatus,
 )
 from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.serving import FAILED, ClaimedSession, LaunchError, SessionFleet, SessionResult
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def session_spec(claim: QueueEntry, acceptor_id: str) -> SessionSpec:
 
 class MachineRun:
     """One start of the worker in a machine, as serving sees it (see
-    :class:`~devin_outposts.worker.serving.Run`)."""
+    :class:`~devin_outposts.core.serving.Run`)."""
 
     def __init__(self, session: MachineSession, *, base_restarts: int = 0) -> None:
         self.session = session

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from devin_outposts.api.client import DEFAULT_API_URL
+from devin_outposts.core.tokenfile import ENV_TOKEN
 from devin_outposts.orchestrator.drivers import DRIVERS
 from devin_outposts.worker import options as wo
 from devin_outposts.worker.options import ConfigError, MetricsAddr, Option
-from devin_outposts.worker.tokenfile import ENV_TOKEN
 
 DEFAULT_STATE_DIR = "~/.devin/orchestrator"
 RESUME_POLICIES = ("start_fresh", "snapshot")

@@ -1,6 +1,6 @@
 """How the orchestrator follows its outpost's queue: the worker's queue mode, with machines.
 
-:class:`OrchestratorQueue` is :class:`~devin_outposts.worker.queue_mode.QueueMode` with three differences
+:class:`OrchestratorQueue` is :class:`~devin_outposts.core.claiming.QueueMode` with three differences
 (docs/orchestrator.md, "The loop"):
 
 * restart recovery adopts the machines a previous run left, and keeps every session whose machine is
@@ -20,14 +20,14 @@ from typing import Optional, Protocol
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import Outpost, QueueEntry
+from devin_outposts.core.claiming import ClaimOutcome, QueueMode
+from devin_outposts.core.feed import oldest_first
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.pool import SessionPool
+from devin_outposts.core.serving import SessionResult, release_claim
 from devin_outposts.orchestrator.drivers.base import Driver, DriverError, Machine
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.worker.feed import oldest_first
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.queue_mode import ClaimOutcome, QueueMode
-from devin_outposts.worker.serving import SessionResult, release_claim
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@
    re-claiming, each with the machine the driver finds for it adopted as it is; sessions no slot can hold
    are released, and machines nobody holds any more are left to the first sweep;
 4. the queue is followed and claimed oldest first up to ``--max-concurrent``
-   (:class:`~devin_outposts.worker.queue_mode.QueueMode`); each claim becomes a
+   (:class:`~devin_outposts.core.claiming.QueueMode`); each claim becomes a
    :class:`~devin_outposts.orchestrator.machine.MachineSession` in the
-   :class:`~devin_outposts.worker.pool.SessionPool`;
+   :class:`~devin_outposts.core.pool.SessionPool`;
 5. every ``--gc-interval`` seconds a sweep (:mod:`devin_outposts.orchestrator.sweep`) removes machines
    no session of ours runs on, expired or finished snapshots and orphaned secrets, and warns when every
    slot is taken but no worker is running;
@@ -36,6 +36,13 @@ from typing import Callable, Optional
 from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetError
 from devin_outposts.api.models import QueueEntry
+from devin_outposts.core import platform
+from devin_outposts.core.exits import EXIT_AUTH, EXIT_ERROR, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, WorkerExit
+from devin_outposts.core.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
+from devin_outposts.core.logs import register_secret
+from devin_outposts.core.metrics import MetricsServer, serve_metrics
+from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
+from devin_outposts.core.serving import SessionResult
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import Driver, DriverContext, DriverError, Machine
 from devin_outposts.orchestrator.machine import MachineSession
@@ -43,13 +50,6 @@ from devin_outposts.orchestrator.metrics import orchestrator_metrics
 from devin_outposts.orchestrator.options import OrchestratorConfig
 from devin_outposts.orchestrator.queue import OrchestratorPool, OrchestratorQueue, describe_error
 from devin_outposts.orchestrator.sweep import Sweeper
-from devin_outposts.worker import platform
-from devin_outposts.worker.exits import EXIT_AUTH, EXIT_ERROR, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, WorkerExit
-from devin_outposts.worker.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
-from devin_outposts.worker.logs import register_secret
-from devin_outposts.worker.metrics import MetricsServer, serve_metrics
-from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
-from devin_outposts.worker.serving import SessionResult
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from typing import Optional, Protocol
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetError, FleetNotFound
 from devin_outposts.api.models import QueueEntry, SessionStatus
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.pool import SessionPool
 from devin_outposts.orchestrator.drivers.base import Driver, DriverError, Machine, Snapshot
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.pool import SessionPool
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Optional
 import httpx
 
 from devin_outposts.api.limits import ResponseTooLarge, read_capped
-from devin_outposts.worker import platform
+from devin_outposts.core import platform
 from devin_outposts.worker.options import SHA_RE
 
 log = logging.getLogger(__name__)

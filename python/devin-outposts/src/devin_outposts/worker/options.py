@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from devin_outposts.api.client import DEFAULT_API_URL, normalize_api_url
-from devin_outposts.worker import platform
-from devin_outposts.worker.identity import IdentityError, validate_acceptor_id
-from devin_outposts.worker.tokenfile import (
+from devin_outposts.core import platform
+from devin_outposts.core.identity import IdentityError, validate_acceptor_id
+from devin_outposts.core.tokenfile import (
     ENV_TOKEN,
     ENV_TOKEN_FD,
     ENV_TOKEN_FILE,

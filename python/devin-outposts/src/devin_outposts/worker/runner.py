@@ -1,9 +1,9 @@
 """The worker: directories, identity, locks, signals, metrics, and the dispatch to one of three modes.
 
 :class:`Worker` runs one of three modes (docs/fleet-api.md §7.1, §5.6 and §6.6), each of which drives the
-one :class:`~devin_outposts.worker.pool.SessionPool`:
+one :class:`~devin_outposts.core.pool.SessionPool`:
 
-* **queue** (the default, and ``--once``): :class:`~devin_outposts.worker.queue_mode.QueueMode` resolves
+* **queue** (the default, and ``--once``): :class:`~devin_outposts.core.claiming.QueueMode` resolves
   the outpost, takes back the sessions this acceptor still holds, then follows the queue and claims
   whenever a slot is free; ``--once`` stops claiming after the first claim and exits with its result;
 * **session** (``--session ID``): claim that one session (a renewal when we hold it already), serve it,
@@ -30,9 +30,9 @@ import httpx
 from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.worker import platform
-from devin_outposts.worker.binary import BinaryStore
-from devin_outposts.worker.exits import (
+from devin_outposts.core import platform
+from devin_outposts.core.claiming import QueueMode
+from devin_outposts.core.exits import (
     EXIT_AUTH,
     EXIT_CONFLICT,
     EXIT_ERROR,
@@ -43,7 +43,7 @@ from devin_outposts.worker.exits import (
     EXIT_USAGE,
     WorkerExit,
 )
-from devin_outposts.worker.identity import (
+from devin_outposts.core.identity import (
     DATA_LOCK_FILE,
     WORKDIR_LOCK_FILE,
     FileLock,
@@ -51,14 +51,14 @@ from devin_outposts.worker.identity import (
     LockedError,
     load_or_create_acceptor_id,
 )
-from devin_outposts.worker.logs import register_secret
-from devin_outposts.worker.metrics import Metrics, MetricsServer, serve_metrics
+from devin_outposts.core.logs import register_secret
+from devin_outposts.core.metrics import Metrics, MetricsServer, serve_metrics
+from devin_outposts.core.outposts import check_platform, resolve_outpost
+from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
+from devin_outposts.core.pool import SessionPool
+from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
+from devin_outposts.worker.binary import BinaryStore
 from devin_outposts.worker.options import WorkerConfig
-from devin_outposts.worker.outposts import check_platform, resolve_outpost
-from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
-from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.queue_mode import QueueMode
-from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
 from devin_outposts.worker.session import INTERRUPTED, SERVED, SessionResult, SessionServer
 from devin_outposts.worker.spawn import reap_stale_remote
 

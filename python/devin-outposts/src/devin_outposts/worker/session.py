@@ -1,6 +1,6 @@
 """The worker's way of serving a claimed session: ``devin-remote serve`` on this machine.
 
-:class:`SessionServer` is a :class:`~devin_outposts.worker.serving.ClaimedSession` (renewal, status
+:class:`SessionServer` is a :class:`~devin_outposts.core.serving.ClaimedSession` (renewal, status
 watching, restarts and release are there) whose launches are local ``devin-remote`` processes
 (docs/fleet-api.md §6.2):
 
@@ -22,11 +22,9 @@ from pathlib import Path
 from typing import Optional
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.worker.binary import BinaryError, BinaryStore, VerificationError
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.options import WorkerConfig
-from devin_outposts.worker.paths import child_dir, make_private_dir
-from devin_outposts.worker.serving import (
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.paths import child_dir, make_private_dir
+from devin_outposts.core.serving import (
     DETACHED,
     FAILED,
     INTERRUPTED,
@@ -40,6 +38,8 @@ from devin_outposts.worker.serving import (
     release_claim,
     renew_delay,
 )
+from devin_outposts.worker.binary import BinaryError, BinaryStore, VerificationError
+from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.spawn import RemoteProcess, build_session_env, free_port, reap_stale_remote
 
 __all__ = [

@@ -13,7 +13,7 @@ grace period) also stops the shells and tools it started. Its pid and start time
 behind before it starts a new one for the same session.
 
 That record exists before the remote can run (POSIX). The worker does not start ``devin-remote`` itself
-but a launcher (:meth:`~devin_outposts.worker.platform.HostPlatform.gated_argv`: ``/bin/sh`` waiting for
+but a launcher (:meth:`~devin_outposts.core.platform.HostPlatform.gated_argv`: ``/bin/sh`` waiting for
 one line on its standard input); it records the launcher's pid, process group and start time, which
 ``exec`` keeps, and only then writes the go-ahead, on which the launcher becomes ``devin-remote``. A worker
 killed before the go-ahead closes its end of the pipe by dying, and the launcher exits without starting
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from devin_outposts.worker import platform
+from devin_outposts.core import platform
 
 log = logging.getLogger(__name__)
 

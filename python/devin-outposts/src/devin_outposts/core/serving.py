@@ -36,8 +36,8 @@ from typing import Any, ClassVar, Optional, Protocol
 
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import Phase, QueueEntry, SessionStatus
-from devin_outposts.worker.logs import forget_secret, register_secret
-from devin_outposts.worker.metrics import Metrics
+from devin_outposts.core.logs import forget_secret, register_secret
+from devin_outposts.core.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -560,7 +560,7 @@ class Windows(HostPlatform):
 
     def stop_signals(self) -> tuple[int, ...]:
         # SIGBREAK is Ctrl-Break in a console (and what a parent's CTRL_BREAK_EVENT raises); the service
-        # host turns SERVICE_CONTROL_STOP/PRESHUTDOWN into the same drain (windows_service.py).
+        # host turns SERVICE_CONTROL_STOP/PRESHUTDOWN into the same drain (worker/windows/service.py).
         return tuple(
             getattr(signal, name) for name in ("SIGINT", "SIGBREAK", "SIGTERM") if hasattr(signal, name)
         )

@@ -2,7 +2,7 @@
 
 Every mode drives one :class:`SessionPool`: queue mode fills its slots from the queue, ``--session`` and
 direct-serve mode start one session in it. The pool knows nothing of the queue or the fleet API; it runs
-:class:`~devin_outposts.worker.serving.ClaimedSession` objects (the worker's local remotes, the
+:class:`~devin_outposts.core.serving.ClaimedSession` objects (the worker's local remotes, the
 orchestrator's machines), which do.
 
 The wake-up event is the pool's alone. Anything that may change what the owner of the pool should do
@@ -22,8 +22,8 @@ from typing import Callable, Optional
 
 from devin_outposts.api.errors import FleetAuthError
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.serving import FAILED, LOST, SERVED, ClaimedSession, SessionResult
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.serving import FAILED, LOST, SERVED, ClaimedSession, SessionResult
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Callable, Optional, Protocol
 
-from devin_outposts.worker.exits import EXIT_USAGE, WorkerExit
+from devin_outposts.core.exits import EXIT_USAGE, WorkerExit
 
 log = logging.getLogger(__name__)
 

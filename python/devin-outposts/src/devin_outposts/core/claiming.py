@@ -1,14 +1,14 @@
 """Queue mode: restart recovery, then claiming the session this worker should take whenever a slot is free.
 
-:class:`QueueMode` fills a :class:`~devin_outposts.worker.pool.SessionPool` from one outpost's queue,
+:class:`QueueMode` fills a :class:`~devin_outposts.core.pool.SessionPool` from one outpost's queue,
 through one run of ``worker start`` without ``--session`` (docs/worker.md, "Modes"):
 
 1. resolve the outpost (an outage is waited out) and check its platform (exit 6 on a mismatch, before
    any claim);
 2. restart recovery: list ``phase=claimed&acceptor_id=<mine>`` on the outpost and take each session back
    by re-claiming it (a renewal, for a fresh connect token), releasing what no slot can hold;
-3. start the :class:`~devin_outposts.worker.feed.QueueFeed` and, whenever it or a finished session wakes
-   the pool, claim the row the feed offers (:meth:`~devin_outposts.worker.feed.QueueFeed.next_claim`:
+3. start the :class:`~devin_outposts.core.feed.QueueFeed` and, whenever it or a finished session wakes
+   the pool, claim the row the feed offers (:meth:`~devin_outposts.core.feed.QueueFeed.next_claim`:
    oldest first, spread over the workers of the outpost). Each attempt asks the feed afresh, so the row is
    judged on its current copy and never from a list built before an earlier attempt's round trip. A 409
    counts as a conflict, sets the row aside for a while and waits a short random pause before the next
@@ -33,13 +33,13 @@ from typing import Callable, Optional, Protocol
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import Outpost, QueueEntry
+from devin_outposts.core.feed import QueueFeed, oldest_first
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.outposts import check_platform, entry_platform_ok, resolve_outpost
+from devin_outposts.core.pool import SessionPool
+from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
+from devin_outposts.core.serving import FAILED, LOST, ClaimedSession, SessionResult, release_claim
 from devin_outposts.worker.binary import host_os
-from devin_outposts.worker.feed import QueueFeed, oldest_first
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.outposts import check_platform, entry_platform_ok, resolve_outpost
-from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
-from devin_outposts.worker.serving import FAILED, LOST, ClaimedSession, SessionResult, release_claim
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ The role installs a service ``devin-outposts-worker-<instance>`` whose ImagePath
 and ``pywin32_system32`` on the paths and call :func:`main` with ``--instance`` and ``--env-file``. The
 token is in ``worker.env`` (ACL'd to the service account and Administrators), never in the ImagePath.
 
-:func:`main` reads ``worker.env`` with the strict parser (:mod:`~devin_outposts.worker.envfile`), builds
-the :class:`~devin_outposts.worker.options.WorkerConfig` from it the way ``worker start`` builds it from
-its environment (:mod:`~devin_outposts.worker.service_setup`), and hands the SCM a
+:func:`main` reads ``worker.env`` with the strict parser (:mod:`~devin_outposts.worker.windows.envfile`),
+builds the :class:`~devin_outposts.worker.options.WorkerConfig` from it the way ``worker start`` builds it
+from its environment (:mod:`~devin_outposts.worker.windows.setup`), and hands the SCM a
 ``win32serviceutil.ServiceFramework`` subclass (made by :func:`service_class`, so that tests can build it
 on a fake framework) whose ``SvcRun`` runs the worker:
 
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from devin_outposts.worker.exits import (
+from devin_outposts.core.exits import (
     EXIT_AUTH,
     EXIT_CONFLICT,
     EXIT_ERROR,
@@ -51,7 +51,7 @@ from devin_outposts.worker.exits import (
     WorkerExit,
 )
 from devin_outposts.worker.options import ConfigError, WorkerConfig
-from devin_outposts.worker.service_setup import HostArgs, Prepared, parse_host_args, prepare
+from devin_outposts.worker.windows.setup import HostArgs, Prepared, parse_host_args, prepare
 
 log = logging.getLogger("devin_outposts.worker.service")
 
