@@ -25,6 +25,7 @@ from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetError
 from devin_outposts.api.models import Outpost
 from devin_outposts.core.claiming import QueueMode
+from devin_outposts.core.config import ConfigError
 from devin_outposts.core.exits import EXIT_ERROR, WorkerExit
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
@@ -36,7 +37,6 @@ from devin_outposts.orchestrator.drivers.base import (
 from devin_outposts.orchestrator.drivers.process import ProcessDriver
 from devin_outposts.orchestrator.options import OrchestratorConfig, parse_args
 from devin_outposts.orchestrator.runner import Orchestrator
-from devin_outposts.worker.options import ConfigError
 from devin_outposts_sim.testing import SimHandle
 
 from worker_fakes import wait_for

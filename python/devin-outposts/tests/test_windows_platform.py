@@ -22,11 +22,12 @@ import httpx
 import pytest
 
 from devin_outposts.core import platform
+from devin_outposts.core.config import ConfigError
 from devin_outposts.core.identity import FileLock, LockedError
 from devin_outposts.core.paths import safe_component
 from devin_outposts.worker import spawn
 from devin_outposts.worker.binary import BinaryStore, VerificationError, platform_suffix
-from devin_outposts.worker.options import ConfigError, parse_start_args
+from devin_outposts.worker.options import parse_start_args
 
 TOKEN = "cog_windows_account_token_value"
 SYSTEM_ROOT = "C:\\Windows"

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from devin_outposts.worker.options import ConfigError, WorkerConfig
+from devin_outposts.core.config import ConfigError
+from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.windows import service as ws
 from devin_outposts.worker.windows import setup as service_setup
 from devin_outposts.worker.windows.envfile import EnvFileError, parse_env_text, read_env_file

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from devin_outposts.core.config import ConfigError
 from devin_outposts.core.tokenfile import TokenSourceError, token_from_source
-from devin_outposts.worker.options import ConfigError, parse_start_args
+from devin_outposts.worker.options import parse_start_args
 
 TOKEN = "cog_token_from_a_file_0123"
 

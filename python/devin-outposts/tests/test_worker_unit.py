@@ -18,8 +18,9 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import QueueEntry, WatchEvent
-from devin_outposts.core import platform
+from devin_outposts.core import platform, processes
 from devin_outposts.core.claiming import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
+from devin_outposts.core.config import ConfigError, parse_metrics_addr
 from devin_outposts.core.feed import Backoff, QueueFeed, oldest_first
 from devin_outposts.core.identity import (
     FileLock,
@@ -38,7 +39,7 @@ from devin_outposts.worker.binary import (
     parse_digest,
     platform_suffix,
 )
-from devin_outposts.worker.options import ConfigError, WorkerConfig, parse_metrics_addr, parse_start_args
+from devin_outposts.worker.options import WorkerConfig, parse_start_args
 from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionResult, SessionServer, renew_delay
 
 from worker_fakes import SUFFIX, DistServer, FakeFleet, FakeRemote, sha256_hex
@@ -934,13 +935,13 @@ def test_stale_remote_from_a_killed_worker_is_stopped(tmp_path: Path) -> None:
     state.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        started = spawn._proc_start_time(proc.pid)
-        (state / spawn.PIDFILE).write_text(
+        started = processes.start_time(proc.pid)
+        (state / processes.PIDFILE).write_text(
             f'{{"pid": {proc.pid}, "pgid": {proc.pid}, "started": "{started}"}}'
         )
-        assert spawn.reap_stale_remote(state)
+        assert processes.reap_stale_remote(state)
         assert proc.wait(timeout=10) == -9
-        assert not (state / spawn.PIDFILE).exists()
+        assert not (state / processes.PIDFILE).exists()
     finally:
         proc.kill()
         proc.wait()
@@ -949,8 +950,9 @@ def test_stale_remote_from_a_killed_worker_is_stopped(tmp_path: Path) -> None:
 def test_stale_pidfile_with_a_reused_pid_is_ignored(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        (tmp_path / spawn.PIDFILE).write_text(f'{{"pid": {proc.pid}, "pgid": {proc.pid}, "started": "1"}}')
-        assert not spawn.reap_stale_remote(tmp_path)
+        record = f'{{"pid": {proc.pid}, "pgid": {proc.pid}, "started": "1"}}'
+        (tmp_path / processes.PIDFILE).write_text(record)
+        assert not processes.reap_stale_remote(tmp_path)
         assert proc.poll() is None
     finally:
         proc.kill()

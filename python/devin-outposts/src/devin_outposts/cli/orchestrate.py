@@ -13,11 +13,11 @@ log = logging.getLogger("devin_outposts.orchestrator")
 
 def _orchestrate(args: argparse.Namespace) -> int:
     # Imported here so that other verbs do not pay for the orchestrator's modules.
+    from devin_outposts.core.config import ConfigError
     from devin_outposts.core.logs import setup_logging
     from devin_outposts.core.tokenfile import ENV_TOKEN, TokenSourceError, token_from_source
     from devin_outposts.orchestrator.options import build_config
     from devin_outposts.orchestrator.runner import Orchestrator
-    from devin_outposts.worker.options import ConfigError
 
     environ = dict(os.environ)
     try:

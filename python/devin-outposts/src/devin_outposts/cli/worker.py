@@ -11,7 +11,8 @@ import logging
 
 from devin_outposts.cli.common import EXIT_USAGE, fail, run_until_done
 from devin_outposts.cli.outpost import add_outpost_commands
-from devin_outposts.worker.options import ConfigError, add_start_arguments, build_config
+from devin_outposts.core.config import ConfigError
+from devin_outposts.worker.options import add_start_arguments, build_config
 
 log = logging.getLogger("devin_outposts.worker")
 

@@ -36,10 +36,10 @@ from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.core.feed import QueueFeed, oldest_first
 from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.outposts import check_platform, entry_platform_ok, resolve_outpost
+from devin_outposts.core.platform import host_os
 from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
 from devin_outposts.core.serving import FAILED, LOST, ClaimedSession, SessionResult, release_claim
-from devin_outposts.worker.binary import host_os
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Optional
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.core.exits import EXIT_NOT_FOUND, EXIT_PLATFORM, EXIT_USAGE, WorkerExit
-from devin_outposts.worker.binary import host_os
+from devin_outposts.core.platform import host_os
 
 log = logging.getLogger(__name__)
 

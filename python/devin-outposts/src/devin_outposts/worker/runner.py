@@ -56,11 +56,11 @@ from devin_outposts.core.metrics import Metrics, MetricsServer, serve_metrics
 from devin_outposts.core.outposts import check_platform, resolve_outpost
 from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.core.pool import SessionPool
+from devin_outposts.core.processes import reap_stale_remote
 from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
 from devin_outposts.worker.binary import BinaryStore
 from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.session import INTERRUPTED, SERVED, SessionResult, SessionServer
-from devin_outposts.worker.spawn import reap_stale_remote
 
 log = logging.getLogger(__name__)
 

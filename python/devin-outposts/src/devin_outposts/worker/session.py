@@ -24,6 +24,7 @@ from typing import Optional
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.paths import child_dir, make_private_dir
+from devin_outposts.core.processes import reap_stale_remote
 from devin_outposts.core.serving import (
     DETACHED,
     FAILED,
@@ -40,7 +41,7 @@ from devin_outposts.core.serving import (
 )
 from devin_outposts.worker.binary import BinaryError, BinaryStore, VerificationError
 from devin_outposts.worker.options import WorkerConfig
-from devin_outposts.worker.spawn import RemoteProcess, build_session_env, free_port, reap_stale_remote
+from devin_outposts.worker.spawn import RemoteProcess, build_session_env, free_port
 
 __all__ = [
     "DETACHED",

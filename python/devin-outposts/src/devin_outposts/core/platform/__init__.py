@@ -578,6 +578,11 @@ def current() -> HostPlatform:
     return _current
 
 
+def host_os() -> str:
+    """This machine's OS as an outpost platform name: ``linux``, ``macos`` or ``windows``."""
+    return current().name
+
+
 @contextlib.contextmanager
 def use(host: HostPlatform) -> Iterator[HostPlatform]:
     """Act as ``host`` inside the block (tests of the other OS's behaviour)."""

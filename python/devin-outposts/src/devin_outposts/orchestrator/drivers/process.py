@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 from devin_outposts.core import platform
 from devin_outposts.core.paths import make_private_dir
+from devin_outposts.core.processes import process_alive, reap_stale_remote
 from devin_outposts.orchestrator.drivers.base import (
     MACHINE_DATA_DIR,
     MACHINE_WORKDIR,
@@ -54,7 +55,6 @@ from devin_outposts.orchestrator.drivers.base import (
     name_taken,
     option_text,
 )
-from devin_outposts.worker.spawn import process_alive, reap_stale_remote
 
 META = "machine.json"
 PIDFILE = "worker.pid"

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from devin_outposts.core.config import ConfigError
 from devin_outposts.core.exits import (
     EXIT_AUTH,
     EXIT_CONFLICT,
@@ -50,7 +51,7 @@ from devin_outposts.core.exits import (
     EXIT_USAGE,
     WorkerExit,
 )
-from devin_outposts.worker.options import ConfigError, WorkerConfig
+from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.windows.setup import HostArgs, Prepared, parse_host_args, prepare
 
 log = logging.getLogger("devin_outposts.worker.service")

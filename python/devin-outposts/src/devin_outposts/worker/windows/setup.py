@@ -20,14 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
+from devin_outposts.core.config import ConfigError
 from devin_outposts.core.logs import JsonFormatter, RedactingFilter, TextFormatter, register_secret
 from devin_outposts.core.tokenfile import ENV_TOKEN
-from devin_outposts.worker.options import (
-    ConfigError,
-    WorkerConfig,
-    add_start_arguments,
-    build_config,
-)
+from devin_outposts.worker.options import WorkerConfig, add_start_arguments, build_config
 from devin_outposts.worker.windows.envfile import EnvFileError, read_env_file
 
 INSTANCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
