@@ -75,7 +75,7 @@ from urllib.parse import unquote
 import httpx
 
 from devin_outposts.api.client import QUEUE_PATH, FleetClient
-from devin_outposts.core.exits import WorkerExit
+from devin_outposts.core.exits import ProgramExit
 from devin_outposts.worker import session as session_module
 from devin_outposts.worker.binary import BinaryStore
 from devin_outposts.worker.options import WorkerConfig
@@ -494,7 +494,7 @@ def check_alive(tasks: Sequence[asyncio.Task[int]]) -> None:
     for task in tasks:
         if task.done():
             error = task.exception()
-            if isinstance(error, WorkerExit):
+            if isinstance(error, ProgramExit):
                 raise BenchError(f"a worker exited: {error}")
             raise BenchError(f"a worker stopped early: {error or task.result()!r}")
 

@@ -26,7 +26,7 @@ from devin_outposts.api.errors import FleetError
 from devin_outposts.api.models import Outpost
 from devin_outposts.core.claiming import QueueMode
 from devin_outposts.core.config import ConfigError
-from devin_outposts.core.exits import EXIT_ERROR, WorkerExit
+from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverContext,
@@ -192,7 +192,7 @@ def test_a_claim_loop_that_dies_ends_the_run_non_zero_with_its_sessions_detached
     sid = sim.admin.enqueue(outpost.outpost_id).session_id
     orch = start(driver)
     wait_for(lambda: not orch.thread.is_alive(), timeout=30, what="the run to end")
-    assert isinstance(orch.error, WorkerExit) and orch.error.code == EXIT_ERROR
+    assert isinstance(orch.error, ProgramExit) and orch.error.code == ExitCode.ERROR
     assert "the claim loop stopped on an unexpected error (RuntimeError: a bug in the claim loop)" in str(
         orch.error
     )
@@ -259,9 +259,9 @@ def test_the_token_never_follows_a_redirect_to_another_host(tmp_path: Path) -> N
             state_dir=tmp_path / "state", backoff_max=0.1,
         )  # fmt: skip
         driver = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING))
-        with pytest.raises(WorkerExit) as failure:
+        with pytest.raises(ProgramExit) as failure:
             asyncio.run(Orchestrator(config, driver=driver).run())
-        assert failure.value.code == EXIT_ERROR
+        assert failure.value.code == ExitCode.ERROR
         assert "redirected to" in str(failure.value)
         assert redirector.seen == []  # nothing, with or without the token, reached the other host
     finally:

@@ -6,7 +6,8 @@ import argparse
 import logging
 import os
 
-from devin_outposts.cli.common import EXIT_USAGE, fail, run_until_done
+from devin_outposts.cli.common import fail, run_until_done
+from devin_outposts.core.exits import ExitCode
 
 log = logging.getLogger("devin_outposts.orchestrator")
 
@@ -28,7 +29,7 @@ def _orchestrate(args: argparse.Namespace) -> int:
             environ[ENV_TOKEN] = token
         config = build_config(args, environ)
     except (ConfigError, TokenSourceError) as exc:
-        return fail(str(exc), EXIT_USAGE)
+        return fail(str(exc), ExitCode.USAGE)
     finally:
         environ.clear()
     setup_logging(config.log_format, config.log_level)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 
-from devin_outposts.cli.common import EXIT_USAGE, fail, run_until_done
+from devin_outposts.cli.common import fail, run_until_done
 from devin_outposts.cli.outpost import add_outpost_commands
 from devin_outposts.core.config import ConfigError
+from devin_outposts.core.exits import ExitCode
 from devin_outposts.worker.options import add_start_arguments, build_config
 
 log = logging.getLogger("devin_outposts.worker")
@@ -21,7 +22,7 @@ def _start(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
     except ConfigError as exc:
-        return fail(str(exc), EXIT_USAGE)
+        return fail(str(exc), ExitCode.USAGE)
     # Imported here so that `worker outpost ...` does not pay for the worker's modules.
     from devin_outposts.core.logs import setup_logging
     from devin_outposts.worker.runner import Worker

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Callable, Optional, Protocol
 
-from devin_outposts.core.exits import EXIT_USAGE, WorkerExit
+from devin_outposts.core.exits import ExitCode, ProgramExit
 
 log = logging.getLogger(__name__)
 
@@ -214,5 +214,5 @@ async def serve_metrics(
     try:
         await server.start()
     except OSError as exc:
-        raise WorkerExit(EXIT_USAGE, f"Could not serve metrics on {addr}: {exc}") from exc
+        raise ProgramExit(ExitCode.USAGE, f"Could not serve metrics on {addr}: {exc}") from exc
     return server

@@ -37,7 +37,7 @@ from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetError
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core import platform
-from devin_outposts.core.exits import EXIT_AUTH, EXIT_ERROR, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, WorkerExit
+from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.core.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
 from devin_outposts.core.logs import register_secret
 from devin_outposts.core.metrics import MetricsServer, serve_metrics
@@ -184,7 +184,7 @@ class Orchestrator:
             )
             return cls.from_options(context, self.config.driver_options)
         except DriverError as exc:
-            raise WorkerExit(EXIT_USAGE, str(exc)) from exc
+            raise ProgramExit(ExitCode.USAGE, str(exc)) from exc
 
     def _lock(self) -> FileLock:
         try:
@@ -194,11 +194,11 @@ class Orchestrator:
             if not self.acceptor_id:
                 self.acceptor_id = load_or_create_acceptor_id(self.config.state_dir)
         except LockedError as exc:
-            raise WorkerExit(EXIT_LOCKED, str(exc)) from exc
+            raise ProgramExit(ExitCode.LOCKED, str(exc)) from exc
         except (IdentityError, SharedDirectoryError) as exc:
-            raise WorkerExit(EXIT_USAGE, str(exc)) from exc
+            raise ProgramExit(ExitCode.USAGE, str(exc)) from exc
         except OSError as exc:
-            raise WorkerExit(EXIT_ERROR, f"Could not prepare {self.config.state_dir}: {exc}") from exc
+            raise ProgramExit(ExitCode.ERROR, f"Could not prepare {self.config.state_dir}: {exc}") from exc
         return lock
 
     async def run(self) -> int:
@@ -212,14 +212,15 @@ class Orchestrator:
             try:
                 await self.driver.check()
             except DriverError as exc:
-                raise WorkerExit(EXIT_ERROR, f"the {self.driver.name} driver cannot start: {exc}") from exc
+                why = f"the {self.driver.name} driver cannot start: {exc}"
+                raise ProgramExit(ExitCode.ERROR, why) from exc
             self.metrics.labels = {}
             metrics_server = await serve_metrics(self.metrics, self.health, self.config.metrics_addr)
             platform.current().install_stop_handler(loop, self.on_signal)
             self.client = self._client_factory(self.config)
             async with contextlib.AsyncExitStack() as stack:
                 if not await self._lead(stack):
-                    return EXIT_OK  # stopped while waiting to lead
+                    return ExitCode.OK  # stopped while waiting to lead
                 self.queue = OrchestratorQueue(self, self.client)
                 self.sweeper = Sweeper(self)
                 sweep_task = asyncio.ensure_future(self.sweeper.run())
@@ -228,23 +229,24 @@ class Orchestrator:
                 try:
                     await self.queue.run()
                 except FleetAuthError as exc:
-                    raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
+                    raise ProgramExit(ExitCode.AUTH, f"{exc} {AUTH_HINT}") from exc
                 except FleetError as exc:
-                    raise WorkerExit(EXIT_ERROR, str(exc)) from exc
-                except WorkerExit:
+                    raise ProgramExit(ExitCode.ERROR, str(exc)) from exc
+                except ProgramExit:
                     raise
                 except Exception as exc:  # a bug: exit non-zero with one line, never hang
                     log.debug("the claim loop stopped", exc_info=True)
-                    raise WorkerExit(
-                        EXIT_ERROR,
+                    raise ProgramExit(
+                        ExitCode.ERROR,
                         f"the claim loop stopped on an unexpected error ({describe_error(exc)}); running "
                         "sessions keep their machines and claims for the next start",
                     ) from exc
             if self.pool.fatal is not None:
-                raise WorkerExit(EXIT_AUTH, f"{self.pool.fatal} {AUTH_HINT}")
+                raise ProgramExit(ExitCode.AUTH, f"{self.pool.fatal} {AUTH_HINT}")
             if self.lost_lead:
-                raise WorkerExit(EXIT_ERROR, "lost the leader election; sessions were left to the new leader")
-            return EXIT_OK
+                why = "lost the leader election; sessions were left to the new leader"
+                raise ProgramExit(ExitCode.ERROR, why)
+            return ExitCode.OK
         finally:
             platform.current().remove_stop_handler(loop)
             if sweep_task is not None:

@@ -32,17 +32,7 @@ from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError,
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core import platform
 from devin_outposts.core.claiming import QueueMode
-from devin_outposts.core.exits import (
-    EXIT_AUTH,
-    EXIT_CONFLICT,
-    EXIT_ERROR,
-    EXIT_LOCKED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_SESSION_FAILED,
-    EXIT_USAGE,
-    WorkerExit,
-)
+from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.core.identity import (
     DATA_LOCK_FILE,
     WORKDIR_LOCK_FILE,
@@ -125,7 +115,7 @@ class Worker:
     # --- entry point ---------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        """Run until done; returns the exit code. Raises :class:`WorkerExit` for a one-line failure."""
+        """Run until done; returns the exit code. Raises :class:`ProgramExit` for a one-line failure."""
         locks: list[FileLock] = []
         metrics_server: Optional[MetricsServer] = None
         client: Optional[FleetClient] = None
@@ -153,9 +143,9 @@ class Worker:
                     return await self._run_session(client, binaries)
                 return await self._run_queue(client, binaries)
             except FleetAuthError as exc:
-                raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
+                raise ProgramExit(ExitCode.AUTH, f"{exc} {AUTH_HINT}") from exc
             except FleetError as exc:  # an answer that retrying cannot change, e.g. 400/422
-                raise WorkerExit(EXIT_ERROR, str(exc)) from exc
+                raise ProgramExit(ExitCode.ERROR, str(exc)) from exc
         finally:
             platform.current().remove_stop_handler(loop)
             if metrics_server is not None:
@@ -186,10 +176,10 @@ class Worker:
             for lock in reversed(locks):
                 lock.release()
             if isinstance(exc, LockedError):
-                raise WorkerExit(EXIT_LOCKED, str(exc)) from exc
+                raise ProgramExit(ExitCode.LOCKED, str(exc)) from exc
             if isinstance(exc, (IdentityError, SharedDirectoryError)):
-                raise WorkerExit(EXIT_USAGE, str(exc)) from exc
-            raise WorkerExit(EXIT_ERROR, f"Could not prepare the worker directories: {exc}") from exc
+                raise ProgramExit(ExitCode.USAGE, str(exc)) from exc
+            raise ProgramExit(ExitCode.ERROR, f"Could not prepare the worker directories: {exc}") from exc
         return locks
 
     def _reap_orphans(self) -> None:
@@ -232,12 +222,12 @@ class Worker:
 
     def _exit_for(self, result: SessionResult) -> int:
         if self.fatal is not None:
-            raise WorkerExit(EXIT_AUTH, f"{self.fatal} {AUTH_HINT}")
+            raise ProgramExit(ExitCode.AUTH, f"{self.fatal} {AUTH_HINT}")
         if result.outcome == SERVED:
-            return EXIT_OK
+            return ExitCode.OK
         if result.outcome == INTERRUPTED:
             return self._interrupted_code()
-        return EXIT_SESSION_FAILED
+        return ExitCode.SESSION_FAILED
 
     def _interrupted_code(self) -> int:
         return 128 + (self.signal_number or 15)  # 15: SIGTERM, also where the OS has no such signal
@@ -278,10 +268,10 @@ class Worker:
             self.queue.stop_feed()
         await self.queue.run()
         if self.fatal is not None:
-            raise WorkerExit(EXIT_AUTH, f"{self.fatal} {AUTH_HINT}")
+            raise ProgramExit(ExitCode.AUTH, f"{self.fatal} {AUTH_HINT}")
         if self.config.once and self.pool.results:
             return self._exit_for(self.pool.results[-1])
-        return EXIT_OK
+        return ExitCode.OK
 
     async def _run_direct(self, binaries: BinaryStore) -> int:
         assert self.config.session_id is not None
@@ -301,7 +291,7 @@ class Worker:
             log.info("stopped before session %s was claimed", sid, extra={"session_id": sid})
             return self._interrupted_code()
         if claim is None:
-            return EXIT_OK
+            return ExitCode.OK
         return await self._serve_one(self.server_for(claim, 0, binaries, client))
 
     async def _claim_session(self, client: FleetClient, sid: str) -> Optional[QueueEntry]:
@@ -316,13 +306,13 @@ class Worker:
         try:
             entry = await retrying(lambda: client.get_devin(sid))
         except FleetNotFound as exc:
-            raise WorkerExit(EXIT_NOT_FOUND, str(exc)) from exc
+            raise ProgramExit(ExitCode.NOT_FOUND, str(exc)) from exc
         if self.config.outpost:
             wanted = self.config.outpost
             outpost = await retrying(lambda: resolve_outpost(client, wanted))
             if entry.metadata.outpost_id != outpost.outpost_id:
-                raise WorkerExit(
-                    EXIT_NOT_FOUND,
+                raise ProgramExit(
+                    ExitCode.NOT_FOUND,
                     f"session {sid} is queued on outpost {entry.metadata.outpost_id}, not on {wanted}",
                 )
             check_platform(outpost, entry)
@@ -340,8 +330,8 @@ class Worker:
         try:
             claim = await retrying(lambda: client.claim(sid, self.acceptor_id))
         except FleetConflict as exc:
-            raise WorkerExit(EXIT_CONFLICT, f"{exc} (held by another acceptor)") from exc
+            raise ProgramExit(ExitCode.CONFLICT, f"{exc} (held by another acceptor)") from exc
         except FleetNotFound as exc:
-            raise WorkerExit(EXIT_NOT_FOUND, str(exc)) from exc
+            raise ProgramExit(ExitCode.NOT_FOUND, str(exc)) from exc
         self.metrics.inc("sessions_claimed")
         return claim

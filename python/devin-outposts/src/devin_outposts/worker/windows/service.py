@@ -39,18 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from devin_outposts.core.config import ConfigError
-from devin_outposts.core.exits import (
-    EXIT_AUTH,
-    EXIT_CONFLICT,
-    EXIT_ERROR,
-    EXIT_LOCKED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_PLATFORM,
-    EXIT_SESSION_FAILED,
-    EXIT_USAGE,
-    WorkerExit,
-)
+from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.windows.setup import HostArgs, Prepared, parse_host_args, prepare
 
@@ -86,16 +75,16 @@ STOP_MARGIN = 15.0
 
 #: The Linux unit's ``RestartPreventExitStatus=2 3 4 6``: a restart cannot help, a person must act.
 NO_RESTART: dict[int, str] = {
-    EXIT_USAGE: "the configuration is unusable (usage)",
-    EXIT_AUTH: "the API token was refused",
-    EXIT_NOT_FOUND: "the outpost was not found",
-    EXIT_PLATFORM: "the outpost's platform is not this machine's",
+    ExitCode.USAGE: "the configuration is unusable (usage)",
+    ExitCode.AUTH: "the API token was refused",
+    ExitCode.NOT_FOUND: "the outpost was not found",
+    ExitCode.PLATFORM: "the outpost's platform is not this machine's",
 }
 _MEANING: dict[int, str] = {
-    EXIT_ERROR: "unexpected error",
-    EXIT_CONFLICT: "the session is claimed by another worker",
-    EXIT_SESSION_FAILED: "the session failed",
-    EXIT_LOCKED: "another worker holds the data or working directory",
+    ExitCode.ERROR: "unexpected error",
+    ExitCode.CONFLICT: "the session is claimed by another worker",
+    ExitCode.SESSION_FAILED: "the session failed",
+    ExitCode.LOCKED: "another worker holds the data or working directory",
 }
 
 
@@ -120,7 +109,7 @@ def service_exit_for(code: int, *, stop_requested: bool) -> ServiceExit:
       does not restart a worker that cannot work, with the reason in the event log and the log file;
     * anything else: ``ERROR_SERVICE_SPECIFIC_ERROR`` with the code, so that recovery restarts it.
     """
-    if code == EXIT_OK:
+    if code == ExitCode.OK:
         return ServiceExit(code, NO_ERROR, 0, False, "the worker stopped")
     if code in NO_RESTART:
         return ServiceExit(
@@ -205,17 +194,17 @@ class WorkerService:
             if self.startup_error is not None or self.config is None:
                 self.last_error = f"cannot start the worker: {self.startup_error}"
                 log.error("%s", self.last_error)
-                return EXIT_USAGE
+                return ExitCode.USAGE
             try:
                 return asyncio.run(self._main(self.config))
-            except WorkerExit as exc:  # one line, never a token (the worker's rule for these)
+            except ProgramExit as exc:  # one line, never a token (the worker's rule for these)
                 self.last_error = str(exc)
                 log.error("%s", exc)
                 return exc.code
             except Exception as exc:
                 self.last_error = f"the worker failed: {type(exc).__name__}"
                 log.exception("the worker failed")
-                return EXIT_ERROR
+                return ExitCode.ERROR
         finally:
             with self._lock:
                 self._done = True
@@ -362,7 +351,7 @@ def finish(
         logging.shutdown()
         exit_process(outcome.code)
         return
-    if outcome.code == EXIT_OK:
+    if outcome.code == ExitCode.OK:
         log.info("%s", outcome.reason)
         events.info(outcome.reason)
     else:
@@ -440,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         host = parse_host_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         print(f"devin-outposts service host: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     prepared = prepare(host)
     if host.debug:
         core = WorkerService(
@@ -451,7 +440,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return code
     try:
         return _dispatch(host, prepared)
-    except WorkerExit as exc:
+    except ProgramExit as exc:
         log.error("%s", exc)
         return exc.code
 
@@ -489,11 +478,11 @@ def _dispatch(host: HostArgs, prepared: Prepared) -> int:
         try:
             dispatch()
         except pywintypes.error as exc:  # 1063: started from a console, not by the SCM
-            raise WorkerExit(
-                EXIT_USAGE,
+            raise ProgramExit(
+                ExitCode.USAGE,
                 f"could not connect to the service control manager ({exc}); use --debug in a console",
             ) from exc
-        return EXIT_OK
-    raise WorkerExit(
-        EXIT_USAGE, "the service host runs on Windows only; use --debug to run it in this console"
+        return ExitCode.OK
+    raise ProgramExit(
+        ExitCode.USAGE, "the service host runs on Windows only; use --debug to run it in this console"
     )
