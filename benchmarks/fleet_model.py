@@ -3,7 +3,7 @@
 ``claim_latency.py`` runs one ``devin-outposts worker start`` process per worker, which caps a 2-core
 machine at about 50 workers. This model runs W :class:`~devin_outposts.worker.runner.Worker` objects on
 one event loop instead, so that 10, 50, 200 and 1,000 workers can be measured. Each worker is the real
-code from end to end (``Worker``, ``QueueMode``, ``QueueFeed``, ``SessionServer`` and ``FleetClient``:
+code from end to end (``Worker``, ``ClaimLoop``, ``QueueFeed``, ``SessionServer`` and ``FleetClient``:
 list, watch, claims, 409 handling, renewals, status checks, confirm reads, release), each with its own
 acceptor id, data directory, working directory and HTTP connections, over real sockets to a
 ``devin-outposts-sim serve`` process with default settings (one fresh SQLite file per run). Only two

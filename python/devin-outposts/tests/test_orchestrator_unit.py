@@ -24,7 +24,7 @@ from orchestrator_fakes import Running, ScriptedDriver
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetError
 from devin_outposts.api.models import Outpost
-from devin_outposts.core.claiming import QueueMode
+from devin_outposts.core.claiming import ClaimLoop
 from devin_outposts.core.config import ConfigError
 from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.orchestrator.drivers.base import (
@@ -176,9 +176,9 @@ def test_a_claim_loop_that_dies_ends_the_run_non_zero_with_its_sessions_detached
 ) -> None:
     """No error may leave the orchestrator alive but not claiming: if the loop ends on one all the same,
     the run ends at once with exit code 1, its sessions left running and their claims held."""
-    real_loop = QueueMode.claim_loop
+    real_loop = ClaimLoop.claim_loop
 
-    async def dies(self: QueueMode) -> None:
+    async def dies(self: ClaimLoop) -> None:
         claiming = asyncio.ensure_future(real_loop(self))
         while not self.pool.running:  # noqa: ASYNC110 - the pool's own event is the claim loop's
             await asyncio.sleep(0.05)
@@ -187,7 +187,7 @@ def test_a_claim_loop_that_dies_ends_the_run_non_zero_with_its_sessions_detached
             await claiming
         raise RuntimeError("a bug in the claim loop")
 
-    monkeypatch.setattr(QueueMode, "claim_loop", dies)
+    monkeypatch.setattr(ClaimLoop, "claim_loop", dies)
     driver = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING))
     sid = sim.admin.enqueue(outpost.outpost_id).session_id
     orch = start(driver)

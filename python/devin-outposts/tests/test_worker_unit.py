@@ -19,7 +19,7 @@ import pytest
 
 from devin_outposts.api.models import QueueEntry, WatchEvent
 from devin_outposts.core import platform, processes
-from devin_outposts.core.claiming import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
+from devin_outposts.core.claiming import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, ClaimLoop, conflict_pause
 from devin_outposts.core.config import ConfigError, parse_metrics_addr
 from devin_outposts.core.feed import Backoff, QueueFeed, oldest_first
 from devin_outposts.core.identity import (
@@ -40,7 +40,15 @@ from devin_outposts.worker.binary import (
     platform_suffix,
 )
 from devin_outposts.worker.options import WorkerConfig, parse_start_args
-from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionResult, SessionServer, renew_delay
+from devin_outposts.worker.session import (
+    FAILED,
+    LOST,
+    SERVED,
+    SessionResult,
+    SessionServer,
+    WorkerHost,
+    renew_delay,
+)
 
 from worker_fakes import SUFFIX, DistServer, FakeFleet, FakeRemote, sha256_hex
 
@@ -1012,14 +1020,15 @@ def test_claim_next_never_claims_a_row_that_ended_during_an_earlier_attempt(tmp_
         started.append(claim.session_id)
         return FakeServer(claim.session_id, slot)
 
-    async def scenario() -> tuple[RacingFleet, QueueMode, str]:
+    async def scenario() -> tuple[RacingFleet, ClaimLoop, str]:
         feed = QueueFeed(object(), "o", "me")  # type: ignore[arg-type]
         feed.replace_all([entry("a", 1), entry("b", 2), entry("c", 3)])
         fleet = RacingFleet(feed, "a", "b")
         metrics = Metrics()
         pool = SessionPool(1, metrics, drain_timeout=1.0)
         config = WorkerConfig(token=TOKEN, poll_interval=5.0)
-        mode = QueueMode(config, fleet, pool, metrics, "me", server_for)  # type: ignore[arg-type]
+        host = WorkerHost(config, acceptor_id="me", metrics=metrics, server_for=server_for)
+        mode = ClaimLoop(config, fleet, pool, metrics, "me", host)  # type: ignore[arg-type]
         mode.feed = feed
         outcome = await mode.claim_next()
         await pool.drain()

@@ -1,6 +1,6 @@
 """The orchestrator: claim first, then a fresh machine per session, through one driver.
 
-:class:`Orchestrator` is the worker's queue mode with machines instead of local remotes
+:class:`Orchestrator` runs the core claim loop with machines instead of local remotes
 (docs/orchestrator.md):
 
 1. start-up: the state dir (private) and its lock (two orchestrators on one state dir never both act;
@@ -11,7 +11,8 @@
    re-claiming, each with the machine the driver finds for it adopted as it is; sessions no slot can hold
    are released, and machines nobody holds any more are left to the first sweep;
 4. the queue is followed and claimed oldest first up to ``--max-concurrent``
-   (:class:`~devin_outposts.core.claiming.QueueMode`); each claim becomes a
+   (:class:`~devin_outposts.core.claiming.ClaimLoop`); its host,
+   :class:`~devin_outposts.orchestrator.queue.MachineHost`, makes each claim a
    :class:`~devin_outposts.orchestrator.machine.MachineSession` in the
    :class:`~devin_outposts.core.pool.SessionPool`;
 5. every ``--gc-interval`` seconds a sweep (:mod:`devin_outposts.orchestrator.sweep`) removes machines
@@ -20,8 +21,9 @@
 6. SIGTERM/SIGINT: no more claims; running sessions keep their machines and claims (they are
    *detached*) and the orchestrator exits; the next start adopts them. A second signal is the same.
 
-Exit codes are the worker's: 2 bad options, 3 token refused, 4 outpost not found, 6 platform mismatch,
-8 state dir locked by another orchestrator, 1 anything else (a driver that cannot start).
+Exit codes are the worker's (:class:`~devin_outposts.core.exits.ExitCode`): 2 bad options, 3 token
+refused, 4 outpost not found, 6 platform mismatch, 8 state dir locked by another orchestrator, 1 anything
+else (a driver that cannot start).
 """
 
 from __future__ import annotations
@@ -30,25 +32,26 @@ import asyncio
 import contextlib
 import logging
 import ssl
-import time
+from collections.abc import Mapping
 from typing import Callable, Optional
 
 from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetError
-from devin_outposts.api.models import QueueEntry
 from devin_outposts.core import platform
+from devin_outposts.core.claiming import ClaimLoop
 from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.core.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
 from devin_outposts.core.logs import register_secret
 from devin_outposts.core.metrics import MetricsServer, serve_metrics
 from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
+from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.serving import SessionResult
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import Driver, DriverContext, DriverError, Machine
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.metrics import orchestrator_metrics
 from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.orchestrator.queue import OrchestratorPool, OrchestratorQueue, describe_error
+from devin_outposts.orchestrator.queue import MachineHost, describe_error, detach_sessions
 from devin_outposts.orchestrator.sweep import Sweeper
 
 log = logging.getLogger(__name__)
@@ -74,15 +77,12 @@ class Orchestrator:
         self.driver = driver
         self.metrics = orchestrator_metrics()
         self.metrics.set("max_concurrent", config.max_concurrent)
-        self.pool = OrchestratorPool(config.max_concurrent, self.metrics, drain_timeout=DETACH_DRAIN)
+        self.pool = SessionPool(config.max_concurrent, self.metrics, drain_timeout=DETACH_DRAIN)
         self.acceptor_id = config.acceptor_id or ""
-        self.outpost_id: Optional[str] = None
-        self.queue: Optional[OrchestratorQueue] = None
+        self.host: Optional[MachineHost] = None
+        self.queue: Optional[ClaimLoop] = None
         self.client: Optional[FleetClient] = None
         self.sweeper: Optional[Sweeper] = None
-        #: Machines found at start-up, by session, until recovery has taken back its claims.
-        self.adoptable: dict[str, Machine] = {}
-        self.results: list[SessionResult] = []
         #: The driver's leader election was lost: the run ends non-zero (a supervisor restarts it).
         self.lost_lead = False
         self._lead_watch: Optional[asyncio.Task[None]] = None
@@ -96,8 +96,23 @@ class Orchestrator:
     # --- what /healthz, the tests and the benchmark read ----------------------------------------------
 
     @property
-    def following(self) -> Optional[OrchestratorQueue]:
+    def following(self) -> Optional[ClaimLoop]:
         return self.queue
+
+    @property
+    def outpost_id(self) -> Optional[str]:
+        """The outpost served, once resolved."""
+        return self.host.outpost_id if self.host is not None else None
+
+    @property
+    def adoptable(self) -> Mapping[str, Machine]:
+        """Machines found at start-up, by session, until recovery has taken back its claims."""
+        return self.host.adoptable if self.host is not None else {}
+
+    @property
+    def results(self) -> list[SessionResult]:
+        """How each session that ended here ended, in order."""
+        return self.pool.results
 
     @property
     def sessions(self) -> list[MachineSession]:
@@ -112,45 +127,6 @@ class Orchestrator:
             return True, "draining"
         return True, "ok" if self.queue is not None and self.queue.ready else "starting"
 
-    # --- sessions ------------------------------------------------------------------------------------
-
-    def session_for(self, claim: QueueEntry, slot: int) -> MachineSession:
-        assert self.driver is not None
-        assert self.client is not None
-        adopt = self.adoptable.pop(claim.session_id, None)
-        session = MachineSession(
-            self.config,
-            driver=self.driver,
-            claim=claim,
-            acceptor_id=self.acceptor_id,
-            metrics=self.metrics,
-            fleet=self.client,
-            slot=slot,
-            adopt=adopt,
-            on_started=self._worker_started,
-        )
-        self.metrics.set("active_workers", len(self.pool.running) + 1)
-        return session
-
-    def _worker_started(self, session: MachineSession) -> None:
-        created = session.claim.metadata.created_at if session.claim else None
-        if created is not None and not session.adopted:
-            self.metrics.observe("session_start_seconds", max(0.0, time.time() - created))
-        log.info(
-            "session %s: worker running on %s",
-            session.session_id,
-            session.machine.name if session.machine else "?",
-            extra={"session_id": session.session_id},
-        )
-
-    def finished(self, result: SessionResult) -> None:
-        self.results.append(result)
-        self.metrics.set("active_workers", len(self.pool.running))
-        if result.infrastructure:
-            self.metrics.inc("infrastructure_errors")
-        elif result.gave_up:
-            self.metrics.inc("workers_given_up")
-
     # --- signals -------------------------------------------------------------------------------------
 
     def on_signal(self, signum: int) -> None:
@@ -164,9 +140,7 @@ class Orchestrator:
 
     def stop(self) -> None:
         """No more claims; detach every running session (machines and claims stay)."""
-        for running in self.pool.running.values():
-            running.server.request_detach()
-        self.pool.start_drain()
+        detach_sessions(self.pool)
         if self.queue is not None:
             self.queue.stop_feed()
 
@@ -221,7 +195,17 @@ class Orchestrator:
             async with contextlib.AsyncExitStack() as stack:
                 if not await self._lead(stack):
                     return ExitCode.OK  # stopped while waiting to lead
-                self.queue = OrchestratorQueue(self, self.client)
+                self.host = MachineHost(
+                    self.config,
+                    driver=self.driver,
+                    client=self.client,
+                    pool=self.pool,
+                    metrics=self.metrics,
+                    acceptor_id=self.acceptor_id,
+                )
+                self.queue = ClaimLoop(
+                    self.config, self.client, self.pool, self.metrics, self.acceptor_id, self.host
+                )
                 self.sweeper = Sweeper(self)
                 sweep_task = asyncio.ensure_future(self.sweeper.run())
                 if self.pool.draining:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Optional, Protocol
 
 from devin_outposts.api.client import FleetClient
@@ -53,8 +54,14 @@ class SweepOwner(Protocol):
     client: Optional[FleetClient]
     metrics: Metrics
     acceptor_id: str
-    outpost_id: Optional[str]
-    adoptable: dict[str, Machine]
+
+    @property
+    def outpost_id(self) -> Optional[str]:
+        """The outpost served, once resolved."""
+
+    @property
+    def adoptable(self) -> Mapping[str, Machine]:
+        """Machines found at start-up that recovery has not taken back yet."""
 
     @property
     def pool(self) -> SessionPool:
@@ -62,7 +69,7 @@ class SweepOwner(Protocol):
 
     @property
     def following(self) -> Optional[Following]:
-        """The queue mode, once it exists."""
+        """The claim loop, once it exists."""
 
     @property
     def sessions(self) -> list[MachineSession]:

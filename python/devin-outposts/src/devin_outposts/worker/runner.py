@@ -3,9 +3,10 @@
 :class:`Worker` runs one of three modes (docs/fleet-api.md §7.1, §5.6 and §6.6), each of which drives the
 one :class:`~devin_outposts.core.pool.SessionPool`:
 
-* **queue** (the default, and ``--once``): :class:`~devin_outposts.core.claiming.QueueMode` resolves
-  the outpost, takes back the sessions this acceptor still holds, then follows the queue and claims
-  whenever a slot is free; ``--once`` stops claiming after the first claim and exits with its result;
+* **queue** (the default, and ``--once``): :class:`~devin_outposts.core.claiming.ClaimLoop`, with a
+  :class:`~devin_outposts.worker.session.WorkerHost` for what runs each claim, resolves the outpost,
+  takes back the sessions this acceptor still holds, then follows the queue and claims whenever a slot is
+  free; ``--once`` stops claiming after the first claim and exits with its result;
 * **session** (``--session ID``): claim that one session (a renewal when we hold it already), serve it,
   exit;
 * **direct** (``DEVIN_REMOTE_SESSION_TOKEN`` set): serve the session with the given token and gateway and
@@ -31,7 +32,7 @@ from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core import platform
-from devin_outposts.core.claiming import QueueMode
+from devin_outposts.core.claiming import ClaimLoop
 from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.core.identity import (
     DATA_LOCK_FILE,
@@ -50,7 +51,7 @@ from devin_outposts.core.processes import reap_stale_remote
 from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
 from devin_outposts.worker.binary import BinaryStore
 from devin_outposts.worker.options import WorkerConfig
-from devin_outposts.worker.session import INTERRUPTED, SERVED, SessionResult, SessionServer
+from devin_outposts.worker.session import INTERRUPTED, SERVED, SessionResult, SessionServer, WorkerHost
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Worker:
         self.acceptor_id = config.acceptor_id or ""
         self.pool = SessionPool(config.max_sessions, self.metrics, drain_timeout=config.drain_timeout)
         self.signal_number: Optional[int] = None
-        self.queue: Optional[QueueMode] = None
+        self.queue: Optional[ClaimLoop] = None
         self._serving_one = False
         self._ssl: Optional[ssl.SSLContext] = None
 
@@ -256,15 +257,14 @@ class Worker:
         return self._exit_for(self.pool.results[-1])
 
     async def _run_queue(self, client: FleetClient, binaries: BinaryStore) -> int:
-        self.queue = QueueMode(
+        host = WorkerHost(
             self.config,
-            client,
-            self.pool,
-            self.metrics,
-            self.acceptor_id,
-            lambda claim, slot: self.server_for(claim, slot, binaries, client),
+            acceptor_id=self.acceptor_id,
+            metrics=self.metrics,
+            server_for=lambda claim, slot: self.server_for(claim, slot, binaries, client),
         )
-        if self.pool.draining:  # a signal came before the queue mode existed
+        self.queue = ClaimLoop(self.config, client, self.pool, self.metrics, self.acceptor_id, host)
+        if self.pool.draining:  # a signal came before the claim loop existed
             self.queue.stop_feed()
         await self.queue.run()
         if self.fatal is not None:
