@@ -1,4 +1,4 @@
-"""The worker's Windows code paths (core/platform and what uses it) on Linux, with the platform switched.
+"""The worker's Windows code paths (core/platform/windows.py and what uses it) on Linux, with the platform switched.
 
 Environment building, path checks and spelling, session-id sanitising against Windows' naming rules, the
 ``windows_x64.exe`` remote's URLs, the ``msvcrt`` lock (with a fake ``msvcrt`` that keeps byte-range locks
@@ -25,6 +25,7 @@ from devin_outposts.core import platform
 from devin_outposts.core.config import ConfigError
 from devin_outposts.core.identity import FileLock, LockedError
 from devin_outposts.core.paths import safe_component
+from devin_outposts.core.platform import windows as windows_platform
 from devin_outposts.worker import spawn
 from devin_outposts.worker.binary import BinaryStore, VerificationError, platform_suffix
 from devin_outposts.worker.options import parse_start_args
@@ -143,7 +144,7 @@ def test_secret_names(name: str, secret: bool) -> None:
 
 
 def test_the_registry_reader_is_empty_off_windows() -> None:
-    assert platform._read_machine_env() == {}
+    assert windows_platform._read_machine_env() == {}
 
 
 class FakeRegistryKey:
@@ -193,7 +194,7 @@ def test_the_registry_reader_expands_reg_expand_sz_and_skips_other_types() -> No
             ("NUMBER_OF_PROCESSORS", 8, 4),
         ]
     )
-    env = platform._read_machine_env(registry)
+    env = windows_platform._read_machine_env(registry)
     assert env == {
         "Path": "C:\\Windows\\system32;C:\\Windows",
         "ComSpec": "C:\\Windows\\system32\\cmd.exe",
@@ -201,7 +202,7 @@ def test_the_registry_reader_expands_reg_expand_sz_and_skips_other_types() -> No
     }
     assert registry.opened == [(0x80000002, platform.WINDOWS_ENVIRONMENT_KEY)]  # type: ignore[attr-defined]
     assert platform.WINDOWS_ENVIRONMENT_KEY.endswith("\\Control\\Session Manager\\Environment")
-    assert platform._read_machine_env(fake_winreg([], readable=False)) == {}
+    assert windows_platform._read_machine_env(fake_winreg([], readable=False)) == {}
 
 
 # --- session ids as Windows file names -----------------------------------------------------------------
