@@ -1,4 +1,5 @@
-"""The worker's Windows code paths (core/platform/windows.py and what uses it) on Linux, with the platform switched.
+"""The worker's Windows code paths on Linux, with the platform switched (core/platform/windows.py and what
+uses it).
 
 Environment building, path checks and spelling, session-id sanitising against Windows' naming rules, the
 ``windows_x64.exe`` remote's URLs, the ``msvcrt`` lock (with a fake ``msvcrt`` that keeps byte-range locks

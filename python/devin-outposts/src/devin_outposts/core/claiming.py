@@ -45,7 +45,8 @@ from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.outposts import check_platform, entry_platform_ok, resolve_outpost
 from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
-from devin_outposts.core.serving import FAILED, LOST, ClaimedSession, SessionResult, release_claim
+from devin_outposts.core.serving import ClaimedSession
+from devin_outposts.core.sessions import FAILED, LOST, SessionResult, release_claim
 
 log = logging.getLogger(__name__)
 

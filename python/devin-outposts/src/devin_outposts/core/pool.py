@@ -23,7 +23,8 @@ from typing import Callable, Optional
 from devin_outposts.api.errors import FleetAuthError
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core.metrics import Metrics
-from devin_outposts.core.serving import FAILED, LOST, SERVED, ClaimedSession, SessionResult
+from devin_outposts.core.serving import ClaimedSession
+from devin_outposts.core.sessions import FAILED, LOST, SERVED, SessionResult
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from typing import Callable, ClassVar, Optional
 
 from devin_outposts.api.models import QueueEntry, SessionKind, SessionStatus
 from devin_outposts.core.metrics import Metrics
-from devin_outposts.core.serving import FAILED, ClaimedSession, LaunchError, SessionFleet, SessionResult
+from devin_outposts.core.serving import ClaimedSession
+from devin_outposts.core.sessions import FAILED, LaunchError, SessionFleet, SessionResult
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverError,

@@ -31,7 +31,7 @@ from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.core.claiming import KeepOverCap
 from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.pool import SessionPool
-from devin_outposts.core.serving import SessionResult
+from devin_outposts.core.sessions import SessionResult
 from devin_outposts.orchestrator.drivers.base import Driver, DriverError, Machine
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.options import OrchestratorConfig

@@ -45,7 +45,7 @@ from devin_outposts.core.logs import register_secret
 from devin_outposts.core.metrics import MetricsServer, serve_metrics
 from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.core.pool import SessionPool
-from devin_outposts.core.serving import SessionResult
+from devin_outposts.core.sessions import SessionResult
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import Driver, DriverContext, DriverError, Machine
 from devin_outposts.orchestrator.machine import MachineSession

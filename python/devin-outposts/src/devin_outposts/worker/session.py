@@ -33,13 +33,13 @@ from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.paths import child_dir, make_private_dir
 from devin_outposts.core.platform import host_os
 from devin_outposts.core.processes import reap_stale_remote
-from devin_outposts.core.serving import (
+from devin_outposts.core.serving import ClaimedSession
+from devin_outposts.core.sessions import (
     DETACHED,
     FAILED,
     INTERRUPTED,
     LOST,
     SERVED,
-    ClaimedSession,
     Outcome,
     SessionFleet,
     SessionResult,
