@@ -39,9 +39,9 @@ from typing import Callable, Optional, Protocol
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
-from devin_outposts.api.models import Outpost, QueueEntry
+from devin_outposts.api.models import Outpost, Phase, QueueEntry
 from devin_outposts.core.feed import QueueFeed, oldest_first
-from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.metrics import Health, Metrics
 from devin_outposts.core.outposts import check_platform, entry_platform_ok, resolve_outpost
 from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
@@ -277,7 +277,7 @@ class ClaimLoop:
 
     async def _take_back(self, outpost_id: str, keep_over_cap: KeepOverCap) -> None:
         client, me, pool = self.client, self.acceptor_id, self.pool
-        held = (await client.list_all_devins(outpost=outpost_id, phase="claimed", acceptor_id=me))[0]
+        held = (await client.list_all_devins(outpost=outpost_id, phase=Phase.CLAIMED, acceptor_id=me))[0]
         for entry in oldest_first(e for e in held if e.status.acceptor_id in (None, me)):
             sid = entry.session_id
             if sid in pool.held:
@@ -440,3 +440,15 @@ class ClaimLoop:
             self.looking_since = None  # the next free slot starts looking afresh
             return ClaimOutcome.CLAIMED
         return ClaimOutcome.IDLE
+
+
+def health(pool: SessionPool, loop: Optional[ClaimLoop], *, ready: bool) -> Health:
+    """What ``/healthz`` says of a program that runs ``pool`` (and ``loop``, in queue mode): ``ready`` is
+    whether it follows the queue (or serves its one session) yet."""
+    if pool.fatal is not None:
+        return Health.UNAUTHORIZED
+    if loop is not None and loop.feed_stopped:
+        return Health.FEED_STOPPED
+    if pool.draining:
+        return Health.DRAINING
+    return Health.OK if ready else Health.STARTING

@@ -292,8 +292,7 @@ class ClaimedSession(abc.ABC):
         if why is Stop.GONE:
             return SessionResult(sid, SERVED, "entry gone", finished=True)
         if why is Stop.TERMINATED:
-            terminated = SessionStatus.TERMINATED.value
-            return SessionResult(sid, SERVED, "session terminated", terminated, finished=True)
+            return SessionResult(sid, SERVED, "session terminated", SessionStatus.TERMINATED, finished=True)
         return self._interrupted()
 
     async def _pause(self, seconds: float) -> None:
@@ -401,7 +400,7 @@ class ClaimedSession(abc.ABC):
                 status = entry.status.session_status
                 if status in (SessionStatus.SUSPENDED, SessionStatus.TERMINATED):
                     detail, finished = f"session {status}", status == SessionStatus.TERMINATED
-                    return SessionResult(self.session_id, SERVED, detail, status.value, finished=finished)
+                    return SessionResult(self.session_id, SERVED, detail, status, finished=finished)
                 if self._evaluate(entry) is Stop.LOST:
                     self._ended = Stop.LOST
                     return self._ended_result(Stop.LOST)

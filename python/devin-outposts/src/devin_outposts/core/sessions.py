@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
 from devin_outposts.api.errors import FleetAuthError, FleetError
-from devin_outposts.api.models import QueueEntry
+from devin_outposts.api.models import QueueEntry, SessionStatus
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class SessionResult:
     session_id: str
     outcome: Outcome
     detail: str
-    session_status: Optional[str] = None
+    session_status: Optional[SessionStatus] = None
     refused_binary: bool = False
     #: The session is over for good (terminated, or its entry gone): its state can go.
     finished: bool = False

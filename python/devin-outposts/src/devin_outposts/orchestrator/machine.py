@@ -43,7 +43,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerState,
     WorkerStatus,
 )
-from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.orchestrator.options import OrchestratorConfig, ResumePolicy
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,7 @@ class MachineSession(ClaimedSession):
         self.config = config
         self.driver = driver
         self.spec = session_spec(claim, acceptor_id)
+        self.kind = claim.spec.kind or SessionKind.NEW
         self.machine: Optional[Machine] = adopt
         self.adopted = adopt is not None
         self.on_started = on_started
@@ -249,7 +250,7 @@ class MachineSession(ClaimedSession):
         log.info(
             "provisioned machine %s", self.machine.name, extra={**self._extra, "machine": self.machine.name}
         )
-        if self.spec.kind == SessionKind.RESUME.value and self.config.resume_policy == "snapshot":
+        if self.kind is SessionKind.RESUME and self.config.resume_policy is ResumePolicy.SNAPSHOT:
             return await self._restore()
         return None
 
@@ -336,8 +337,8 @@ class MachineSession(ClaimedSession):
     async def finish(self, result: SessionResult) -> None:
         if self.machine is None:
             return
-        suspended = result.session_status == SessionStatus.SUSPENDED.value
-        if suspended and self.config.resume_policy == "snapshot":
+        suspended = result.session_status is SessionStatus.SUSPENDED
+        if suspended and self.config.resume_policy is ResumePolicy.SNAPSHOT:
             try:
                 snapshot = await self.driver.snapshot(self.machine)
             except DriverError as exc:

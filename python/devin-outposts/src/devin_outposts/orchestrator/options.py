@@ -15,6 +15,7 @@ installed) and ``--driver-opt KEY=VALUE`` (repeatable; it wins over the file). T
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,19 @@ from devin_outposts.core.tokenfile import ENV_TOKEN
 from devin_outposts.orchestrator.drivers import DRIVERS
 
 DEFAULT_STATE_DIR = "~/.devin/orchestrator"
-RESUME_POLICIES = ("start_fresh", "snapshot")
+
+
+class ResumePolicy(str, enum.Enum):
+    """What a suspended session keeps for its resume (``--resume-policy``)."""
+
+    __str__ = str.__str__  # logs and --help show the value
+
+    START_FRESH = "start_fresh"  # nothing: a resume starts on a fresh machine
+    SNAPSHOT = "snapshot"  # its state dir and repos, restored on the resume's machine
+
+
+RESUME_POLICIES = tuple(policy.value for policy in ResumePolicy)
+_policy = co.choice(*RESUME_POLICIES)
 #: Our variables' prefix (the shared rows' ``{prefix}``).
 ENV_PREFIX = "DEVIN_ORCHESTRATOR"
 
@@ -50,7 +63,7 @@ OPTIONS: tuple[Option, ...] = (
     shared_option("api_url", "main", ENV_PREFIX),
     Option("resume_policy", ("--resume-policy",), "what a suspended session keeps for its resume: nothing "
            "(start_fresh, the default) or its state dir and repos (snapshot)", "main",
-           env="DEVIN_ORCHESTRATOR_RESUME_POLICY", parse=co.choice(*RESUME_POLICIES),
+           env="DEVIN_ORCHESTRATOR_RESUME_POLICY", parse=lambda name, raw: ResumePolicy(_policy(name, raw)),
            choices=RESUME_POLICIES),
     Option("snapshot_ttl", ("--snapshot-ttl",), "seconds a snapshot is kept (default: until the session is "
            "terminated)", "main", env="DEVIN_ORCHESTRATOR_SNAPSHOT_TTL", parse=_N(float, 1)),
@@ -108,7 +121,7 @@ class OrchestratorConfig:
     acceptor_id: Optional[str] = None
     api_url: str = DEFAULT_API_URL
     token: Optional[str] = field(default=None, repr=False)
-    resume_policy: str = "start_fresh"
+    resume_policy: ResumePolicy = ResumePolicy.START_FRESH
     snapshot_ttl: Optional[float] = None
     metrics_addr: Optional[MetricsAddr] = None
     log_format: str = "text"
@@ -130,7 +143,11 @@ class OrchestratorConfig:
     stop_grace: float = 10.0
     backoff_max: float = 60.0
 
-    # What the queue mode and serving read besides the above (the worker's names).
+    def __post_init__(self) -> None:
+        # A config made in code (tests, embedding) may give the policy as its text.
+        object.__setattr__(self, "resume_policy", ResumePolicy(self.resume_policy))
+
+    # What the claim loop and serving read besides the above (the worker's names).
     @property
     def max_sessions(self) -> int:
         return self.max_concurrent

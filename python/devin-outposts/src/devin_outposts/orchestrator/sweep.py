@@ -30,7 +30,7 @@ from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.pool import SessionPool
 from devin_outposts.orchestrator.drivers.base import Driver, DriverError, Machine, Snapshot
 from devin_outposts.orchestrator.machine import MachineSession
-from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.orchestrator.options import OrchestratorConfig, ResumePolicy
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class Sweeper:
             if (
                 entry is not None
                 and entry.status.session_status == SessionStatus.SUSPENDED
-                and orch.config.resume_policy == "snapshot"
+                and orch.config.resume_policy is ResumePolicy.SNAPSHOT
             ):
                 await orch.driver.snapshot(machine)
                 why += "; its state was kept as a snapshot"

@@ -32,7 +32,7 @@ from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core import platform
-from devin_outposts.core.claiming import ClaimLoop
+from devin_outposts.core.claiming import ClaimLoop, health
 from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.core.identity import (
     DATA_LOCK_FILE,
@@ -43,7 +43,7 @@ from devin_outposts.core.identity import (
     load_or_create_acceptor_id,
 )
 from devin_outposts.core.logs import register_secret
-from devin_outposts.core.metrics import Metrics, MetricsServer, serve_metrics
+from devin_outposts.core.metrics import Health, Metrics, MetricsServer, serve_metrics
 from devin_outposts.core.outposts import check_platform, resolve_outpost
 from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.core.pool import SessionPool
@@ -99,14 +99,8 @@ class Worker:
     def results(self) -> list[SessionResult]:
         return self.pool.results
 
-    def health(self) -> tuple[bool, str]:
-        if self.fatal is not None:
-            return False, "unauthorized"
-        if self.queue is not None and self.queue.feed_stopped:
-            return False, "queue feed stopped"
-        if self.draining:
-            return True, "draining"
-        return True, "ok" if self.ready else "starting"
+    def health(self) -> Health:
+        return health(self.pool, self.queue, ready=self.ready)
 
     def _tls(self) -> ssl.SSLContext:
         if self._ssl is None:
