@@ -130,7 +130,7 @@ def survey(root: Path) -> Tree:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument(
         "--root", type=Path, default=PACKAGE, help="the devin_outposts package directory (another checkout's)"
     )

@@ -105,7 +105,6 @@ class ClaimSettings(Protocol):
         """Stop claiming after the first claim."""
 
 
-
 class SessionHost(Protocol):
     """What runs the sessions a :class:`ClaimLoop` claims, and the rules where the worker (a local
     ``devin-remote`` per session: :class:`~devin_outposts.worker.session.WorkerHost`) and the orchestrator

@@ -70,6 +70,8 @@ WINDOWS_STATE_HEADROOM = 140
 #: A working directory holds ``slot-<n>\repos\<repo>``; it cannot have the prefix at all.
 WINDOWS_WORKDIR_HEADROOM = 48
 _VERBATIM = "\\\\?\\"
+
+
 def _strip_pywin32_dirs(path_value: str) -> str:
     """``Path`` without the ``pywin32_system32`` directory the service launcher prepends for its own DLLs."""
     entries = [entry for entry in path_value.split(";") if entry]
