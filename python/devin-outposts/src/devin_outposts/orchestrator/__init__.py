@@ -9,6 +9,8 @@ and never imports the worker. Modules, each one concern:
   session, recovery that adopts machines, no single reply stopping the loop;
 * :mod:`.machine`: one session on one machine: provision (or adopt), start the worker, watch it,
   snapshot, tear down;
+* :mod:`.plan`: the decisions, as pure functions a table of cases tests: what a machine's status read
+  means (wait, exited, restarted in place, give up), what the sweep collects, snapshots or keeps;
 * :mod:`.sweep`: the garbage-collection sweep of machines, snapshots and secrets no session needs;
 * :mod:`.options`: the orchestrator's table of options → flags, environment variables and
   :class:`~.options.OrchestratorConfig`;

@@ -44,6 +44,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerStatus,
 )
 from devin_outposts.orchestrator.options import OrchestratorConfig, ResumePolicy
+from devin_outposts.orchestrator.plan import Verdict, judge_worker
 
 log = logging.getLogger(__name__)
 
@@ -106,27 +107,22 @@ class MachineRun:
                 status = self.last = await self._read()
                 if status.state is WorkerState.RUNNING:
                     self.session.worker_running()
-                    if status.restarts > self.base_restarts:  # the platform restarted a failed worker
-                        self.restarted_in_place = True
-                        self.returncode = status.exit_code if status.exit_code else 1
-                        return self.returncode
-                    if not self.session.served and self._booting_too_long():
-                        seen = self.session.latest
-                        raise LaunchError(
-                            f"the worker in machine {self.machine.name} has run for {config.boot_timeout:g}s "
-                            "without the session being served (session_status still "
-                            f"{seen.status.session_status if seen else 'unknown'})"
-                        )
-                elif status.state is WorkerState.EXITED:
-                    self.returncode = status.exit_code if status.exit_code is not None else 1
+                reading = judge_worker(
+                    status,
+                    machine=self.machine.name,
+                    base_restarts=self.base_restarts,
+                    served=self.session.served,
+                    booting_too_long=self._booting_too_long(),
+                    boot_timeout=config.boot_timeout,
+                    latest=self.session.latest,
+                )
+                if reading.verdict is Verdict.GIVE_UP:
+                    raise LaunchError(reading.why)
+                if reading.verdict is Verdict.RESTARTED:
+                    self.restarted_in_place = True
+                if reading.verdict in (Verdict.EXITED, Verdict.RESTARTED):
+                    self.returncode = reading.exit_code
                     return self.returncode
-                elif status.state is WorkerState.MISSING:
-                    raise LaunchError(f"machine {self.machine.name} vanished ({status.detail or 'gone'})")
-                elif self._booting_too_long():
-                    raise LaunchError(
-                        f"the worker in machine {self.machine.name} did not come up within "
-                        f"{config.boot_timeout:g}s ({status.detail or status.state})"
-                    )
                 await asyncio.sleep(config.status_interval)
         except LaunchError as exc:
             self._error = exc
