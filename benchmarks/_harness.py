@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from devin_outposts.worker.spawn import process_alive
+from devin_outposts.core.processes import process_alive
 from devin_outposts_sim import testing
 from devin_outposts_sim.admin_client import SimAdmin
 from devin_outposts_sim.testing import SimProcess

@@ -3,7 +3,7 @@
 ``claim_latency.py`` runs one ``devin-outposts worker start`` process per worker, which caps a 2-core
 machine at about 50 workers. This model runs W :class:`~devin_outposts.worker.runner.Worker` objects on
 one event loop instead, so that 10, 50, 200 and 1,000 workers can be measured. Each worker is the real
-code from end to end (``Worker``, ``QueueMode``, ``QueueFeed``, ``SessionServer`` and ``FleetClient``:
+code from end to end (``Worker``, ``ClaimLoop``, ``QueueFeed``, ``SessionServer`` and ``FleetClient``:
 list, watch, claims, 409 handling, renewals, status checks, confirm reads, release), each with its own
 acceptor id, data directory, working directory and HTTP connections, over real sockets to a
 ``devin-outposts-sim serve`` process with default settings (one fresh SQLite file per run). Only two
@@ -75,9 +75,9 @@ from urllib.parse import unquote
 import httpx
 
 from devin_outposts.api.client import QUEUE_PATH, FleetClient
+from devin_outposts.core.exits import ProgramExit
 from devin_outposts.worker import session as session_module
 from devin_outposts.worker.binary import BinaryStore
-from devin_outposts.worker.exits import WorkerExit
 from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.runner import Worker
 from devin_outposts.worker.session import SERVED
@@ -494,7 +494,7 @@ def check_alive(tasks: Sequence[asyncio.Task[int]]) -> None:
     for task in tasks:
         if task.done():
             error = task.exception()
-            if isinstance(error, WorkerExit):
+            if isinstance(error, ProgramExit):
                 raise BenchError(f"a worker exited: {error}")
             raise BenchError(f"a worker stopped early: {error or task.result()!r}")
 

@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
 from _faultproxy import FaultProxy
-from devin_outposts.worker.spawn import process_alive
+from devin_outposts.core.processes import process_alive
 from devin_outposts_sim.admin_client import SimAdmin, SimAdminError
 from devin_outposts_sim.testing import SimProcess
 

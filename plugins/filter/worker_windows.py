@@ -17,7 +17,7 @@ Jinja string literals in the Windows task files never hold a backslash: with ans
 task's ``{{ }}`` stays two characters, but one in a conditional or a template file, so paths are joined and
 checked here.
 
-The layout is the one devin_outposts.worker.windows_service expects (docs/windows.md, "On the host"):
+The layout is the one devin_outposts.worker.windows.service expects (docs/windows.md, "On the host"):
 ``<root>\\<instance>\\`` with ``venv\\``, ``state\\``, ``logs\\``, ``worker.env`` and ``service_host.py``.
 Unit tests: tests/unit/plugins/filter/test_worker_windows.py.
 """

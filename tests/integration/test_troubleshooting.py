@@ -83,8 +83,10 @@ def test_message_occurs_in_the_source(message: str) -> None:
 
 
 def test_the_exit_codes_are_the_workers() -> None:
-    """The exit-code table lists exactly the codes worker/exits.py defines, with the same numbers."""
-    exits = (ROOT / "python" / "devin-outposts" / "src" / "devin_outposts" / "worker" / "exits.py").read_text()
-    defined = {int(value) for value in re.findall(r"^EXIT_[A-Z_]+ = (\d+)$", exits, re.MULTILINE)}
+    """The exit-code table lists exactly the codes core/exits.py defines, with the same numbers."""
+    exits = (ROOT / "python" / "devin-outposts" / "src" / "devin_outposts" / "core" / "exits.py").read_text()
+    members = exits[exits.index("class ExitCode") :].split("\n\n\n")[0]
+    defined = {int(value) for value in re.findall(r"^    [A-Z_]+ = (\d+)$", members, re.MULTILINE)}
+    assert len(defined) >= 9, members
     listed = {int(code) for code in re.findall(r"^\| (\d+) \|", GUIDE_TEXT, re.MULTILINE)}
     assert listed == defined

@@ -232,14 +232,14 @@ def test_service_host_py_compiles_and_starts_the_service_host(
     source = (rendered["dir"] / f"{index}.py").read_text(encoding="utf-8")
     code = compile(source, f"service_host-{index}.py", "exec")
     calls: dict[str, Any] = {}
-    fake = types.ModuleType("devin_outposts.worker.windows_service")
+    fake = types.ModuleType("devin_outposts.worker.windows.service")
 
     def fake_main(argv: list[str]) -> int:
         calls["argv"] = argv
         return 0
 
     fake.main = fake_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "devin_outposts.worker.windows_service", fake)
+    monkeypatch.setitem(sys.modules, "devin_outposts.worker.windows.service", fake)
     monkeypatch.setattr(os, "add_dll_directory", lambda path: calls.setdefault("dll", path), raising=False)
     real_isdir = os.path.isdir
     monkeypatch.setattr(os.path, "isdir", lambda path: path == row["pywin32_dlls"] or real_isdir(path))

@@ -24,6 +24,9 @@ from orchestrator_fakes import Running, ScriptedDriver
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetError
 from devin_outposts.api.models import Outpost
+from devin_outposts.core.claiming import ClaimLoop
+from devin_outposts.core.config import ConfigError
+from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverContext,
@@ -34,9 +37,6 @@ from devin_outposts.orchestrator.drivers.base import (
 from devin_outposts.orchestrator.drivers.process import ProcessDriver
 from devin_outposts.orchestrator.options import OrchestratorConfig, parse_args
 from devin_outposts.orchestrator.runner import Orchestrator
-from devin_outposts.worker.exits import EXIT_ERROR, WorkerExit
-from devin_outposts.worker.options import ConfigError
-from devin_outposts.worker.queue_mode import QueueMode
 from devin_outposts_sim.testing import SimHandle
 
 from worker_fakes import wait_for
@@ -176,9 +176,9 @@ def test_a_claim_loop_that_dies_ends_the_run_non_zero_with_its_sessions_detached
 ) -> None:
     """No error may leave the orchestrator alive but not claiming: if the loop ends on one all the same,
     the run ends at once with exit code 1, its sessions left running and their claims held."""
-    real_loop = QueueMode.claim_loop
+    real_loop = ClaimLoop.claim_loop
 
-    async def dies(self: QueueMode) -> None:
+    async def dies(self: ClaimLoop) -> None:
         claiming = asyncio.ensure_future(real_loop(self))
         while not self.pool.running:  # noqa: ASYNC110 - the pool's own event is the claim loop's
             await asyncio.sleep(0.05)
@@ -187,12 +187,12 @@ def test_a_claim_loop_that_dies_ends_the_run_non_zero_with_its_sessions_detached
             await claiming
         raise RuntimeError("a bug in the claim loop")
 
-    monkeypatch.setattr(QueueMode, "claim_loop", dies)
+    monkeypatch.setattr(ClaimLoop, "claim_loop", dies)
     driver = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING))
     sid = sim.admin.enqueue(outpost.outpost_id).session_id
     orch = start(driver)
     wait_for(lambda: not orch.thread.is_alive(), timeout=30, what="the run to end")
-    assert isinstance(orch.error, WorkerExit) and orch.error.code == EXIT_ERROR
+    assert isinstance(orch.error, ProgramExit) and orch.error.code == ExitCode.ERROR
     assert "the claim loop stopped on an unexpected error (RuntimeError: a bug in the claim loop)" in str(
         orch.error
     )
@@ -259,9 +259,9 @@ def test_the_token_never_follows_a_redirect_to_another_host(tmp_path: Path) -> N
             state_dir=tmp_path / "state", backoff_max=0.1,
         )  # fmt: skip
         driver = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING))
-        with pytest.raises(WorkerExit) as failure:
+        with pytest.raises(ProgramExit) as failure:
             asyncio.run(Orchestrator(config, driver=driver).run())
-        assert failure.value.code == EXIT_ERROR
+        assert failure.value.code == ExitCode.ERROR
         assert "redirected to" in str(failure.value)
         assert redirector.seen == []  # nothing, with or without the token, reached the other host
     finally:

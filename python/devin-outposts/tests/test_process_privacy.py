@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import pytest
 
-from devin_outposts.worker import platform
+from devin_outposts.core import platform
 from devin_outposts_sim.testing import run_sim
 
 TOKEN = "cog_privacy_test_token_5c1f"

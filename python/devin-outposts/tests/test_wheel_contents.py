@@ -22,9 +22,11 @@ NEEDED = (
     "devin_outposts/py.typed",
     "devin_outposts/api/client.py",
     "devin_outposts/worker/runner.py",
-    "devin_outposts/worker/platform.py",
-    "devin_outposts/worker/windows_service.py",
-    "devin_outposts/worker/envfile.py",
+    "devin_outposts/core/claiming.py",
+    "devin_outposts/core/platform/__init__.py",
+    "devin_outposts/core/platform/windows.py",
+    "devin_outposts/worker/windows/service.py",
+    "devin_outposts/worker/windows/envfile.py",
     "devin_outposts/cli/worker.py",
 )
 

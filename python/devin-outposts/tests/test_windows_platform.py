@@ -1,4 +1,5 @@
-"""The worker's Windows code paths (worker/platform.py and what uses it) on Linux, with the platform switched.
+"""The worker's Windows code paths on Linux, with the platform switched (core/platform/windows.py and what
+uses it).
 
 Environment building, path checks and spelling, session-id sanitising against Windows' naming rules, the
 ``windows_x64.exe`` remote's URLs, the ``msvcrt`` lock (with a fake ``msvcrt`` that keeps byte-range locks
@@ -21,11 +22,14 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from devin_outposts.worker import platform, spawn
+from devin_outposts.core import platform
+from devin_outposts.core.config import ConfigError
+from devin_outposts.core.identity import FileLock, LockedError
+from devin_outposts.core.paths import safe_component
+from devin_outposts.core.platform import windows as windows_platform
+from devin_outposts.worker import spawn
 from devin_outposts.worker.binary import BinaryStore, VerificationError, platform_suffix
-from devin_outposts.worker.identity import FileLock, LockedError
-from devin_outposts.worker.options import ConfigError, parse_start_args
-from devin_outposts.worker.paths import safe_component
+from devin_outposts.worker.options import parse_start_args
 
 TOKEN = "cog_windows_account_token_value"
 SYSTEM_ROOT = "C:\\Windows"
@@ -141,7 +145,7 @@ def test_secret_names(name: str, secret: bool) -> None:
 
 
 def test_the_registry_reader_is_empty_off_windows() -> None:
-    assert platform._read_machine_env() == {}
+    assert windows_platform._read_machine_env() == {}
 
 
 class FakeRegistryKey:
@@ -191,7 +195,7 @@ def test_the_registry_reader_expands_reg_expand_sz_and_skips_other_types() -> No
             ("NUMBER_OF_PROCESSORS", 8, 4),
         ]
     )
-    env = platform._read_machine_env(registry)
+    env = windows_platform._read_machine_env(registry)
     assert env == {
         "Path": "C:\\Windows\\system32;C:\\Windows",
         "ComSpec": "C:\\Windows\\system32\\cmd.exe",
@@ -199,7 +203,7 @@ def test_the_registry_reader_expands_reg_expand_sz_and_skips_other_types() -> No
     }
     assert registry.opened == [(0x80000002, platform.WINDOWS_ENVIRONMENT_KEY)]  # type: ignore[attr-defined]
     assert platform.WINDOWS_ENVIRONMENT_KEY.endswith("\\Control\\Session Manager\\Environment")
-    assert platform._read_machine_env(fake_winreg([], readable=False)) == {}
+    assert windows_platform._read_machine_env(fake_winreg([], readable=False)) == {}
 
 
 # --- session ids as Windows file names -----------------------------------------------------------------
@@ -417,7 +421,7 @@ def test_a_ctrl_break_that_cannot_be_sent_is_logged(caplog: pytest.LogCaptureFix
         def send_signal(self, value: int) -> None:
             raise OSError(6, "The handle is invalid")  # what a console-less service would get
 
-    with caplog.at_level("WARNING", logger="devin_outposts.worker.platform"):
+    with caplog.at_level("WARNING", logger="devin_outposts.core.platform"):
         windows().signal_group(NoConsole(), 42, kill=False)
     assert "could not send Ctrl-Break to devin-remote pid 42" in caplog.text
 

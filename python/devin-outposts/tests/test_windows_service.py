@@ -1,4 +1,4 @@
-"""The Windows service host (worker/windows_service.py) on Linux, with a fake SCM and pywin32 framework.
+"""The Windows service host (worker/windows/service.py) on Linux, with a fake SCM and pywin32 framework.
 
 What is checked here is our side of the contract with the SCM: which status each control and each exit
 code of the worker produce, that STOP and PRESHUTDOWN drain the *real* worker (against the fleet
@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from devin_outposts.worker import service_setup
-from devin_outposts.worker import windows_service as ws
-from devin_outposts.worker.envfile import EnvFileError, parse_env_text, read_env_file
-from devin_outposts.worker.options import ConfigError, WorkerConfig
+from devin_outposts.core.config import ConfigError
+from devin_outposts.worker.options import WorkerConfig
+from devin_outposts.worker.windows import service as ws
+from devin_outposts.worker.windows import setup as service_setup
+from devin_outposts.worker.windows.envfile import EnvFileError, parse_env_text, read_env_file
 from devin_outposts_sim.testing import run_sim
 
 from worker_fakes import DistServer, FakeRemote, alive, kill_pids, wait_for

@@ -34,11 +34,11 @@ from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetConnectionError, FleetProtocolError
 from devin_outposts.api.limits import MAX_BODY_BYTES, MAX_SSE_LINE
 from devin_outposts.api.models import QueueEntry, WatchEvent
-from devin_outposts.worker import feed as queue_module
+from devin_outposts.core import feed as queue_module
+from devin_outposts.core.exits import ProgramExit
+from devin_outposts.core.feed import FEED_BACKOFF_CAP, QUICK_END_PAUSE, QueueFeed
+from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.worker.binary import BinaryError, BinaryStore
-from devin_outposts.worker.exits import WorkerExit
-from devin_outposts.worker.feed import FEED_BACKOFF_CAP, QUICK_END_PAUSE, QueueFeed
-from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.worker.runner import Worker
 from devin_outposts_sim.testing import run_sim
 
@@ -145,7 +145,7 @@ def test_a_shared_data_dir_is_refused_and_left_as_it_was(tmp_path: Path) -> None
     shared.mkdir()
     os.chmod(shared, 0o1777)  # noqa: S103 - like /tmp: the case under test
     config = make_config(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9/", cache_dir=shared / "cache")
-    with pytest.raises(WorkerExit, match="other users can write to it") as caught:
+    with pytest.raises(ProgramExit, match="other users can write to it") as caught:
         asyncio.run(Worker(config).run())
     assert caught.value.code == 2
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777

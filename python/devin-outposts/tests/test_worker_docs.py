@@ -7,14 +7,15 @@ import argparse
 import re
 from pathlib import Path
 
-from devin_outposts.worker import exits
-from devin_outposts.worker.options import add_start_arguments
+from devin_outposts.core import exits
+from devin_outposts.worker.options import ENV_PREFIX, OPTIONS, add_start_arguments
 
 ROOT = Path(__file__).resolve().parents[3]
 SRC = ROOT / "python/devin-outposts/src/devin_outposts"
 DOC = (ROOT / "docs/worker.md").read_text()
 WORKER_SOURCES = [
-    *(SRC / "worker").glob("*.py"),
+    *(SRC / "worker").rglob("*.py"),
+    *(SRC / "core").rglob("*.py"),  # the machinery the worker runs on (the orchestrator's too)
     SRC / "cli/worker.py",
 ]
 
@@ -29,18 +30,17 @@ def test_every_flag_is_documented() -> None:
 
 
 def test_every_environment_variable_is_documented() -> None:
-    names = set()
+    names = {option.env for option in OPTIONS if option.env}  # the shared rows spell theirs from a prefix
     for source in WORKER_SOURCES:
         names |= set(re.findall(r'"(DEVIN_[A-Z_]+)"', source.read_text()))
+    names.discard(ENV_PREFIX)
     assert "DEVIN_OUTPOSTS_TOKEN" in names and len(names) > 15, names
     missing = sorted(name for name in names if f"`{name}`" not in DOC)
     assert not missing, f"variables missing from docs/worker.md: {missing}"
 
 
 def test_every_exit_code_is_in_the_table() -> None:
-    codes = {
-        value for name, value in vars(exits).items() if name.startswith("EXIT_") and isinstance(value, int)
-    }
+    codes = {int(code) for code in exits.ExitCode}
     assert {0, 3, 6, 8} <= codes, codes
     table = DOC[DOC.index("## Exit codes") :]
     table = table[: table.index("\n## ")]

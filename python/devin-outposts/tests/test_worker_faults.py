@@ -229,11 +229,11 @@ def test_unauthorized_mid_run_exits_3(tmp_path: Path, remote: FakeRemote) -> Non
             transport.handle_async_request = deny  # type: ignore[method-assign]
             del original
             await until(lambda: worker.fatal is not None, "the worker to notice the 401")
-            await until(lambda: not worker.health()[0], "/healthz to report it")
+            await until(lambda: not worker.health().healthy, "/healthz to report it")
 
-        from devin_outposts.worker.exits import WorkerExit
+        from devin_outposts.core.exits import ProgramExit
 
-        with pytest.raises(WorkerExit, match="401") as caught:
+        with pytest.raises(ProgramExit, match="401") as caught:
             in_process(config, scenario, transport)
         assert caught.value.code == 3
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from test_worker_sim import Harness, running_harness, wait
 
-from devin_outposts.worker import platform
+from devin_outposts.core import platform
 from devin_outposts.worker.spawn import GO_AHEAD
 
 from worker_fakes import alive

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.worker.feed import SPREAD_MAX_RANK, SPREAD_STEP, QueueFeed, rendezvous_score
+from devin_outposts.core.feed import SPREAD_MAX_RANK, SPREAD_STEP, QueueFeed, rendezvous_score
 
 
 def entry(sid: str, created: int, *, holder: Optional[str] = None, deadline: float = 0.0) -> QueueEntry:

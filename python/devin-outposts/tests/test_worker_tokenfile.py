@@ -1,4 +1,4 @@
-"""The account token from a file descriptor or a 0600 file (worker/tokenfile.py; docs/security.md, "What a
+"""The account token from a file descriptor or a 0600 file (core/tokenfile.py; docs/security.md, "What a
 session can reach").
 
 test_process_privacy.py shows, with real processes as ``nobody``, that a token given this way is never in
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from devin_outposts.worker.options import ConfigError, parse_start_args
-from devin_outposts.worker.tokenfile import TokenSourceError, token_from_source
+from devin_outposts.core.config import ConfigError
+from devin_outposts.core.tokenfile import TokenSourceError, token_from_source
+from devin_outposts.worker.options import parse_start_args
 
 TOKEN = "cog_token_from_a_file_0123"
 

@@ -18,7 +18,19 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import QueueEntry, WatchEvent
-from devin_outposts.worker import platform, spawn
+from devin_outposts.core import platform, processes
+from devin_outposts.core.claiming import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, ClaimLoop, conflict_pause
+from devin_outposts.core.config import ConfigError, parse_metrics_addr
+from devin_outposts.core.feed import Backoff, QueueFeed, oldest_first
+from devin_outposts.core.identity import (
+    FileLock,
+    LockedError,
+    load_or_create_acceptor_id,
+)
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.paths import UnsafePathError, child_dir, safe_component
+from devin_outposts.core.pool import SessionPool
+from devin_outposts.worker import spawn
 from devin_outposts.worker.binary import (
     BinaryError,
     BinaryStore,
@@ -27,18 +39,16 @@ from devin_outposts.worker.binary import (
     parse_digest,
     platform_suffix,
 )
-from devin_outposts.worker.feed import Backoff, QueueFeed, oldest_first
-from devin_outposts.worker.identity import (
-    FileLock,
-    LockedError,
-    load_or_create_acceptor_id,
+from devin_outposts.worker.options import WorkerConfig, parse_start_args
+from devin_outposts.worker.session import (
+    FAILED,
+    LOST,
+    SERVED,
+    SessionResult,
+    SessionServer,
+    WorkerHost,
+    renew_delay,
 )
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.options import ConfigError, WorkerConfig, parse_metrics_addr, parse_start_args
-from devin_outposts.worker.paths import UnsafePathError, child_dir, safe_component
-from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.queue_mode import CONFLICT_PAUSE, CONFLICT_PAUSE_CAP, QueueMode, conflict_pause
-from devin_outposts.worker.session import FAILED, LOST, SERVED, SessionResult, SessionServer, renew_delay
 
 from worker_fakes import SUFFIX, DistServer, FakeFleet, FakeRemote, sha256_hex
 
@@ -208,7 +218,7 @@ def test_data_dir_lock_excludes_a_second_worker_process(tmp_path: Path) -> None:
             FileLock(tmp_path / "worker.lock", "the worker data directory").acquire()
         code = (
             "import sys; from pathlib import Path\n"
-            "from devin_outposts.worker.identity import FileLock, LockedError\n"
+            "from devin_outposts.core.identity import FileLock, LockedError\n"
             "try:\n FileLock(Path(sys.argv[1]), 'x').acquire()\nexcept LockedError:\n sys.exit(9)\n"
         )
         other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "worker.lock")], check=False)
@@ -933,13 +943,13 @@ def test_stale_remote_from_a_killed_worker_is_stopped(tmp_path: Path) -> None:
     state.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        started = spawn._proc_start_time(proc.pid)
-        (state / spawn.PIDFILE).write_text(
+        started = processes.start_time(proc.pid)
+        (state / processes.PIDFILE).write_text(
             f'{{"pid": {proc.pid}, "pgid": {proc.pid}, "started": "{started}"}}'
         )
-        assert spawn.reap_stale_remote(state)
+        assert processes.reap_stale_remote(state)
         assert proc.wait(timeout=10) == -9
-        assert not (state / spawn.PIDFILE).exists()
+        assert not (state / processes.PIDFILE).exists()
     finally:
         proc.kill()
         proc.wait()
@@ -948,8 +958,9 @@ def test_stale_remote_from_a_killed_worker_is_stopped(tmp_path: Path) -> None:
 def test_stale_pidfile_with_a_reused_pid_is_ignored(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        (tmp_path / spawn.PIDFILE).write_text(f'{{"pid": {proc.pid}, "pgid": {proc.pid}, "started": "1"}}')
-        assert not spawn.reap_stale_remote(tmp_path)
+        record = f'{{"pid": {proc.pid}, "pgid": {proc.pid}, "started": "1"}}'
+        (tmp_path / processes.PIDFILE).write_text(record)
+        assert not processes.reap_stale_remote(tmp_path)
         assert proc.poll() is None
     finally:
         proc.kill()
@@ -1009,14 +1020,15 @@ def test_claim_next_never_claims_a_row_that_ended_during_an_earlier_attempt(tmp_
         started.append(claim.session_id)
         return FakeServer(claim.session_id, slot)
 
-    async def scenario() -> tuple[RacingFleet, QueueMode, str]:
+    async def scenario() -> tuple[RacingFleet, ClaimLoop, str]:
         feed = QueueFeed(object(), "o", "me")  # type: ignore[arg-type]
         feed.replace_all([entry("a", 1), entry("b", 2), entry("c", 3)])
         fleet = RacingFleet(feed, "a", "b")
         metrics = Metrics()
         pool = SessionPool(1, metrics, drain_timeout=1.0)
         config = WorkerConfig(token=TOKEN, poll_interval=5.0)
-        mode = QueueMode(config, fleet, pool, metrics, "me", server_for)  # type: ignore[arg-type]
+        host = WorkerHost(config, acceptor_id="me", metrics=metrics, server_for=server_for)
+        mode = ClaimLoop(config, fleet, pool, metrics, "me", host)  # type: ignore[arg-type]
         mode.feed = feed
         outcome = await mode.claim_next()
         await pool.drain()
@@ -1194,7 +1206,7 @@ def test_pydantic_loader_stand_in_hands_unknown_names_to_the_real_loader() -> No
 def test_states_read_as_their_values_in_logs() -> None:
     # Operators grep journals for "session X served: ..." (the upgrade scenario does): a state logs as
     # its value, whatever the Python version's default for str-mixin enums.
-    from devin_outposts.worker.queue_mode import ClaimOutcome
+    from devin_outposts.core.claiming import ClaimOutcome
     from devin_outposts.worker.session import Stop
 
     assert "%s %s" % (SERVED, Stop.LAPSED) == "served lapsed"  # noqa: UP031 - the logging style

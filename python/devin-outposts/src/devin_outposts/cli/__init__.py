@@ -70,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     this process undumpable (Linux): the token in its environment is then root's to read, not every
     process of its user's, a few milliseconds after the interpreter started (docs/security.md)."""
     privacy.make_undumpable()
-    from devin_outposts.worker.exits import EXIT_USAGE
+    from devin_outposts.core.exits import ExitCode
 
     words = list(sys.argv[1:] if argv is None else argv)
     first = words[0] if words else None
@@ -79,7 +79,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         return int(handler(args))
     except KeyboardInterrupt:

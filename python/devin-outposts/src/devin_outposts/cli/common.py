@@ -12,22 +12,12 @@ from typing import Any, Callable, TypeVar
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
+from devin_outposts.core import platform
 
-# One table of exit codes for every verb (documented in docs/worker.md).
-from devin_outposts.worker import platform
-from devin_outposts.worker.exits import (
-    EXIT_AUTH,
-    EXIT_CONFLICT,
-    EXIT_ERROR,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_USAGE,
-    WorkerExit,
-)
+# One table of exit codes for every verb and both programs (documented in docs/worker.md).
+from devin_outposts.core.exits import ExitCode, ProgramExit
 
 T = TypeVar("T")
-
-__all__ = ["EXIT_AUTH", "EXIT_CONFLICT", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE"]
 
 
 def add_api_options(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +39,7 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of plain text")
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> int:
+def fail(message: str, code: int = ExitCode.ERROR) -> int:
     """Print one error line to stderr and return the exit code."""
     print(f"devin-outposts: error: {message}", file=sys.stderr)
     return code
@@ -57,12 +47,12 @@ def fail(message: str, code: int = EXIT_ERROR) -> int:
 
 def exit_code_for(error: FleetError) -> int:
     if isinstance(error, FleetAuthError):
-        return EXIT_AUTH
+        return ExitCode.AUTH
     if isinstance(error, FleetNotFound):
-        return EXIT_NOT_FOUND
+        return ExitCode.NOT_FOUND
     if isinstance(error, FleetConflict):
-        return EXIT_CONFLICT
-    return EXIT_ERROR
+        return ExitCode.CONFLICT
+    return ExitCode.ERROR
 
 
 def run_with_client(args: argparse.Namespace, action: Callable[[FleetClient], Awaitable[T]]) -> T:
@@ -84,7 +74,7 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         except FleetError as exc:
             return fail(str(exc), exit_code_for(exc))
         except ValueError as exc:
-            return fail(str(exc), EXIT_USAGE)
+            return fail(str(exc), ExitCode.USAGE)
 
     wrapper.__name__ = handler.__name__
     wrapper.__doc__ = handler.__doc__
@@ -96,13 +86,13 @@ def print_json(data: Any) -> None:
 
 
 def run_until_done(main: Callable[[], Coroutine[Any, Any, int]], log: logging.Logger) -> int:
-    """Run a long-lived command's coroutine: its exit code, or the one a ``WorkerExit`` carries (one line on
+    """Run a long-lived command's coroutine: its exit code, or the one a ``ProgramExit`` carries (one line on
     stderr and in the log); 130 for a Ctrl-C that came before the signal handlers were installed."""
     # Before anything starts a session: the token in this process's environment stays out of its reach.
     platform.current().hide_environment()
     try:
         return asyncio.run(main())
-    except WorkerExit as exc:
+    except ProgramExit as exc:
         log.error("%s", exc)
         return fail(str(exc), exc.code)
     except KeyboardInterrupt:

@@ -6,29 +6,30 @@ import argparse
 import logging
 import os
 
-from devin_outposts.cli.common import EXIT_USAGE, fail, run_until_done
+from devin_outposts.cli.common import fail, run_until_done
+from devin_outposts.core.exits import ExitCode
 
 log = logging.getLogger("devin_outposts.orchestrator")
 
 
 def _orchestrate(args: argparse.Namespace) -> int:
     # Imported here so that other verbs do not pay for the orchestrator's modules.
+    from devin_outposts.core.config import ConfigError
+    from devin_outposts.core.logs import setup_logging
+    from devin_outposts.core.tokenfile import ENV_TOKEN, TokenSourceError, token_from_source
     from devin_outposts.orchestrator.options import build_config
     from devin_outposts.orchestrator.runner import Orchestrator
-    from devin_outposts.worker.logs import setup_logging
-    from devin_outposts.worker.options import ConfigError
-    from devin_outposts.worker.tokenfile import ENV_TOKEN, TokenSourceError, token_from_source
 
     environ = dict(os.environ)
     try:
-        # DEVIN_OUTPOSTS_TOKEN_FD or _FILE (worker/tokenfile.py): the token reaches the config without ever
+        # DEVIN_OUTPOSTS_TOKEN_FD or _FILE (core/tokenfile.py): the token reaches the config without ever
         # being in this process's environment.
         token = token_from_source(os.environ)
         if token is not None:
             environ[ENV_TOKEN] = token
         config = build_config(args, environ)
     except (ConfigError, TokenSourceError) as exc:
-        return fail(str(exc), EXIT_USAGE)
+        return fail(str(exc), ExitCode.USAGE)
     finally:
         environ.clear()
     setup_logging(config.log_format, config.log_level)

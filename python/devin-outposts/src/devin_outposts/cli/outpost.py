@@ -11,13 +11,13 @@ import argparse
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.models import KNOWN_PLATFORMS, Outpost
 from devin_outposts.cli.common import (
-    EXIT_OK,
     add_api_options,
     add_json_option,
     guarded,
     print_json,
     run_with_client,
 )
+from devin_outposts.core.exits import ExitCode
 
 
 @guarded
@@ -30,7 +30,7 @@ def _create(args: argparse.Namespace) -> int:
         print_json(outpost.to_wire())
     else:
         print(outpost.outpost_id)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 @guarded
@@ -43,7 +43,7 @@ def _delete(args: argparse.Namespace) -> int:
         print_json({"outpost_id": args.outpost_id, "deleted": deleted})
     else:
         print(args.outpost_id if deleted else f"{args.outpost_id} (already absent)")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 @guarded
@@ -54,7 +54,7 @@ def _list(args: argparse.Namespace) -> int:
     outposts = run_with_client(args, action)
     if args.json:
         print_json([outpost.to_wire() for outpost in outposts])
-        return EXIT_OK
+        return ExitCode.OK
     rows = [("ID", "NAME", "PLATFORM", "QUEUED", "CLAIMED")]
     for outpost in outposts:
         platform = outpost.spec.platform.value if outpost.spec.platform else "default"
@@ -70,7 +70,7 @@ def _list(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def add_outpost_commands(parser: argparse.ArgumentParser) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 
-from devin_outposts.cli.common import EXIT_USAGE, fail, run_until_done
+from devin_outposts.cli.common import fail, run_until_done
 from devin_outposts.cli.outpost import add_outpost_commands
-from devin_outposts.worker.options import ConfigError, add_start_arguments, build_config
+from devin_outposts.core.config import ConfigError
+from devin_outposts.core.exits import ExitCode
+from devin_outposts.worker.options import add_start_arguments, build_config
 
 log = logging.getLogger("devin_outposts.worker")
 
@@ -20,9 +22,9 @@ def _start(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
     except ConfigError as exc:
-        return fail(str(exc), EXIT_USAGE)
+        return fail(str(exc), ExitCode.USAGE)
     # Imported here so that `worker outpost ...` does not pay for the worker's modules.
-    from devin_outposts.worker.logs import setup_logging
+    from devin_outposts.core.logs import setup_logging
     from devin_outposts.worker.runner import Worker
 
     setup_logging(config.log_format, config.log_level)

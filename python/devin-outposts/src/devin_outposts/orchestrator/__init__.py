@@ -1,1 +1,20 @@
-"""The orchestrator: claim first, then a fresh machine per session (docs/orchestrator.md)."""
+"""The orchestrator: claim first, then a fresh machine per session (docs/orchestrator.md).
+
+It runs on :mod:`devin_outposts.core` (the claim loop, the queue feed, the session pool, serving a claim)
+and never imports the worker. Modules, each one concern:
+
+* :mod:`.runner`: the orchestrator: the state dir and its lock, the driver, leadership, signals, metrics,
+  and the claim loop with its host;
+* :mod:`.queue`: :class:`~.queue.MachineHost`, what the claim loop runs each claim with: a machine per
+  session, recovery that adopts machines, no single reply stopping the loop;
+* :mod:`.machine`: one session on one machine: provision (or adopt), start the worker, watch it,
+  snapshot, tear down;
+* :mod:`.plan`: the decisions, as pure functions a table of cases tests: what a machine's status read
+  means (wait, exited, restarted in place, give up), what the sweep collects, snapshots or keeps;
+* :mod:`.sweep`: the garbage-collection sweep of machines, snapshots and secrets no session needs;
+* :mod:`.options`: the orchestrator's table of options → flags, environment variables and
+  :class:`~.options.OrchestratorConfig`;
+* :mod:`.metrics`: the names of Cognition's operator, plus ours;
+* :mod:`.drivers`: what a session runs on (``process``, ``podman``, ``kubernetes``, ``ansible``), each
+  imported only when chosen, behind the interface in :mod:`.drivers.base`.
+"""

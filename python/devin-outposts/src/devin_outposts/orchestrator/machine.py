@@ -1,6 +1,6 @@
 """One session on one machine: provision (or adopt), start the worker, watch it, snapshot, tear down.
 
-:class:`MachineSession` is a :class:`~devin_outposts.worker.serving.ClaimedSession`: the claim is
+:class:`MachineSession` is a :class:`~devin_outposts.core.serving.ClaimedSession`: the claim is
 renewed, the session's status watched, a worker exit confirmed and restarts counted exactly as the
 worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). Its three hooks:
 
@@ -16,7 +16,7 @@ worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). 
   session is terminated).
 
 A :class:`MachineRun` turns the driver's status reads into what serving waits on: an exit code, or a
-:class:`~devin_outposts.worker.serving.LaunchError` when the worker never came up within
+:class:`~devin_outposts.core.serving.LaunchError` when the worker never came up within
 ``--boot-timeout``, ran that long without the session being served (its queue entry never ``running``),
 or the machine vanished.
 """
@@ -30,6 +30,9 @@ import time
 from typing import Callable, ClassVar, Optional
 
 from devin_outposts.api.models import QueueEntry, SessionKind, SessionStatus
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.serving import ClaimedSession
+from devin_outposts.core.sessions import FAILED, LaunchError, SessionFleet, SessionResult
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverError,
@@ -40,9 +43,8 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerState,
     WorkerStatus,
 )
-from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.serving import FAILED, ClaimedSession, LaunchError, SessionFleet, SessionResult
+from devin_outposts.orchestrator.options import OrchestratorConfig, ResumePolicy
+from devin_outposts.orchestrator.plan import Verdict, judge_worker
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ def session_spec(claim: QueueEntry, acceptor_id: str) -> SessionSpec:
 
 class MachineRun:
     """One start of the worker in a machine, as serving sees it (see
-    :class:`~devin_outposts.worker.serving.Run`)."""
+    :class:`~devin_outposts.core.serving.Run`)."""
 
     def __init__(self, session: MachineSession, *, base_restarts: int = 0) -> None:
         self.session = session
@@ -105,27 +107,22 @@ class MachineRun:
                 status = self.last = await self._read()
                 if status.state is WorkerState.RUNNING:
                     self.session.worker_running()
-                    if status.restarts > self.base_restarts:  # the platform restarted a failed worker
-                        self.restarted_in_place = True
-                        self.returncode = status.exit_code if status.exit_code else 1
-                        return self.returncode
-                    if not self.session.served and self._booting_too_long():
-                        seen = self.session.latest
-                        raise LaunchError(
-                            f"the worker in machine {self.machine.name} has run for {config.boot_timeout:g}s "
-                            "without the session being served (session_status still "
-                            f"{seen.status.session_status if seen else 'unknown'})"
-                        )
-                elif status.state is WorkerState.EXITED:
-                    self.returncode = status.exit_code if status.exit_code is not None else 1
+                reading = judge_worker(
+                    status,
+                    machine=self.machine.name,
+                    base_restarts=self.base_restarts,
+                    served=self.session.served,
+                    booting_too_long=self._booting_too_long(),
+                    boot_timeout=config.boot_timeout,
+                    latest=self.session.latest,
+                )
+                if reading.verdict is Verdict.GIVE_UP:
+                    raise LaunchError(reading.why)
+                if reading.verdict is Verdict.RESTARTED:
+                    self.restarted_in_place = True
+                if reading.verdict in (Verdict.EXITED, Verdict.RESTARTED):
+                    self.returncode = reading.exit_code
                     return self.returncode
-                elif status.state is WorkerState.MISSING:
-                    raise LaunchError(f"machine {self.machine.name} vanished ({status.detail or 'gone'})")
-                elif self._booting_too_long():
-                    raise LaunchError(
-                        f"the worker in machine {self.machine.name} did not come up within "
-                        f"{config.boot_timeout:g}s ({status.detail or status.state})"
-                    )
                 await asyncio.sleep(config.status_interval)
         except LaunchError as exc:
             self._error = exc
@@ -184,6 +181,7 @@ class MachineSession(ClaimedSession):
         self.config = config
         self.driver = driver
         self.spec = session_spec(claim, acceptor_id)
+        self.kind = claim.spec.kind or SessionKind.NEW
         self.machine: Optional[Machine] = adopt
         self.adopted = adopt is not None
         self.on_started = on_started
@@ -248,7 +246,7 @@ class MachineSession(ClaimedSession):
         log.info(
             "provisioned machine %s", self.machine.name, extra={**self._extra, "machine": self.machine.name}
         )
-        if self.spec.kind == SessionKind.RESUME.value and self.config.resume_policy == "snapshot":
+        if self.kind is SessionKind.RESUME and self.config.resume_policy is ResumePolicy.SNAPSHOT:
             return await self._restore()
         return None
 
@@ -335,8 +333,8 @@ class MachineSession(ClaimedSession):
     async def finish(self, result: SessionResult) -> None:
         if self.machine is None:
             return
-        suspended = result.session_status == SessionStatus.SUSPENDED.value
-        if suspended and self.config.resume_policy == "snapshot":
+        suspended = result.session_status is SessionStatus.SUSPENDED
+        if suspended and self.config.resume_policy is ResumePolicy.SNAPSHOT:
             try:
                 snapshot = await self.driver.snapshot(self.machine)
             except DriverError as exc:

@@ -7,7 +7,7 @@ outpost), so a dashboard built for the operator reads ours too.
 
 from __future__ import annotations
 
-from devin_outposts.worker.metrics import Metrics
+from devin_outposts.core.metrics import Metrics
 
 PREFIX = "outposts_"
 COUNTERS = {

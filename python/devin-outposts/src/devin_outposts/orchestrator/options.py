@@ -1,8 +1,8 @@
 """``orchestrate`` options: one table gives the flags, the environment variables and the config.
 
-The same rules as ``worker start`` (:mod:`devin_outposts.worker.options`): each option is declared once,
+The same rules as ``worker start`` (:mod:`devin_outposts.core.config`): each option is declared once,
 resolved as *flag, then environment variable, then default*, and a bad value raises
-:class:`~devin_outposts.worker.options.ConfigError` (exit code 2) with one line naming the flag. The
+:class:`~devin_outposts.core.config.ConfigError` (exit code 2) with one line naming the flag. The
 account token comes from ``DEVIN_OUTPOSTS_TOKEN`` only: an orchestrator is a long-running service and
 argv is visible to every user of the machine. The options that matter inside a session machine
 (``--static-base-url``, ``--cache-dir``, ``--remote-binary-sha``) keep the worker's variables and are
@@ -15,6 +15,7 @@ installed) and ``--driver-opt KEY=VALUE`` (repeatable; it wins over the file). T
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -23,52 +24,60 @@ from pathlib import Path
 from typing import Any, Optional
 
 from devin_outposts.api.client import DEFAULT_API_URL
+from devin_outposts.core import config as co
+from devin_outposts.core.config import ConfigError, MetricsAddr, Option, shared_option
+from devin_outposts.core.tokenfile import ENV_TOKEN
 from devin_outposts.orchestrator.drivers import DRIVERS
-from devin_outposts.worker import options as wo
-from devin_outposts.worker.options import ConfigError, MetricsAddr, Option
-from devin_outposts.worker.tokenfile import ENV_TOKEN
 
 DEFAULT_STATE_DIR = "~/.devin/orchestrator"
-RESUME_POLICIES = ("start_fresh", "snapshot")
 
-_N = wo.number
+
+class ResumePolicy(str, enum.Enum):
+    """What a suspended session keeps for its resume (``--resume-policy``)."""
+
+    __str__ = str.__str__  # logs and --help show the value
+
+    START_FRESH = "start_fresh"  # nothing: a resume starts on a fresh machine
+    SNAPSHOT = "snapshot"  # its state dir and repos, restored on the resume's machine
+
+
+RESUME_POLICIES = tuple(policy.value for policy in ResumePolicy)
+_policy = co.choice(*RESUME_POLICIES)
+#: Our variables' prefix (the shared rows' ``{prefix}``).
+ENV_PREFIX = "DEVIN_ORCHESTRATOR"
+
+_N = co.number
 OPTIONS: tuple[Option, ...] = (
     Option("outpost", ("--outpost",), "outpost to serve, by name or id", "main",
-           env="DEVIN_ORCHESTRATOR_OUTPOST", parse=wo.stripped),
+           env="DEVIN_ORCHESTRATOR_OUTPOST", parse=co.stripped),
     Option("driver", ("--driver",), "what each session runs on", "main", env="DEVIN_ORCHESTRATOR_DRIVER",
-           parse=wo.choice(*DRIVERS), choices=tuple(DRIVERS)),
+           parse=co.choice(*DRIVERS), choices=tuple(DRIVERS)),
     Option("max_concurrent", ("--max-concurrent",), "sessions served at once; more stay queued (default 10)",
            "main", env="DEVIN_ORCHESTRATOR_MAX_CONCURRENT", parse=_N(int, 1)),
     Option("driver_config", ("--driver-config",), "the driver's options: a JSON (or YAML) mapping", "main",
-           env="DEVIN_ORCHESTRATOR_DRIVER_CONFIG", parse=wo.path),
+           env="DEVIN_ORCHESTRATOR_DRIVER_CONFIG", parse=co.path),
     Option("state_dir", ("--state-dir",), f"the orchestrator's own files (default {DEFAULT_STATE_DIR})",
-           "main", env="DEVIN_ORCHESTRATOR_STATE_DIR", parse=wo.path),
+           "main", env="DEVIN_ORCHESTRATOR_STATE_DIR", parse=co.path),
     Option("acceptor_id", ("--acceptor-id",), "stable orchestrator identity (default: generated once and "
-           "stored in the state directory)", "main", env="DEVIN_ORCHESTRATOR_ACCEPTOR_ID", parse=wo.acceptor),
-    Option("api_url", ("--api-url",), f"Devin API base URL (default {DEFAULT_API_URL})", "main",
-           env="DEVIN_API_URL", parse=wo.api_url),
+           "stored in the state directory)", "main", env="DEVIN_ORCHESTRATOR_ACCEPTOR_ID", parse=co.acceptor),
+    shared_option("api_url", "main", ENV_PREFIX),
     Option("resume_policy", ("--resume-policy",), "what a suspended session keeps for its resume: nothing "
            "(start_fresh, the default) or its state dir and repos (snapshot)", "main",
-           env="DEVIN_ORCHESTRATOR_RESUME_POLICY", parse=wo.choice(*RESUME_POLICIES),
+           env="DEVIN_ORCHESTRATOR_RESUME_POLICY", parse=lambda name, raw: ResumePolicy(_policy(name, raw)),
            choices=RESUME_POLICIES),
     Option("snapshot_ttl", ("--snapshot-ttl",), "seconds a snapshot is kept (default: until the session is "
            "terminated)", "main", env="DEVIN_ORCHESTRATOR_SNAPSHOT_TTL", parse=_N(float, 1)),
-    Option("metrics_addr", ("--metrics-addr",), "serve /metrics and /healthz on HOST:PORT (default off)",
-           "main", env="DEVIN_ORCHESTRATOR_METRICS_ADDR", parse=lambda name, raw: wo.parse_metrics_addr(raw)),
-    Option("log_format", ("--log-format",), "log format (default text)", "main",
-           env="DEVIN_ORCHESTRATOR_LOG_FORMAT", parse=wo.choice("text", "json"), choices=("text", "json")),
-    Option("log_level", ("--log-level",), "log level (default info)", "main",
-           env="DEVIN_ORCHESTRATOR_LOG_LEVEL", parse=wo.choice("debug", "info", "warning", "error"),
-           choices=("debug", "info", "warning", "error")),
-    Option("watch", ("--watch",), "follow the queue with the SSE watch (default) or poll it (--no-watch)",
-           "main", env="DEVIN_ORCHESTRATOR_WATCH", parse=wo.boolean, switch=True),
+    shared_option("metrics_addr", "main", ENV_PREFIX),
+    shared_option("log_format", "main", ENV_PREFIX),
+    shared_option("log_level", "main", ENV_PREFIX),
+    shared_option("watch", "main", ENV_PREFIX),
     # Handed to the worker in each machine (the worker's own variables).
     Option("static_base_url", ("--static-base-url",), "where devin-remote is published", "machine",
-           env="DEVIN_WORKER_STATIC_BASE_URL", parse=wo.static_url),
+           env="DEVIN_WORKER_STATIC_BASE_URL", parse=co.static_url),
     Option("cache_dir", ("--cache-dir",), "the worker's binary cache inside each machine", "machine",
-           env="DEVIN_WORKER_CACHE_DIR", parse=wo.stripped),
+           env="DEVIN_WORKER_CACHE_DIR", parse=co.stripped),
     Option("remote_binary_sha", ("--remote-binary-sha",), "devin-remote SHA when the session pins none",
-           "machine", env="DEVIN_WORKER_REMOTE_SHA", parse=wo.sha),
+           "machine", env="DEVIN_WORKER_REMOTE_SHA", parse=co.sha),
     # Tuning.
     Option("provision_timeout", ("--provision-timeout",), "seconds a machine may take to be made (600)",
            "tuning", env="DEVIN_ORCHESTRATOR_PROVISION_TIMEOUT", parse=_N(float, 1)),
@@ -84,16 +93,13 @@ OPTIONS: tuple[Option, ...] = (
            "status reads; the watch reports changes sooner (30)", "tuning", parse=_N(float, 0.05)),
     Option("restart_limit", ("--restart-limit",), "restarts of a failing worker before giving up (5)",
            "tuning", parse=_N(int, 0)),
-    Option("renew_margin", ("--renew-margin-secs",), "renew a claim at least this long before it expires "
-           "(60)", "tuning", parse=_N(float, 0)),
+    shared_option("renew_margin", "tuning", ENV_PREFIX),
     Option("confirm_reads", ("--confirm-reads",), "status reads after a worker exits 0 (5)", "tuning",
            parse=_N(int, 1)),
-    Option("confirm_interval", ("--confirm-interval-secs",), "seconds between those reads (1)", "tuning",
-           parse=_N(float, 0)),
+    shared_option("confirm_interval", "tuning", ENV_PREFIX),
     Option("stop_grace", ("--stop-grace-secs",), "seconds a stopped machine's worker gets (10)", "tuning",
            parse=_N(float, 0)),
-    Option("backoff_max", ("--backoff-max-secs",), "longest retry backoff (60)", "tuning",
-           parse=_N(float, 0.01)),
+    shared_option("backoff_max", "tuning", ENV_PREFIX),
 )
 _GROUPS = {
     "main": "orchestrator",
@@ -115,7 +121,7 @@ class OrchestratorConfig:
     acceptor_id: Optional[str] = None
     api_url: str = DEFAULT_API_URL
     token: Optional[str] = field(default=None, repr=False)
-    resume_policy: str = "start_fresh"
+    resume_policy: ResumePolicy = ResumePolicy.START_FRESH
     snapshot_ttl: Optional[float] = None
     metrics_addr: Optional[MetricsAddr] = None
     log_format: str = "text"
@@ -137,7 +143,11 @@ class OrchestratorConfig:
     stop_grace: float = 10.0
     backoff_max: float = 60.0
 
-    # What the queue mode and serving read besides the above (the worker's names).
+    def __post_init__(self) -> None:
+        # A config made in code (tests, embedding) may give the policy as its text.
+        object.__setattr__(self, "resume_policy", ResumePolicy(self.resume_policy))
+
+    # What the claim loop and serving read besides the above (the worker's names).
     @property
     def max_sessions(self) -> int:
         return self.max_concurrent
@@ -160,7 +170,7 @@ class OrchestratorConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    wo.add_table_arguments(parser, OPTIONS, _GROUPS)
+    co.add_table_arguments(parser, OPTIONS, _GROUPS)
     parser.add_argument(
         "--driver-opt",
         dest="driver_opts",
@@ -209,7 +219,7 @@ def _parse_mapping(text: str, path: Path) -> dict[str, Any]:
 
 def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> OrchestratorConfig:
     env = os.environ if environ is None else environ
-    values = wo.resolve_table(OPTIONS, args, env)
+    values = co.resolve_table(OPTIONS, args, env)
     token = env.get(ENV_TOKEN, "").strip()
     if token:
         values["token"] = token

@@ -1,6 +1,6 @@
 """The orchestrator: claim first, then a fresh machine per session, through one driver.
 
-:class:`Orchestrator` is the worker's queue mode with machines instead of local remotes
+:class:`Orchestrator` runs the core claim loop with machines instead of local remotes
 (docs/orchestrator.md):
 
 1. start-up: the state dir (private) and its lock (two orchestrators on one state dir never both act;
@@ -11,17 +11,19 @@
    re-claiming, each with the machine the driver finds for it adopted as it is; sessions no slot can hold
    are released, and machines nobody holds any more are left to the first sweep;
 4. the queue is followed and claimed oldest first up to ``--max-concurrent``
-   (:class:`~devin_outposts.worker.queue_mode.QueueMode`); each claim becomes a
+   (:class:`~devin_outposts.core.claiming.ClaimLoop`); its host,
+   :class:`~devin_outposts.orchestrator.queue.MachineHost`, makes each claim a
    :class:`~devin_outposts.orchestrator.machine.MachineSession` in the
-   :class:`~devin_outposts.worker.pool.SessionPool`;
+   :class:`~devin_outposts.core.pool.SessionPool`;
 5. every ``--gc-interval`` seconds a sweep (:mod:`devin_outposts.orchestrator.sweep`) removes machines
    no session of ours runs on, expired or finished snapshots and orphaned secrets, and warns when every
    slot is taken but no worker is running;
 6. SIGTERM/SIGINT: no more claims; running sessions keep their machines and claims (they are
    *detached*) and the orchestrator exits; the next start adopts them. A second signal is the same.
 
-Exit codes are the worker's: 2 bad options, 3 token refused, 4 outpost not found, 6 platform mismatch,
-8 state dir locked by another orchestrator, 1 anything else (a driver that cannot start).
+Exit codes are the worker's (:class:`~devin_outposts.core.exits.ExitCode`): 2 bad options, 3 token
+refused, 4 outpost not found, 6 platform mismatch, 8 state dir locked by another orchestrator, 1 anything
+else (a driver that cannot start).
 """
 
 from __future__ import annotations
@@ -30,26 +32,27 @@ import asyncio
 import contextlib
 import logging
 import ssl
-import time
+from collections.abc import Mapping
 from typing import Callable, Optional
 
 from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetError
-from devin_outposts.api.models import QueueEntry
+from devin_outposts.core import platform
+from devin_outposts.core.claiming import ClaimLoop, health
+from devin_outposts.core.exits import ExitCode, ProgramExit
+from devin_outposts.core.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
+from devin_outposts.core.logs import register_secret
+from devin_outposts.core.metrics import Health, MetricsServer, serve_metrics
+from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
+from devin_outposts.core.pool import SessionPool
+from devin_outposts.core.sessions import SessionResult
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import Driver, DriverContext, DriverError, Machine
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.metrics import orchestrator_metrics
 from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.orchestrator.queue import OrchestratorPool, OrchestratorQueue, describe_error
+from devin_outposts.orchestrator.queue import MachineHost, describe_error, detach_sessions
 from devin_outposts.orchestrator.sweep import Sweeper
-from devin_outposts.worker import platform
-from devin_outposts.worker.exits import EXIT_AUTH, EXIT_ERROR, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, WorkerExit
-from devin_outposts.worker.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
-from devin_outposts.worker.logs import register_secret
-from devin_outposts.worker.metrics import MetricsServer, serve_metrics
-from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
-from devin_outposts.worker.serving import SessionResult
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +77,12 @@ class Orchestrator:
         self.driver = driver
         self.metrics = orchestrator_metrics()
         self.metrics.set("max_concurrent", config.max_concurrent)
-        self.pool = OrchestratorPool(config.max_concurrent, self.metrics, drain_timeout=DETACH_DRAIN)
+        self.pool = SessionPool(config.max_concurrent, self.metrics, drain_timeout=DETACH_DRAIN)
         self.acceptor_id = config.acceptor_id or ""
-        self.outpost_id: Optional[str] = None
-        self.queue: Optional[OrchestratorQueue] = None
+        self.host: Optional[MachineHost] = None
+        self.queue: Optional[ClaimLoop] = None
         self.client: Optional[FleetClient] = None
         self.sweeper: Optional[Sweeper] = None
-        #: Machines found at start-up, by session, until recovery has taken back its claims.
-        self.adoptable: dict[str, Machine] = {}
-        self.results: list[SessionResult] = []
         #: The driver's leader election was lost: the run ends non-zero (a supervisor restarts it).
         self.lost_lead = False
         self._lead_watch: Optional[asyncio.Task[None]] = None
@@ -96,60 +96,30 @@ class Orchestrator:
     # --- what /healthz, the tests and the benchmark read ----------------------------------------------
 
     @property
-    def following(self) -> Optional[OrchestratorQueue]:
+    def following(self) -> Optional[ClaimLoop]:
         return self.queue
+
+    @property
+    def outpost_id(self) -> Optional[str]:
+        """The outpost served, once resolved."""
+        return self.host.outpost_id if self.host is not None else None
+
+    @property
+    def adoptable(self) -> Mapping[str, Machine]:
+        """Machines found at start-up, by session, until recovery has taken back its claims."""
+        return self.host.adoptable if self.host is not None else {}
+
+    @property
+    def results(self) -> list[SessionResult]:
+        """How each session that ended here ended, in order."""
+        return self.pool.results
 
     @property
     def sessions(self) -> list[MachineSession]:
         return [r.server for r in self.pool.running.values() if isinstance(r.server, MachineSession)]
 
-    def health(self) -> tuple[bool, str]:
-        if self.pool.fatal is not None:
-            return False, "unauthorized"
-        if self.queue is not None and self.queue.feed_stopped:
-            return False, "queue feed stopped"
-        if self.pool.draining:
-            return True, "draining"
-        return True, "ok" if self.queue is not None and self.queue.ready else "starting"
-
-    # --- sessions ------------------------------------------------------------------------------------
-
-    def session_for(self, claim: QueueEntry, slot: int) -> MachineSession:
-        assert self.driver is not None
-        assert self.client is not None
-        adopt = self.adoptable.pop(claim.session_id, None)
-        session = MachineSession(
-            self.config,
-            driver=self.driver,
-            claim=claim,
-            acceptor_id=self.acceptor_id,
-            metrics=self.metrics,
-            fleet=self.client,
-            slot=slot,
-            adopt=adopt,
-            on_started=self._worker_started,
-        )
-        self.metrics.set("active_workers", len(self.pool.running) + 1)
-        return session
-
-    def _worker_started(self, session: MachineSession) -> None:
-        created = session.claim.metadata.created_at if session.claim else None
-        if created is not None and not session.adopted:
-            self.metrics.observe("session_start_seconds", max(0.0, time.time() - created))
-        log.info(
-            "session %s: worker running on %s",
-            session.session_id,
-            session.machine.name if session.machine else "?",
-            extra={"session_id": session.session_id},
-        )
-
-    def finished(self, result: SessionResult) -> None:
-        self.results.append(result)
-        self.metrics.set("active_workers", len(self.pool.running))
-        if result.infrastructure:
-            self.metrics.inc("infrastructure_errors")
-        elif result.gave_up:
-            self.metrics.inc("workers_given_up")
+    def health(self) -> Health:
+        return health(self.pool, self.queue, ready=self.queue is not None and self.queue.ready)
 
     # --- signals -------------------------------------------------------------------------------------
 
@@ -164,9 +134,7 @@ class Orchestrator:
 
     def stop(self) -> None:
         """No more claims; detach every running session (machines and claims stay)."""
-        for running in self.pool.running.values():
-            running.server.request_detach()
-        self.pool.start_drain()
+        detach_sessions(self.pool)
         if self.queue is not None:
             self.queue.stop_feed()
 
@@ -184,7 +152,7 @@ class Orchestrator:
             )
             return cls.from_options(context, self.config.driver_options)
         except DriverError as exc:
-            raise WorkerExit(EXIT_USAGE, str(exc)) from exc
+            raise ProgramExit(ExitCode.USAGE, str(exc)) from exc
 
     def _lock(self) -> FileLock:
         try:
@@ -194,11 +162,11 @@ class Orchestrator:
             if not self.acceptor_id:
                 self.acceptor_id = load_or_create_acceptor_id(self.config.state_dir)
         except LockedError as exc:
-            raise WorkerExit(EXIT_LOCKED, str(exc)) from exc
+            raise ProgramExit(ExitCode.LOCKED, str(exc)) from exc
         except (IdentityError, SharedDirectoryError) as exc:
-            raise WorkerExit(EXIT_USAGE, str(exc)) from exc
+            raise ProgramExit(ExitCode.USAGE, str(exc)) from exc
         except OSError as exc:
-            raise WorkerExit(EXIT_ERROR, f"Could not prepare {self.config.state_dir}: {exc}") from exc
+            raise ProgramExit(ExitCode.ERROR, f"Could not prepare {self.config.state_dir}: {exc}") from exc
         return lock
 
     async def run(self) -> int:
@@ -212,15 +180,26 @@ class Orchestrator:
             try:
                 await self.driver.check()
             except DriverError as exc:
-                raise WorkerExit(EXIT_ERROR, f"the {self.driver.name} driver cannot start: {exc}") from exc
+                why = f"the {self.driver.name} driver cannot start: {exc}"
+                raise ProgramExit(ExitCode.ERROR, why) from exc
             self.metrics.labels = {}
             metrics_server = await serve_metrics(self.metrics, self.health, self.config.metrics_addr)
             platform.current().install_stop_handler(loop, self.on_signal)
             self.client = self._client_factory(self.config)
             async with contextlib.AsyncExitStack() as stack:
                 if not await self._lead(stack):
-                    return EXIT_OK  # stopped while waiting to lead
-                self.queue = OrchestratorQueue(self, self.client)
+                    return ExitCode.OK  # stopped while waiting to lead
+                self.host = MachineHost(
+                    self.config,
+                    driver=self.driver,
+                    client=self.client,
+                    pool=self.pool,
+                    metrics=self.metrics,
+                    acceptor_id=self.acceptor_id,
+                )
+                self.queue = ClaimLoop(
+                    self.config, self.client, self.pool, self.metrics, self.acceptor_id, self.host
+                )
                 self.sweeper = Sweeper(self)
                 sweep_task = asyncio.ensure_future(self.sweeper.run())
                 if self.pool.draining:
@@ -228,23 +207,24 @@ class Orchestrator:
                 try:
                     await self.queue.run()
                 except FleetAuthError as exc:
-                    raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
+                    raise ProgramExit(ExitCode.AUTH, f"{exc} {AUTH_HINT}") from exc
                 except FleetError as exc:
-                    raise WorkerExit(EXIT_ERROR, str(exc)) from exc
-                except WorkerExit:
+                    raise ProgramExit(ExitCode.ERROR, str(exc)) from exc
+                except ProgramExit:
                     raise
                 except Exception as exc:  # a bug: exit non-zero with one line, never hang
                     log.debug("the claim loop stopped", exc_info=True)
-                    raise WorkerExit(
-                        EXIT_ERROR,
+                    raise ProgramExit(
+                        ExitCode.ERROR,
                         f"the claim loop stopped on an unexpected error ({describe_error(exc)}); running "
                         "sessions keep their machines and claims for the next start",
                     ) from exc
             if self.pool.fatal is not None:
-                raise WorkerExit(EXIT_AUTH, f"{self.pool.fatal} {AUTH_HINT}")
+                raise ProgramExit(ExitCode.AUTH, f"{self.pool.fatal} {AUTH_HINT}")
             if self.lost_lead:
-                raise WorkerExit(EXIT_ERROR, "lost the leader election; sessions were left to the new leader")
-            return EXIT_OK
+                why = "lost the leader election; sessions were left to the new leader"
+                raise ProgramExit(ExitCode.ERROR, why)
+            return ExitCode.OK
         finally:
             platform.current().remove_stop_handler(loop)
             if sweep_task is not None:

@@ -20,16 +20,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Optional, Protocol
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetError, FleetNotFound
-from devin_outposts.api.models import QueueEntry, SessionStatus
+from devin_outposts.api.models import QueueEntry
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.pool import SessionPool
 from devin_outposts.orchestrator.drivers.base import Driver, DriverError, Machine, Snapshot
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.pool import SessionPool
+from devin_outposts.orchestrator.plan import (
+    capacity_stuck,
+    snapshot_expired,
+    snapshot_unneeded,
+    sweep_machine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +60,14 @@ class SweepOwner(Protocol):
     client: Optional[FleetClient]
     metrics: Metrics
     acceptor_id: str
-    outpost_id: Optional[str]
-    adoptable: dict[str, Machine]
+
+    @property
+    def outpost_id(self) -> Optional[str]:
+        """The outpost served, once resolved."""
+
+    @property
+    def adoptable(self) -> Mapping[str, Machine]:
+        """Machines found at start-up that recovery has not taken back yet."""
 
     @property
     def pool(self) -> SessionPool:
@@ -62,7 +75,7 @@ class SweepOwner(Protocol):
 
     @property
     def following(self) -> Optional[Following]:
-        """The queue mode, once it exists."""
+        """The claim loop, once it exists."""
 
     @property
     def sessions(self) -> list[MachineSession]:
@@ -128,27 +141,12 @@ class Sweeper:
             if machine.session_id in self._serving() or machine.session_id in orch.adoptable:
                 continue
             entry = await self._entry(machine.session_id)
-            why = self._why(entry)
+            plan = sweep_machine(entry, acceptor_id=orch.acceptor_id, policy=orch.config.resume_policy)
             if machine.session_id in self._serving():  # claimed again while we asked
                 continue
-            if (
-                entry is not None
-                and entry.status.session_status == SessionStatus.SUSPENDED
-                and orch.config.resume_policy == "snapshot"
-            ):
+            if plan.snapshot_first:
                 await orch.driver.snapshot(machine)
-                why += "; its state was kept as a snapshot"
-            await self._collect(machine, why)
-
-    def _why(self, entry: Optional[QueueEntry]) -> str:
-        if entry is None:
-            return "its session is gone"
-        status = entry.status
-        if status.session_status in (SessionStatus.TERMINATED, SessionStatus.SUSPENDED):
-            return f"its session is {status.session_status}"
-        if status.acceptor_id not in (None, self.orchestrator.acceptor_id):
-            return "its session is claimed by another acceptor"
-        return "no session of this orchestrator runs on it"
+            await self._collect(machine, plan.why)
 
     async def _collect(self, machine: Machine, why: str) -> None:
         orch = self.orchestrator
@@ -173,15 +171,9 @@ class Sweeper:
             if snapshot.session_id in self._serving():
                 kept.add(snapshot.session_id)
                 continue
-            why = None
-            if ttl is not None and time.time() - snapshot.created_at > ttl:
-                why = f"older than the snapshot TTL ({ttl:g}s)"
-            else:
-                entry = await self._entry(snapshot.session_id)
-                if entry is None:
-                    why = "its session is gone"
-                elif entry.status.session_status == SessionStatus.TERMINATED:
-                    why = "its session is terminated"
+            why = snapshot_expired(snapshot, ttl=ttl, now=time.time())
+            if why is None:
+                why = snapshot_unneeded(await self._entry(snapshot.session_id))
             if why is None:
                 kept.add(snapshot.session_id)
                 continue
@@ -201,9 +193,9 @@ class Sweeper:
         podman or Kubernetes machine takes seconds) are not "not coming up"."""
         orch = self.orchestrator
         sessions = orch.sessions
-        full = orch.pool.free_slot() is None
         patience = orch.config.boot_timeout * STUCK_AFTER
-        if full and sessions and all(s.not_up_for() > patience for s in sessions):
+        waited = [session.not_up_for() for session in sessions]
+        if capacity_stuck(slot_free=orch.pool.free_slot() is not None, not_up_for=waited, patience=patience):
             if self._stuck_passes % STUCK_WARNING_EVERY == 0:
                 log.warning(
                     "capacity is full (%d of %d sessions) but no session's worker has run for %gs: "

@@ -26,8 +26,8 @@ from typing import Optional
 import httpx
 
 from devin_outposts.api.limits import ResponseTooLarge, read_capped
-from devin_outposts.worker import platform
-from devin_outposts.worker.options import SHA_RE
+from devin_outposts.core import platform
+from devin_outposts.core.config import SHA_RE
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,6 @@ class VerificationError(BinaryError):
 
 class UnsupportedPlatform(BinaryError):
     """No devin-remote build exists for this OS/architecture."""
-
-
-def host_os() -> str:
-    """This machine's OS as an outpost platform name: ``linux``, ``macos`` or ``windows``."""
-    return platform.current().name
 
 
 def platform_suffix(system: Optional[str] = None, machine: Optional[str] = None) -> str:

@@ -1,11 +1,12 @@
 """The worker: directories, identity, locks, signals, metrics, and the dispatch to one of three modes.
 
 :class:`Worker` runs one of three modes (docs/fleet-api.md §7.1, §5.6 and §6.6), each of which drives the
-one :class:`~devin_outposts.worker.pool.SessionPool`:
+one :class:`~devin_outposts.core.pool.SessionPool`:
 
-* **queue** (the default, and ``--once``): :class:`~devin_outposts.worker.queue_mode.QueueMode` resolves
-  the outpost, takes back the sessions this acceptor still holds, then follows the queue and claims
-  whenever a slot is free; ``--once`` stops claiming after the first claim and exits with its result;
+* **queue** (the default, and ``--once``): :class:`~devin_outposts.core.claiming.ClaimLoop`, with a
+  :class:`~devin_outposts.worker.session.WorkerHost` for what runs each claim, resolves the outpost,
+  takes back the sessions this acceptor still holds, then follows the queue and claims whenever a slot is
+  free; ``--once`` stops claiming after the first claim and exits with its result;
 * **session** (``--session ID``): claim that one session (a renewal when we hold it already), serve it,
   exit;
 * **direct** (``DEVIN_REMOTE_SESSION_TOKEN`` set): serve the session with the given token and gateway and
@@ -30,20 +31,10 @@ import httpx
 from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.worker import platform
-from devin_outposts.worker.binary import BinaryStore
-from devin_outposts.worker.exits import (
-    EXIT_AUTH,
-    EXIT_CONFLICT,
-    EXIT_ERROR,
-    EXIT_LOCKED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_SESSION_FAILED,
-    EXIT_USAGE,
-    WorkerExit,
-)
-from devin_outposts.worker.identity import (
+from devin_outposts.core import platform
+from devin_outposts.core.claiming import ClaimLoop, health
+from devin_outposts.core.exits import ExitCode, ProgramExit
+from devin_outposts.core.identity import (
     DATA_LOCK_FILE,
     WORKDIR_LOCK_FILE,
     FileLock,
@@ -51,16 +42,16 @@ from devin_outposts.worker.identity import (
     LockedError,
     load_or_create_acceptor_id,
 )
-from devin_outposts.worker.logs import register_secret
-from devin_outposts.worker.metrics import Metrics, MetricsServer, serve_metrics
+from devin_outposts.core.logs import register_secret
+from devin_outposts.core.metrics import Health, Metrics, MetricsServer, serve_metrics
+from devin_outposts.core.outposts import check_platform, resolve_outpost
+from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
+from devin_outposts.core.pool import SessionPool
+from devin_outposts.core.processes import reap_stale_remote
+from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
+from devin_outposts.worker.binary import BinaryStore
 from devin_outposts.worker.options import WorkerConfig
-from devin_outposts.worker.outposts import check_platform, resolve_outpost
-from devin_outposts.worker.paths import SharedDirectoryError, make_private_dir
-from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.queue_mode import QueueMode
-from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
-from devin_outposts.worker.session import INTERRUPTED, SERVED, SessionResult, SessionServer
-from devin_outposts.worker.spawn import reap_stale_remote
+from devin_outposts.worker.session import INTERRUPTED, SERVED, SessionResult, SessionServer, WorkerHost
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +77,7 @@ class Worker:
         self.acceptor_id = config.acceptor_id or ""
         self.pool = SessionPool(config.max_sessions, self.metrics, drain_timeout=config.drain_timeout)
         self.signal_number: Optional[int] = None
-        self.queue: Optional[QueueMode] = None
+        self.queue: Optional[ClaimLoop] = None
         self._serving_one = False
         self._ssl: Optional[ssl.SSLContext] = None
 
@@ -108,14 +99,8 @@ class Worker:
     def results(self) -> list[SessionResult]:
         return self.pool.results
 
-    def health(self) -> tuple[bool, str]:
-        if self.fatal is not None:
-            return False, "unauthorized"
-        if self.queue is not None and self.queue.feed_stopped:
-            return False, "queue feed stopped"
-        if self.draining:
-            return True, "draining"
-        return True, "ok" if self.ready else "starting"
+    def health(self) -> Health:
+        return health(self.pool, self.queue, ready=self.ready)
 
     def _tls(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -125,7 +110,7 @@ class Worker:
     # --- entry point ---------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        """Run until done; returns the exit code. Raises :class:`WorkerExit` for a one-line failure."""
+        """Run until done; returns the exit code. Raises :class:`ProgramExit` for a one-line failure."""
         locks: list[FileLock] = []
         metrics_server: Optional[MetricsServer] = None
         client: Optional[FleetClient] = None
@@ -153,9 +138,9 @@ class Worker:
                     return await self._run_session(client, binaries)
                 return await self._run_queue(client, binaries)
             except FleetAuthError as exc:
-                raise WorkerExit(EXIT_AUTH, f"{exc} {AUTH_HINT}") from exc
+                raise ProgramExit(ExitCode.AUTH, f"{exc} {AUTH_HINT}") from exc
             except FleetError as exc:  # an answer that retrying cannot change, e.g. 400/422
-                raise WorkerExit(EXIT_ERROR, str(exc)) from exc
+                raise ProgramExit(ExitCode.ERROR, str(exc)) from exc
         finally:
             platform.current().remove_stop_handler(loop)
             if metrics_server is not None:
@@ -186,10 +171,10 @@ class Worker:
             for lock in reversed(locks):
                 lock.release()
             if isinstance(exc, LockedError):
-                raise WorkerExit(EXIT_LOCKED, str(exc)) from exc
+                raise ProgramExit(ExitCode.LOCKED, str(exc)) from exc
             if isinstance(exc, (IdentityError, SharedDirectoryError)):
-                raise WorkerExit(EXIT_USAGE, str(exc)) from exc
-            raise WorkerExit(EXIT_ERROR, f"Could not prepare the worker directories: {exc}") from exc
+                raise ProgramExit(ExitCode.USAGE, str(exc)) from exc
+            raise ProgramExit(ExitCode.ERROR, f"Could not prepare the worker directories: {exc}") from exc
         return locks
 
     def _reap_orphans(self) -> None:
@@ -232,12 +217,12 @@ class Worker:
 
     def _exit_for(self, result: SessionResult) -> int:
         if self.fatal is not None:
-            raise WorkerExit(EXIT_AUTH, f"{self.fatal} {AUTH_HINT}")
+            raise ProgramExit(ExitCode.AUTH, f"{self.fatal} {AUTH_HINT}")
         if result.outcome == SERVED:
-            return EXIT_OK
+            return ExitCode.OK
         if result.outcome == INTERRUPTED:
             return self._interrupted_code()
-        return EXIT_SESSION_FAILED
+        return ExitCode.SESSION_FAILED
 
     def _interrupted_code(self) -> int:
         return 128 + (self.signal_number or 15)  # 15: SIGTERM, also where the OS has no such signal
@@ -266,22 +251,21 @@ class Worker:
         return self._exit_for(self.pool.results[-1])
 
     async def _run_queue(self, client: FleetClient, binaries: BinaryStore) -> int:
-        self.queue = QueueMode(
+        host = WorkerHost(
             self.config,
-            client,
-            self.pool,
-            self.metrics,
-            self.acceptor_id,
-            lambda claim, slot: self.server_for(claim, slot, binaries, client),
+            acceptor_id=self.acceptor_id,
+            metrics=self.metrics,
+            server_for=lambda claim, slot: self.server_for(claim, slot, binaries, client),
         )
-        if self.pool.draining:  # a signal came before the queue mode existed
+        self.queue = ClaimLoop(self.config, client, self.pool, self.metrics, self.acceptor_id, host)
+        if self.pool.draining:  # a signal came before the claim loop existed
             self.queue.stop_feed()
         await self.queue.run()
         if self.fatal is not None:
-            raise WorkerExit(EXIT_AUTH, f"{self.fatal} {AUTH_HINT}")
+            raise ProgramExit(ExitCode.AUTH, f"{self.fatal} {AUTH_HINT}")
         if self.config.once and self.pool.results:
             return self._exit_for(self.pool.results[-1])
-        return EXIT_OK
+        return ExitCode.OK
 
     async def _run_direct(self, binaries: BinaryStore) -> int:
         assert self.config.session_id is not None
@@ -301,7 +285,7 @@ class Worker:
             log.info("stopped before session %s was claimed", sid, extra={"session_id": sid})
             return self._interrupted_code()
         if claim is None:
-            return EXIT_OK
+            return ExitCode.OK
         return await self._serve_one(self.server_for(claim, 0, binaries, client))
 
     async def _claim_session(self, client: FleetClient, sid: str) -> Optional[QueueEntry]:
@@ -316,13 +300,13 @@ class Worker:
         try:
             entry = await retrying(lambda: client.get_devin(sid))
         except FleetNotFound as exc:
-            raise WorkerExit(EXIT_NOT_FOUND, str(exc)) from exc
+            raise ProgramExit(ExitCode.NOT_FOUND, str(exc)) from exc
         if self.config.outpost:
             wanted = self.config.outpost
             outpost = await retrying(lambda: resolve_outpost(client, wanted))
             if entry.metadata.outpost_id != outpost.outpost_id:
-                raise WorkerExit(
-                    EXIT_NOT_FOUND,
+                raise ProgramExit(
+                    ExitCode.NOT_FOUND,
                     f"session {sid} is queued on outpost {entry.metadata.outpost_id}, not on {wanted}",
                 )
             check_platform(outpost, entry)
@@ -340,8 +324,8 @@ class Worker:
         try:
             claim = await retrying(lambda: client.claim(sid, self.acceptor_id))
         except FleetConflict as exc:
-            raise WorkerExit(EXIT_CONFLICT, f"{exc} (held by another acceptor)") from exc
+            raise ProgramExit(ExitCode.CONFLICT, f"{exc} (held by another acceptor)") from exc
         except FleetNotFound as exc:
-            raise WorkerExit(EXIT_NOT_FOUND, str(exc)) from exc
+            raise ProgramExit(ExitCode.NOT_FOUND, str(exc)) from exc
         self.metrics.inc("sessions_claimed")
         return claim

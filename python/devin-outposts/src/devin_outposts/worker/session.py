@@ -1,6 +1,6 @@
 """The worker's way of serving a claimed session: ``devin-remote serve`` on this machine.
 
-:class:`SessionServer` is a :class:`~devin_outposts.worker.serving.ClaimedSession` (renewal, status
+:class:`SessionServer` is a :class:`~devin_outposts.core.serving.ClaimedSession` (renewal, status
 watching, restarts and release are there) whose launches are local ``devin-remote`` processes
 (docs/fleet-api.md §6.2):
 
@@ -11,6 +11,11 @@ watching, restarts and release are there) whose launches are local ``devin-remot
 3. each launch runs ``devin-remote serve`` with exactly the spawn-contract environment;
 4. a session that is over for good (terminated, or its entry gone) has its state dir removed; a
    suspended one keeps it for a resume.
+
+:class:`WorkerHost` is the worker's :class:`~devin_outposts.core.claiming.SessionHost`: in queue mode the
+claim loop gets each claim's :class:`SessionServer` from it, and it keeps the worker's rules where the
+orchestrator's differ: the sessions run on this machine's OS, restart recovery keeps no session over
+``--max-sessions``, and an error no fleet reply explains ends the worker.
 """
 
 from __future__ import annotations
@@ -18,21 +23,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-from devin_outposts.api.models import QueueEntry
-from devin_outposts.worker.binary import BinaryError, BinaryStore, VerificationError
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.options import WorkerConfig
-from devin_outposts.worker.paths import child_dir, make_private_dir
-from devin_outposts.worker.serving import (
+from devin_outposts.api.models import Outpost, QueueEntry
+from devin_outposts.core.claiming import KeepOverCap, keep_none
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.paths import child_dir, make_private_dir
+from devin_outposts.core.platform import host_os
+from devin_outposts.core.processes import reap_stale_remote
+from devin_outposts.core.serving import ClaimedSession
+from devin_outposts.core.sessions import (
     DETACHED,
     FAILED,
     INTERRUPTED,
     LOST,
     SERVED,
-    ClaimedSession,
     Outcome,
     SessionFleet,
     SessionResult,
@@ -40,7 +47,9 @@ from devin_outposts.worker.serving import (
     release_claim,
     renew_delay,
 )
-from devin_outposts.worker.spawn import RemoteProcess, build_session_env, free_port, reap_stale_remote
+from devin_outposts.worker.binary import BinaryError, BinaryStore, VerificationError
+from devin_outposts.worker.options import WorkerConfig
+from devin_outposts.worker.spawn import RemoteProcess, build_session_env, free_port
 
 __all__ = [
     "DETACHED",
@@ -143,3 +152,57 @@ class SessionServer(ClaimedSession):
     async def finish(self, result: SessionResult) -> None:
         if result.finished and self.state_dir is not None:  # a suspended session keeps its state
             shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+class WorkerHost:
+    """What the claim loop runs a claim with in queue mode: a :class:`SessionServer` from ``server_for``
+    (the runner's, which knows the binary store and the fleet client)."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        acceptor_id: str,
+        metrics: Metrics,
+        server_for: Callable[[QueueEntry, int], SessionServer],
+    ) -> None:
+        self.config = config
+        self.acceptor_id = acceptor_id
+        self.metrics = metrics
+        self._server_for = server_for
+
+    @property
+    def machine_platform(self) -> Optional[str]:
+        return host_os()
+
+    def announce(self, outpost: Outpost) -> None:
+        config = self.config
+        log.info(
+            "worker %s serving outpost %s (%s) on %s: %d slot(s), %s, workdir %s",
+            self.acceptor_id,
+            outpost.name,
+            outpost.outpost_id,
+            host_os(),
+            config.max_sessions,
+            "watching the queue" if config.watch else f"polling every {config.poll_interval:g}s",
+            config.workdir,
+            extra={"outpost": outpost.outpost_id, "acceptor_id": self.acceptor_id},
+        )
+        self.metrics.labels["outpost"] = outpost.outpost_id
+
+    def recovery(self, outpost_id: str) -> AbstractAsyncContextManager[KeepOverCap]:
+        return keep_none(outpost_id)  # a held session gets a free slot or is released
+
+    def session_for(self, claim: QueueEntry, slot: int) -> SessionServer:
+        return self._server_for(claim, slot)
+
+    def finished(self, result: SessionResult) -> None:
+        return  # the pool keeps the results the runner's exit code is made from
+
+    def claim_failed(self, error: Exception) -> bool:
+        # A bug ends the worker (exit 1, with its traceback) and its unit restarts it: unlike the
+        # orchestrator's machines, nothing it runs outlives it unserved (the drain stops every remote).
+        return False
+
+    def loop_failed(self) -> None:
+        return  # the pool's drain stops every session and releases its claim

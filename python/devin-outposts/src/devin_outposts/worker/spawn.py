@@ -9,11 +9,11 @@ passed in the environment only, never in argv.
 
 The remote runs in its own process group (POSIX) so that stopping it (SIGTERM, then SIGKILL after a
 grace period) also stops the shells and tools it started. Its pid and start time are written to
-``<state>/remote.pid`` so that a worker restarted after ``kill -9`` can stop a remote its predecessor left
-behind before it starts a new one for the same session.
+``<state>/remote.pid`` (:mod:`devin_outposts.core.processes`) so that a worker restarted after ``kill -9``
+can stop a remote its predecessor left behind before it starts a new one for the same session.
 
 That record exists before the remote can run (POSIX). The worker does not start ``devin-remote`` itself
-but a launcher (:meth:`~devin_outposts.worker.platform.HostPlatform.gated_argv`: ``/bin/sh`` waiting for
+but a launcher (:meth:`~devin_outposts.core.platform.HostPlatform.gated_argv`: ``/bin/sh`` waiting for
 one line on its standard input); it records the launcher's pid, process group and start time, which
 ``exec`` keeps, and only then writes the go-ahead, on which the launcher becomes ``devin-remote``. A worker
 killed before the go-ahead closes its end of the pipe by dying, and the launcher exits without starting
@@ -24,9 +24,7 @@ a worker killed in the 4 to 10 ms between the start and the record left a remote
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import json
 import logging
 import os
 import socket
@@ -34,11 +32,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from devin_outposts.worker import platform
+from devin_outposts.core import platform
+from devin_outposts.core.processes import forget_remote_record, write_remote_record
 
 log = logging.getLogger(__name__)
 
-PIDFILE = "remote.pid"
 #: What the worker writes to a waiting launcher once the remote's record is on disk.
 GO_AHEAD = b"go\n"
 #: A test hook, harmless in production: seconds (at most 10) to wait between starting a remote's process
@@ -105,42 +103,6 @@ def _check_executable(binary: Path) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", str(binary))
 
 
-def _proc_start_time(pid: int) -> Optional[str]:
-    return platform.current().process_start_time(pid)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` exists (a process we may not signal counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def reap_stale_remote(state_dir: Path) -> bool:
-    """Kill the process group of a remote left by a previous worker for this session, if it still runs.
-
-    Only acts when the recorded pid still has the recorded start time (Linux), so a reused pid is never
-    signalled. Returns True when something was killed.
-    """
-    path = state_dir / PIDFILE
-    try:
-        record = json.loads(path.read_text())
-        pid, pgid, started = int(record["pid"]), int(record["pgid"]), record.get("started")
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    killed = False
-    if started is not None and _proc_start_time(pid) == started and process_alive(pid):
-        log.warning("stopping devin-remote pid %d left behind by a previous worker", pid, extra={"pid": pid})
-        killed = platform.current().kill_orphan_group(pgid)
-    with contextlib.suppress(OSError):
-        path.unlink()
-    return killed
-
-
 class RemoteProcess:
     """One running ``devin-remote serve``."""
 
@@ -196,17 +158,10 @@ class RemoteProcess:
             delay = _test_record_delay()
             if delay:
                 await asyncio.sleep(delay)
-            self._write_pidfile()
+            write_remote_record(self.state_dir, self.pid)
         except BaseException:
-            with contextlib.suppress(OSError):
-                (self.state_dir / PIDFILE).unlink()
+            forget_remote_record(self.state_dir)
             raise
-
-    def _write_pidfile(self) -> None:
-        record = {"pid": self.pid, "pgid": self.pid, "started": _proc_start_time(self.pid)}
-        tmp = self.state_dir / f".{PIDFILE}.tmp"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.state_dir / PIDFILE)
 
     async def _pump(self, stream: Optional[asyncio.StreamReader], level: int) -> None:
         if stream is None:
@@ -243,8 +198,7 @@ class RemoteProcess:
         pending = (await asyncio.wait(self._pumps, timeout=2.0))[1] if self._pumps else set()
         for task in pending:
             task.cancel()
-        with contextlib.suppress(OSError):
-            (self.state_dir / PIDFILE).unlink()
+        forget_remote_record(self.state_dir)
         return code
 
     def _signal_group(self, *, kill: bool) -> None:

@@ -35,6 +35,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+from devin_outposts.core import platform
+from devin_outposts.core.paths import make_private_dir
+from devin_outposts.core.processes import process_alive, reap_stale_remote
 from devin_outposts.orchestrator.drivers.base import (
     MACHINE_DATA_DIR,
     MACHINE_WORKDIR,
@@ -53,9 +56,6 @@ from devin_outposts.orchestrator.drivers.base import (
     machine_name,
     name_taken,
 )
-from devin_outposts.worker import platform
-from devin_outposts.worker.paths import make_private_dir
-from devin_outposts.worker.spawn import process_alive, reap_stale_remote
 
 META = "machine.json"
 PIDFILE = "worker.pid"

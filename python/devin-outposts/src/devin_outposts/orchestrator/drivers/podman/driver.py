@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+from devin_outposts.core.paths import make_private_dir
 from devin_outposts.orchestrator.drivers.base import (
     LABEL_ACCEPTOR,
     LABEL_MANAGED_BY,
@@ -62,7 +63,6 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
 )
 from devin_outposts.orchestrator.drivers.podman.options import BUILTIN_NETWORKS, OPTIONS, Settings
 from devin_outposts.orchestrator.drivers.podman.store import PodmanVolumes, TokenSecrets, snapshot_of
-from devin_outposts.worker.paths import make_private_dir
 
 log = logging.getLogger(__name__)
 

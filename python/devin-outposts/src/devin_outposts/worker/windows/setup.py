@@ -1,8 +1,8 @@
 r"""Setting up the Windows service host: its arguments, the worker's config from ``worker.env``, its log.
 
-The service host (:mod:`~devin_outposts.worker.windows_service`) is started as ``service_host.py --instance
+The service host (:mod:`~devin_outposts.worker.windows.service`) is started as ``service_host.py --instance
 NAME --env-file PATH [--debug] [-- worker start flags]``. This module turns that, and the variables of
-``worker.env`` (read by :mod:`~devin_outposts.worker.envfile`), into a
+``worker.env`` (read by :mod:`~devin_outposts.worker.windows.envfile`), into a
 :class:`~devin_outposts.worker.options.WorkerConfig` the way ``worker start`` builds one from its
 environment, and points the log at ``<instance dir>\logs\worker.log``. Nothing here needs Windows.
 """
@@ -20,15 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
-from devin_outposts.worker.envfile import EnvFileError, read_env_file
-from devin_outposts.worker.logs import JsonFormatter, RedactingFilter, TextFormatter, register_secret
-from devin_outposts.worker.options import (
-    ConfigError,
-    WorkerConfig,
-    add_start_arguments,
-    build_config,
-)
-from devin_outposts.worker.tokenfile import ENV_TOKEN
+from devin_outposts.core.config import ConfigError
+from devin_outposts.core.logs import JsonFormatter, RedactingFilter, TextFormatter, register_secret
+from devin_outposts.core.tokenfile import ENV_TOKEN
+from devin_outposts.worker.options import WorkerConfig, add_start_arguments, build_config
+from devin_outposts.worker.windows.envfile import EnvFileError, read_env_file
 
 INSTANCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: What the Linux unit passes as ``--outpost ${DEVIN_OUTPOSTS_WORKER_OUTPOST}``.

@@ -20,8 +20,8 @@ from typing import Optional
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.models import Outpost, QueueEntry
-from devin_outposts.worker.binary import host_os
-from devin_outposts.worker.exits import EXIT_NOT_FOUND, EXIT_PLATFORM, EXIT_USAGE, WorkerExit
+from devin_outposts.core.exits import ExitCode, ProgramExit
+from devin_outposts.core.platform import host_os
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,8 @@ async def resolve_outpost(client: FleetClient, wanted: Optional[str]) -> Outpost
     if wanted:
         outpost = await client.find_outpost(wanted)
         if outpost is None:
-            raise WorkerExit(
-                EXIT_NOT_FOUND, f"Could not find outpost {wanted}: no outpost has this name or id"
+            raise ProgramExit(
+                ExitCode.NOT_FOUND, f"Could not find outpost {wanted}: no outpost has this name or id"
             )
         return outpost
     outposts = await client.list_all_outposts()
@@ -39,11 +39,11 @@ async def resolve_outpost(client: FleetClient, wanted: Optional[str]) -> Outpost
         log.info("--outpost not given; serving the account's only outpost %s", outposts[0].name)
         return outposts[0]
     if not outposts:
-        raise WorkerExit(EXIT_NOT_FOUND, "the account has no outposts; create one or pass --outpost")
+        raise ProgramExit(ExitCode.NOT_FOUND, "the account has no outposts; create one or pass --outpost")
     if sys.stdin.isatty() and sys.stderr.isatty():
         return await asyncio.to_thread(_prompt_outpost, outposts)
     names = ", ".join(sorted(o.name for o in outposts))
-    raise WorkerExit(EXIT_USAGE, f"--outpost is required: the account has several outposts ({names})")
+    raise ProgramExit(ExitCode.USAGE, f"--outpost is required: the account has several outposts ({names})")
 
 
 def check_platform(
@@ -57,8 +57,8 @@ def check_platform(
         platform = entry.spec.platform
     if platform is not None and platform.value != here:
         name = outpost.name if outpost is not None else "the session's outpost"
-        raise WorkerExit(
-            EXIT_PLATFORM,
+        raise ProgramExit(
+            ExitCode.PLATFORM,
             f"outpost {name} serves {platform.value} sessions but this machine runs {here}; run the "
             "worker on a matching machine or use an outpost for this platform",
         )
@@ -79,7 +79,7 @@ def _prompt_outpost(outposts: list[Outpost]) -> Outpost:
         print("Serve which outpost? [number] ", end="", file=sys.stderr, flush=True)
         answer = sys.stdin.readline()
         if not answer:
-            raise WorkerExit(EXIT_USAGE, "no outpost chosen; pass --outpost")
+            raise ProgramExit(ExitCode.USAGE, "no outpost chosen; pass --outpost")
         with contextlib.suppress(ValueError):
             choice = int(answer.strip())
             if 1 <= choice <= len(ordered):

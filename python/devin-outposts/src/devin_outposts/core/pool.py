@@ -1,9 +1,9 @@
 """The session pool: the slots, the sessions running in them, the drain, and the one wake-up event.
 
-Every mode drives one :class:`SessionPool`: queue mode fills its slots from the queue, ``--session`` and
-direct-serve mode start one session in it. The pool knows nothing of the queue or the fleet API; it runs
-:class:`~devin_outposts.worker.serving.ClaimedSession` objects (the worker's local remotes, the
-orchestrator's machines), which do.
+Every mode drives one :class:`SessionPool`: the claim loop (:mod:`devin_outposts.core.claiming`) fills
+its slots from the queue, the worker's ``--session`` and direct-serve modes start one session in it. The
+pool knows nothing of the queue or the fleet API; it runs :class:`~devin_outposts.core.serving.ClaimedSession`
+objects (the worker's local remotes, the orchestrator's machines), which do.
 
 The wake-up event is the pool's alone. Anything that may change what the owner of the pool should do
 next calls :meth:`SessionPool.wake` (a session finished, the queue changed, a signal came); the owner's
@@ -22,8 +22,9 @@ from typing import Callable, Optional
 
 from devin_outposts.api.errors import FleetAuthError
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.serving import FAILED, LOST, SERVED, ClaimedSession, SessionResult
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.serving import ClaimedSession
+from devin_outposts.core.sessions import FAILED, LOST, SERVED, SessionResult
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,21 @@ class SessionPool:
     # --- slots ---------------------------------------------------------------------------------------
 
     def free_slot(self) -> Optional[int]:
+        """The lowest free slot, or None. Sessions taken back after a restart may outnumber the slots (the
+        orchestrator keeps every live one when the cap was lowered): no slot is free until fewer run."""
+        if len(self.running) >= self.size:
+            return None
         used = {running.slot for running in self.running.values()}
         for slot in range(self.size):
             if slot not in used:
                 return slot
         return None
+
+    def spare_slot(self) -> int:
+        """The lowest slot number no session uses, beyond ``size`` if need be (a session kept over the
+        cap)."""
+        used = {running.slot for running in self.running.values()}
+        return next(slot for slot in range(len(used) + 1) if slot not in used)
 
     @property
     def held(self) -> Collection[str]:

@@ -22,8 +22,8 @@ import os
 import re
 from pathlib import Path
 
-from devin_outposts.worker import platform
-from devin_outposts.worker.platform import SharedDirectoryError
+from devin_outposts.core import platform
+from devin_outposts.core.platform import SharedDirectoryError
 
 MAX_COMPONENT = 100
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -74,7 +74,7 @@ def make_private_dir(path: Path) -> Path:
 
     Only a directory this call creates is made private. One that exists may be shared (``/tmp``, a home
     directory) and is not ours to change: it is refused when another user could write to it or owns it
-    (:meth:`~devin_outposts.worker.platform.HostPlatform.check_not_shared`). Missing parents are created
+    (:meth:`~devin_outposts.core.platform.HostPlatform.check_not_shared`). Missing parents are created
     with the default mode, like ``mkdir -p``.
     """
     try:

@@ -60,8 +60,8 @@ from typing import Callable, Optional, Protocol
 
 from devin_outposts.api.errors import FleetAuthError, FleetError, FleetInvalid, FleetProtocolError
 from devin_outposts.api.models import Phase, QueueEntry, WatchEvent, WatchEventType
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.retrying import Backoff
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.retrying import Backoff
 
 log = logging.getLogger(__name__)
 

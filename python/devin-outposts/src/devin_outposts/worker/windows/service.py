@@ -5,9 +5,9 @@ The role installs a service ``devin-outposts-worker-<instance>`` whose ImagePath
 and ``pywin32_system32`` on the paths and call :func:`main` with ``--instance`` and ``--env-file``. The
 token is in ``worker.env`` (ACL'd to the service account and Administrators), never in the ImagePath.
 
-:func:`main` reads ``worker.env`` with the strict parser (:mod:`~devin_outposts.worker.envfile`), builds
-the :class:`~devin_outposts.worker.options.WorkerConfig` from it the way ``worker start`` builds it from
-its environment (:mod:`~devin_outposts.worker.service_setup`), and hands the SCM a
+:func:`main` reads ``worker.env`` with the strict parser (:mod:`~devin_outposts.worker.windows.envfile`),
+builds the :class:`~devin_outposts.worker.options.WorkerConfig` from it the way ``worker start`` builds it
+from its environment (:mod:`~devin_outposts.worker.windows.setup`), and hands the SCM a
 ``win32serviceutil.ServiceFramework`` subclass (made by :func:`service_class`, so that tests can build it
 on a fake framework) whose ``SvcRun`` runs the worker:
 
@@ -38,20 +38,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from devin_outposts.worker.exits import (
-    EXIT_AUTH,
-    EXIT_CONFLICT,
-    EXIT_ERROR,
-    EXIT_LOCKED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_PLATFORM,
-    EXIT_SESSION_FAILED,
-    EXIT_USAGE,
-    WorkerExit,
-)
-from devin_outposts.worker.options import ConfigError, WorkerConfig
-from devin_outposts.worker.service_setup import HostArgs, Prepared, parse_host_args, prepare
+from devin_outposts.core.config import ConfigError
+from devin_outposts.core.exits import ExitCode, ProgramExit
+from devin_outposts.worker.options import WorkerConfig
+from devin_outposts.worker.windows.setup import HostArgs, Prepared, parse_host_args, prepare
 
 log = logging.getLogger("devin_outposts.worker.service")
 
@@ -85,16 +75,16 @@ STOP_MARGIN = 15.0
 
 #: The Linux unit's ``RestartPreventExitStatus=2 3 4 6``: a restart cannot help, a person must act.
 NO_RESTART: dict[int, str] = {
-    EXIT_USAGE: "the configuration is unusable (usage)",
-    EXIT_AUTH: "the API token was refused",
-    EXIT_NOT_FOUND: "the outpost was not found",
-    EXIT_PLATFORM: "the outpost's platform is not this machine's",
+    ExitCode.USAGE: "the configuration is unusable (usage)",
+    ExitCode.AUTH: "the API token was refused",
+    ExitCode.NOT_FOUND: "the outpost was not found",
+    ExitCode.PLATFORM: "the outpost's platform is not this machine's",
 }
 _MEANING: dict[int, str] = {
-    EXIT_ERROR: "unexpected error",
-    EXIT_CONFLICT: "the session is claimed by another worker",
-    EXIT_SESSION_FAILED: "the session failed",
-    EXIT_LOCKED: "another worker holds the data or working directory",
+    ExitCode.ERROR: "unexpected error",
+    ExitCode.CONFLICT: "the session is claimed by another worker",
+    ExitCode.SESSION_FAILED: "the session failed",
+    ExitCode.LOCKED: "another worker holds the data or working directory",
 }
 
 
@@ -119,7 +109,7 @@ def service_exit_for(code: int, *, stop_requested: bool) -> ServiceExit:
       does not restart a worker that cannot work, with the reason in the event log and the log file;
     * anything else: ``ERROR_SERVICE_SPECIFIC_ERROR`` with the code, so that recovery restarts it.
     """
-    if code == EXIT_OK:
+    if code == ExitCode.OK:
         return ServiceExit(code, NO_ERROR, 0, False, "the worker stopped")
     if code in NO_RESTART:
         return ServiceExit(
@@ -204,17 +194,17 @@ class WorkerService:
             if self.startup_error is not None or self.config is None:
                 self.last_error = f"cannot start the worker: {self.startup_error}"
                 log.error("%s", self.last_error)
-                return EXIT_USAGE
+                return ExitCode.USAGE
             try:
                 return asyncio.run(self._main(self.config))
-            except WorkerExit as exc:  # one line, never a token (the worker's rule for these)
+            except ProgramExit as exc:  # one line, never a token (the worker's rule for these)
                 self.last_error = str(exc)
                 log.error("%s", exc)
                 return exc.code
             except Exception as exc:
                 self.last_error = f"the worker failed: {type(exc).__name__}"
                 log.exception("the worker failed")
-                return EXIT_ERROR
+                return ExitCode.ERROR
         finally:
             with self._lock:
                 self._done = True
@@ -361,7 +351,7 @@ def finish(
         logging.shutdown()
         exit_process(outcome.code)
         return
-    if outcome.code == EXIT_OK:
+    if outcome.code == ExitCode.OK:
         log.info("%s", outcome.reason)
         events.info(outcome.reason)
     else:
@@ -439,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         host = parse_host_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         print(f"devin-outposts service host: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     prepared = prepare(host)
     if host.debug:
         core = WorkerService(
@@ -450,7 +440,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return code
     try:
         return _dispatch(host, prepared)
-    except WorkerExit as exc:
+    except ProgramExit as exc:
         log.error("%s", exc)
         return exc.code
 
@@ -488,11 +478,11 @@ def _dispatch(host: HostArgs, prepared: Prepared) -> int:
         try:
             dispatch()
         except pywintypes.error as exc:  # 1063: started from a console, not by the SCM
-            raise WorkerExit(
-                EXIT_USAGE,
+            raise ProgramExit(
+                ExitCode.USAGE,
                 f"could not connect to the service control manager ({exc}); use --debug in a console",
             ) from exc
-        return EXIT_OK
-    raise WorkerExit(
-        EXIT_USAGE, "the service host runs on Windows only; use --debug to run it in this console"
+        return ExitCode.OK
+    raise ProgramExit(
+        ExitCode.USAGE, "the service host runs on Windows only; use --debug to run it in this console"
     )

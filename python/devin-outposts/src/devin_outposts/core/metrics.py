@@ -1,20 +1,22 @@
-"""Worker metrics in the Prometheus text format, and ``/healthz``, on a tiny asyncio HTTP server.
+"""Metrics in the Prometheus text format, and ``/healthz``, on a tiny asyncio HTTP server.
 
-The server runs on the worker's own event loop, so an answer from ``/healthz`` also proves that the loop
-is not blocked; the runner's health callback adds whether its queue feed and main loop are alive.
-Names are prefixed ``devin_outposts_worker_``; counters end in ``_total``.
+The server runs on the program's own event loop, so an answer from ``/healthz`` also proves that the loop
+is not blocked; the runner's health callback (:func:`devin_outposts.core.claiming.health`) adds whether
+its queue feed and main loop are alive, as a :class:`Health`. The worker's names are prefixed
+``devin_outposts_worker_`` (the orchestrator's table is its own); counters end in ``_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Callable, Optional, Protocol
 
-from devin_outposts.worker.exits import EXIT_USAGE, WorkerExit
+from devin_outposts.core.exits import ExitCode, ProgramExit
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,22 @@ GAUGES = {
     "max_sessions": "Configured concurrent session slots",
     "draining": "1 while the worker drains after SIGTERM/SIGINT",
 }
+
+
+class Health(str, enum.Enum):
+    """What ``/healthz`` says (its ``status``): 200 while :attr:`healthy`, else 503."""
+
+    __str__ = str.__str__
+
+    OK = "ok"  # following the queue
+    STARTING = "starting"  # not following it yet (outpost, recovery)
+    DRAINING = "draining"  # stopping after a signal: no new claims
+    UNAUTHORIZED = "unauthorized"  # the token was refused: the run ends
+    FEED_STOPPED = "queue feed stopped"  # the queue feed died (it is being restarted)
+
+    @property
+    def healthy(self) -> bool:
+        return self not in (Health.UNAUTHORIZED, Health.FEED_STOPPED)
 
 
 class MetricsAddrLike(Protocol):
@@ -144,11 +162,9 @@ class Metrics:
 
 
 class MetricsServer:
-    """``GET /metrics`` and ``GET /healthz`` (200 when ``health()`` is true, else 503)."""
+    """``GET /metrics`` and ``GET /healthz`` (200 when ``health()`` is healthy, else 503)."""
 
-    def __init__(
-        self, metrics: Metrics, health: Callable[[], tuple[bool, str]], host: str, port: int
-    ) -> None:
+    def __init__(self, metrics: Metrics, health: Callable[[], Health], host: str, port: int) -> None:
         self.metrics = metrics
         self.health = health
         self.host = host
@@ -184,9 +200,9 @@ class MetricsServer:
                 status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
                 body = self.metrics.render().encode()
             elif path in ("/healthz", "/health", "/livez"):
-                ok, state = self.health()
-                status = "200 OK" if ok else "503 Service Unavailable"
-                ctype, body = "application/json", json.dumps({"status": state}).encode() + b"\n"
+                state = self.health()
+                status = "200 OK" if state.healthy else "503 Service Unavailable"
+                ctype, body = "application/json", json.dumps({"status": state.value}).encode() + b"\n"
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
             head = (
@@ -204,7 +220,7 @@ class MetricsServer:
 
 
 async def serve_metrics(
-    metrics: Metrics, health: Callable[[], tuple[bool, str]], addr: Optional[MetricsAddrLike]
+    metrics: Metrics, health: Callable[[], Health], addr: Optional[MetricsAddrLike]
 ) -> Optional[MetricsServer]:
     """Start ``/metrics`` and ``/healthz`` on ``addr`` (None: off); a port in use ends the process with
     exit code 2 and one line."""
@@ -214,5 +230,5 @@ async def serve_metrics(
     try:
         await server.start()
     except OSError as exc:
-        raise WorkerExit(EXIT_USAGE, f"Could not serve metrics on {addr}: {exc}") from exc
+        raise ProgramExit(ExitCode.USAGE, f"Could not serve metrics on {addr}: {exc}") from exc
     return server

@@ -1,22 +1,28 @@
-"""Queue mode: restart recovery, then claiming the session this worker should take whenever a slot is free.
+"""The claim loop: restart recovery, then claiming the session to take whenever a slot is free.
 
-:class:`QueueMode` fills a :class:`~devin_outposts.worker.pool.SessionPool` from one outpost's queue,
-through one run of ``worker start`` without ``--session`` (docs/worker.md, "Modes"):
+:class:`ClaimLoop` fills a :class:`~devin_outposts.core.pool.SessionPool` from one outpost's queue: the
+worker's queue mode (``worker start`` without ``--session``, docs/worker.md, "Modes") and the
+orchestrator's loop (docs/orchestrator.md, "The loop"). What runs a claimed session, and the few rules
+where the two programs differ, come from a :class:`SessionHost` the loop is given (composition: the loop
+never reaches into its owner, and the host never into the loop):
 
-1. resolve the outpost (an outage is waited out) and check its platform (exit 6 on a mismatch, before
-   any claim);
+1. resolve the outpost (an outage is waited out) and check its platform against the host's machines
+   (exit 6 on a mismatch, before any claim); :meth:`SessionHost.announce` says so;
 2. restart recovery: list ``phase=claimed&acceptor_id=<mine>`` on the outpost and take each session back
-   by re-claiming it (a renewal, for a fresh connect token), releasing what no slot can hold;
-3. start the :class:`~devin_outposts.worker.feed.QueueFeed` and, whenever it or a finished session wakes
-   the pool, claim the row the feed offers (:meth:`~devin_outposts.worker.feed.QueueFeed.next_claim`:
-   oldest first, spread over the workers of the outpost). Each attempt asks the feed afresh, so the row is
-   judged on its current copy and never from a list built before an earlier attempt's round trip. A 409
-   counts as a conflict, sets the row aside for a while and waits a short random pause before the next
-   attempt; a 404 forgets the row (one log line); other API errors back off with jitter (1 s doubling to
-   ``--backoff-max-secs``); 401/403 end the worker (exit 3). ``--once`` stops claiming after its first
-   claim.
+   by re-claiming it (a renewal, for a fresh connect token), releasing what no slot can hold. The host
+   wraps each attempt (:meth:`SessionHost.recovery`): the orchestrator finds the machines a previous run
+   left, and keeps a session whose machine is still there even over the cap;
+3. start the :class:`~devin_outposts.core.feed.QueueFeed` and, whenever it or a finished session wakes
+   the pool, claim the row the feed offers (:meth:`~devin_outposts.core.feed.QueueFeed.next_claim`:
+   oldest first, spread over the coordinators of the outpost). Each attempt asks the feed afresh, so the
+   row is judged on its current copy and never from a list built before an earlier attempt's round trip.
+   A 409 counts as a conflict, sets the row aside for a while and waits a short random pause before the
+   next attempt; a 404 forgets the row (one log line); other API errors back off with jitter (1 s
+   doubling to ``--backoff-max-secs``); 401/403 end the run (exit 3). An error no reply explains is the
+   host's to judge (:meth:`SessionHost.claim_failed`): the worker ends on it, the orchestrator logs it
+   and tries again. ``--once`` stops claiming after its first claim.
 
-It uses the pool's public methods only, and the fleet client: nothing here reaches into the runner.
+It uses the pool's public methods only, the fleet client and the host.
 """
 
 from __future__ import annotations
@@ -27,19 +33,20 @@ import enum
 import logging
 import random
 import time
-from pathlib import Path
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Callable, Optional, Protocol
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
-from devin_outposts.api.models import Outpost, QueueEntry
-from devin_outposts.worker.binary import host_os
-from devin_outposts.worker.feed import QueueFeed, oldest_first
-from devin_outposts.worker.metrics import Metrics
-from devin_outposts.worker.outposts import check_platform, entry_platform_ok, resolve_outpost
-from devin_outposts.worker.pool import SessionPool
-from devin_outposts.worker.retrying import Backoff, Stopped, retry_transient
-from devin_outposts.worker.serving import FAILED, LOST, ClaimedSession, SessionResult, release_claim
+from devin_outposts.api.models import Outpost, Phase, QueueEntry
+from devin_outposts.core.feed import QueueFeed, oldest_first
+from devin_outposts.core.metrics import Health, Metrics
+from devin_outposts.core.outposts import check_platform, entry_platform_ok, resolve_outpost
+from devin_outposts.core.pool import SessionPool
+from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
+from devin_outposts.core.serving import ClaimedSession
+from devin_outposts.core.sessions import FAILED, LOST, SessionResult, release_claim
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +57,8 @@ CONFLICT_PAUSE_CAP = 0.4
 #: Seconds a session that failed on this worker is not offered to it again (times its failure count).
 FAILED_SESSION_COOLDOWN = 60.0
 
-#: Makes the server for a claimed session in a slot.
-ServerFactory = Callable[[QueueEntry, int], ClaimedSession]
+#: Which sessions held from before a restart are kept even when no slot is free (by session id).
+KeepOverCap = Callable[[str], bool]
 
 
 def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> float:
@@ -59,7 +66,7 @@ def conflict_pause(conflicts: int, rng: Callable[[], float] = random.random) -> 
 
 
 class ClaimOutcome(str, enum.Enum):
-    """What one turn of :meth:`QueueMode.claim_next` came to."""
+    """What one turn of :meth:`ClaimLoop.claim_next` came to."""
 
     __str__ = str.__str__  # logs and messages show the value (Python 3.11 would show Outcome.SERVED)
 
@@ -70,8 +77,8 @@ class ClaimOutcome(str, enum.Enum):
     FATAL = "fatal"  # the token was refused: stop
 
 
-class QueueSettings(Protocol):
-    """What queue mode reads of its owner's config (the worker's, or the orchestrator's)."""
+class ClaimSettings(Protocol):
+    """What the claim loop reads of its program's config (the worker's, or the orchestrator's)."""
 
     @property
     def outpost(self) -> Optional[str]:
@@ -97,38 +104,64 @@ class QueueSettings(Protocol):
     def once(self) -> bool:
         """Stop claiming after the first claim."""
 
-    @property
-    def max_sessions(self) -> int:
-        """Slots."""
+
+class SessionHost(Protocol):
+    """What runs the sessions a :class:`ClaimLoop` claims, and the rules where the worker (a local
+    ``devin-remote`` per session: :class:`~devin_outposts.worker.session.WorkerHost`) and the orchestrator
+    (a machine per session: :class:`~devin_outposts.orchestrator.queue.MachineHost`) differ."""
 
     @property
-    def workdir(self) -> Path:
-        """Where sessions' files go (for the start-up line)."""
+    def machine_platform(self) -> Optional[str]:
+        """The OS the sessions run on, as an outpost platform name; None when it is not known (the
+        ansible driver): then no outpost or session is refused for its platform."""
+
+    def announce(self, outpost: Outpost) -> None:
+        """The outpost is resolved and its platform checked: the start-up line and the metrics' labels."""
+
+    def recovery(self, outpost_id: str) -> AbstractAsyncContextManager[KeepOverCap]:
+        """Wraps one attempt at restart recovery (an attempt that fails with a
+        :class:`~devin_outposts.api.errors.FleetError` is tried again after a backoff): what the host
+        prepares for it, and which held sessions to keep even when no slot is free."""
+
+    def session_for(self, claim: QueueEntry, slot: int) -> ClaimedSession:
+        """What serves ``claim`` in ``slot`` (the pool runs it)."""
+
+    def finished(self, result: SessionResult) -> None:
+        """A session ended (the pool has counted it)."""
+
+    def claim_failed(self, error: Exception) -> bool:
+        """An error no fleet reply explains ended a claim turn (a bug, an answer the client could not
+        read). True: it was reported, and the turn counts as failed (retried after the backoff); False:
+        the claim loop ends on it."""
+
+    def loop_failed(self) -> None:
+        """The claim loop is ending on an error or a cancellation, before the pool drains."""
 
 
-class QueueMode:
+@contextlib.asynccontextmanager
+async def keep_none(outpost_id: str) -> AsyncIterator[KeepOverCap]:
+    """A :meth:`SessionHost.recovery` that prepares nothing and keeps no session over the cap."""
+    yield lambda session_id: False
+
+
+class ClaimLoop:
     def __init__(
         self,
-        config: QueueSettings,
+        config: ClaimSettings,
         client: FleetClient,
         pool: SessionPool,
         metrics: Metrics,
         acceptor_id: str,
-        server_for: ServerFactory,
-        *,
-        machine_platform: Optional[str] = None,
-        check_platforms: bool = True,
+        host: SessionHost,
     ) -> None:
         self.config = config
-        #: The OS sessions run on: this machine's, or the orchestrator driver's machines'.
-        self.machine_platform = machine_platform or host_os()
-        #: False when the machines' platform is not known (the ansible driver): nothing is refused.
-        self.check_platforms = check_platforms
         self.client = client
         self.pool = pool
         self.metrics = metrics
         self.acceptor_id = acceptor_id
-        self.server_for = server_for
+        self.host = host
+        #: The OS sessions run on, or None: nothing is refused for its platform.
+        self.machine_platform = host.machine_platform
         self.feed: Optional[QueueFeed] = None
         self.feed_task: Optional[asyncio.Task[None]] = None
         #: Following the queue (for /healthz).
@@ -158,9 +191,9 @@ class QueueMode:
             )
         except Stopped:
             return False
-        if self.check_platforms:
+        if self.machine_platform is not None:
             check_platform(outpost, here=self.machine_platform)
-        self._announce(outpost)
+        self.host.announce(outpost)
         recovery = Backoff(cap=self.config.backoff_max)
         while not self.pool.draining:
             try:
@@ -189,25 +222,14 @@ class QueueMode:
         self.ready = True
         try:
             await self.claim_loop()
+        except BaseException:
+            self.host.loop_failed()
+            raise
         finally:
             self.stop_feed()
             await self._await_feed()
             await self.pool.drain()
         return True
-
-    def _announce(self, outpost: Outpost) -> None:
-        log.info(
-            "worker %s serving outpost %s (%s) on %s: %d slot(s), %s, workdir %s",
-            self.acceptor_id,
-            outpost.name,
-            outpost.outpost_id,
-            host_os(),
-            self.config.max_sessions,
-            "watching the queue" if self.config.watch else f"polling every {self.config.poll_interval:g}s",
-            self.config.workdir,
-            extra={"outpost": outpost.outpost_id, "acceptor_id": self.acceptor_id},
-        )
-        self.metrics.labels["outpost"] = outpost.outpost_id
 
     def _start_feed(self) -> None:
         assert self.feed is not None
@@ -232,6 +254,7 @@ class QueueMode:
         if result.outcome in (FAILED, LOST):
             count = self._failures[sid] = self._failures.get(sid, 0) + 1
             self.feed.penalize(sid, FAILED_SESSION_COOLDOWN * count)
+        self.host.finished(result)
 
     async def sleep(self, seconds: float, why: str) -> None:
         log.warning("%s; retrying in %.1fs", why, seconds)
@@ -240,19 +263,28 @@ class QueueMode:
     # --- restart recovery ------------------------------------------------------------------------------
 
     async def recover(self, outpost_id: str) -> None:
-        """Take back the sessions this acceptor still holds (a worker restarted after a crash).
+        """Take back the sessions this acceptor still holds (a program restarted, maybe after a crash).
 
-        Safe to run again after a failure half-way: sessions already taken back are being served and
-        are skipped, never released.
+        A held session is taken back into a free slot, or beyond the slots when the host keeps it over
+        the cap (the orchestrator: its machine is still there, and a restart with a lower cap must not
+        evict a live session; claiming then waits until fewer sessions run than the slots). Else it is
+        released, as is a finished one. Safe to run again after a failure half-way: sessions already
+        taken back are being served and are skipped, never released.
         """
-        client, me = self.client, self.acceptor_id
-        held = (await client.list_all_devins(outpost=outpost_id, phase="claimed", acceptor_id=me))[0]
+        async with self.host.recovery(outpost_id) as keep_over_cap:
+            await self._take_back(outpost_id, keep_over_cap)
+
+    async def _take_back(self, outpost_id: str, keep_over_cap: KeepOverCap) -> None:
+        client, me, pool = self.client, self.acceptor_id, self.pool
+        held = (await client.list_all_devins(outpost=outpost_id, phase=Phase.CLAIMED, acceptor_id=me))[0]
         for entry in oldest_first(e for e in held if e.status.acceptor_id in (None, me)):
             sid = entry.session_id
-            if sid in self.pool.held:
+            if sid in pool.held:
                 continue
-            slot = self.pool.free_slot()
-            if entry.is_finished or slot is None or self.pool.draining:
+            slot = pool.free_slot()
+            if slot is None and keep_over_cap(sid):
+                slot = pool.spare_slot()
+            if entry.is_finished or slot is None or pool.draining:
                 why = f"already {entry.status.session_status}" if entry.is_finished else "no free slot"
                 log.info(
                     "releasing session %s held from before the restart (%s)",
@@ -272,7 +304,7 @@ class QueueMode:
             self._start(claim, slot)
 
     def _start(self, claim: QueueEntry, slot: int) -> None:
-        self.pool.start(self.server_for(claim, slot))
+        self.pool.start(self.host.session_for(claim, slot))
         log.info(
             "claimed session %s (slot %d)",
             claim.session_id,
@@ -333,7 +365,19 @@ class QueueMode:
         await release_claim(self.client, session_id, self.acceptor_id, {"session_id": session_id})
 
     async def claim_next(self) -> ClaimOutcome:
-        """Claim the row this worker should take now. On DEFER, :attr:`defer` says when to look again."""
+        """Claim the row this acceptor should take now. On DEFER, :attr:`defer` says when to look again.
+        An error no fleet reply explains is the host's to judge (:meth:`SessionHost.claim_failed`); a
+        claim whose answer was lost stays ours on the server until its deadline, then returns to the
+        queue."""
+        try:
+            return await self._claim_turn()
+        except Exception as exc:
+            if not self.host.claim_failed(exc):
+                raise
+            self.metrics.inc("api_errors")
+            return ClaimOutcome.ERROR
+
+    async def _claim_turn(self) -> ClaimOutcome:
         assert self.feed is not None
         pool, feed = self.pool, self.feed
         self.defer = None
@@ -352,7 +396,7 @@ class QueueMode:
                 return ClaimOutcome.DEFER
             entry = choice.entry
             sid = entry.session_id
-            if self.check_platforms and not entry_platform_ok(entry, self.machine_platform):
+            if self.machine_platform is not None and not entry_platform_ok(entry, self.machine_platform):
                 log.warning(
                     "not claiming session %s: it wants platform %s, its machine would run %s",
                     sid,
@@ -395,3 +439,15 @@ class QueueMode:
             self.looking_since = None  # the next free slot starts looking afresh
             return ClaimOutcome.CLAIMED
         return ClaimOutcome.IDLE
+
+
+def health(pool: SessionPool, loop: Optional[ClaimLoop], *, ready: bool) -> Health:
+    """What ``/healthz`` says of a program that runs ``pool`` (and ``loop``, in queue mode): ``ready`` is
+    whether it follows the queue (or serves its one session) yet."""
+    if pool.fatal is not None:
+        return Health.UNAUTHORIZED
+    if loop is not None and loop.feed_stopped:
+        return Health.FEED_STOPPED
+    if pool.draining:
+        return Health.DRAINING
+    return Health.OK if ready else Health.STARTING

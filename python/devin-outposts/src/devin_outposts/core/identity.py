@@ -25,8 +25,8 @@ import uuid
 from pathlib import Path
 from typing import IO, Optional
 
-from devin_outposts.worker import platform
-from devin_outposts.worker.paths import make_private_dir
+from devin_outposts.core import platform
+from devin_outposts.core.paths import make_private_dir
 
 ACCEPTOR_FILE = "acceptor_id"
 DATA_LOCK_FILE = "worker.lock"
