@@ -81,7 +81,8 @@ def test_no_flag_or_variable_is_declared_twice_outside_the_shared_rows() -> None
 
 @pytest.mark.parametrize("program", list(Program))
 def test_every_config_default_is_its_rows(program: Program) -> None:
-    config = worker_options.WorkerConfig() if program is Program.WORKER else orchestrator_options.OrchestratorConfig()
+    worker = program is Program.WORKER
+    config = worker_options.WorkerConfig() if worker else orchestrator_options.OrchestratorConfig()
     checked = 0
     for option in TABLES[program]:
         value = getattr(config, option.name)
@@ -190,8 +191,8 @@ def test_switches_and_driver_flags_read_the_same_words() -> None:
 
 def test_the_simulators_query_words_are_the_programs() -> None:
     """The simulator may not import core (it uses devin_outposts.api only), so it keeps a copy."""
-    assert validate.TRUE_WORDS == set(TRUE_WORDS)
-    assert validate.FALSE_WORDS == set(FALSE_WORDS)
+    assert set(TRUE_WORDS) == validate.TRUE_WORDS
+    assert set(FALSE_WORDS) == validate.FALSE_WORDS
     for word in TRUE_WORDS:
         assert validate.query_bool(word.upper(), "watch") is True
     for word in FALSE_WORDS:

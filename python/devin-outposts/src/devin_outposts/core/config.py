@@ -39,9 +39,9 @@ from devin_outposts.core.identity import IdentityError, validate_acceptor_id
 SHA_RE = re.compile(r"[0-9a-f]{6,40}")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: The words a yes/no value accepts, in any case and with surrounding white space: every switch's variable
-#: (``DEVIN_WORKER_WATCH=off``) and every driver's flag option. The simulator's query parameters, the
-#: collection's filter and the event source cannot import this module and keep copies; test_options.py
-#: and python/contract/cases.yaml hold them to these words.
+#: (``DEVIN_WORKER_WATCH=off``) and every driver's flag option. The simulator's query parameters keep a
+#: copy (the simulator may import ``api`` only), held to these by tests/test_options.py; the collection's
+#: filter plugin and the event source, which run where this package is not installed, keep their own.
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 

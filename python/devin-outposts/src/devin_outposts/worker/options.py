@@ -1,7 +1,9 @@
 """``worker start`` options: one table gives the flags, the environment variables and the config.
 
 Every option is declared once in :data:`OPTIONS`: its flag(s), its environment variable, how its text is
-turned into a value (type, bounds, choices), its default and its help. :func:`add_start_arguments` builds
+turned into a value (type, bounds, choices), its default and its help. The rows the orchestrator has too
+(``--outpost``, ``--acceptor-id``, the token, the API URL, the tuning, ...) are declared in
+:data:`devin_outposts.core.config.SHARED_OPTIONS` and only placed here. :func:`add_start_arguments` builds
 the argument parser from the table and :func:`build_config` resolves each option as *flag, then
 environment variable, then default*, exactly like ``devin worker start`` (docs/fleet-api.md §7.1), into
 a validated :class:`WorkerConfig`. The official CLI's flags and variables keep their names and defaults;
@@ -24,7 +26,6 @@ from typing import Optional
 
 from devin_outposts.core.config import (
     DEFAULT_CACHE_DIR,
-    DEFAULT_STATIC_BASE_URL,
     ConfigError,
     MetricsAddr,
     Option,
@@ -41,19 +42,6 @@ from devin_outposts.core.config import (
     workdir,
 )
 from devin_outposts.core.tokenfile import ENV_DIRECT_TOKEN, ENV_TOKEN, ENV_TOKEN_FD, ENV_TOKEN_FILE
-
-__all__ = [
-    "DEFAULT_CACHE_DIR",
-    "DEFAULT_STATIC_BASE_URL",
-    "ENV_DIRECT_TOKEN",
-    "ENV_GATEWAY",
-    "ENV_PREFIX",
-    "OPTIONS",
-    "WorkerConfig",
-    "add_start_arguments",
-    "build_config",
-    "parse_start_args",
-]
 
 ENV_GATEWAY = "DEVIN_OUTPOST_GATEWAY_URL"
 #: Our variables' prefix (the shared rows' ``{prefix}``).
@@ -103,11 +91,11 @@ OPTIONS: tuple[Option, ...] = (
     shared_option("confirm_reads", "tuning", _W),
     shared_option("confirm_interval", "tuning", _W),
     shared_option("backoff_max", "tuning", _W),
-    # Read from the environment only: direct-serve mode (the pre-claimed connect token) and what sessions
-    # are given.
-    Option("direct_token", (), "", "", env=ENV_DIRECT_TOKEN),
-    Option("chrome_path", (), "", "", env="DEVIN_CHROME_PATH"),
-    Option("desktop", (), "", "", env="DEVIN_OUTPOST_DESKTOP"),
+    # Read from the environment only (no flag, so not in --help).
+    Option("direct_token", (), "the connect token of a session claimed for this worker: direct-serve mode",
+           "env", env=ENV_DIRECT_TOKEN),
+    Option("chrome_path", (), "a Chrome for the sessions' browser tools", "env", env="DEVIN_CHROME_PATH"),
+    Option("desktop", (), "passed to every session", "env", env="DEVIN_OUTPOST_DESKTOP"),
 )  # fmt: skip
 _GROUPS = {
     "official": "options of `devin worker start`",
