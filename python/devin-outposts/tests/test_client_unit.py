@@ -420,13 +420,3 @@ def test_repr_never_shows_token() -> None:
         assert TOKEN not in repr(client)
     finally:
         run(client.aclose())
-
-
-def test_from_env_reads_url_and_token() -> None:
-    env = {"DEVIN_API_URL": "http://127.0.0.1:9/", "DEVIN_OUTPOSTS_TOKEN": TOKEN}
-    client = FleetClient.from_env(environ=env)
-    try:
-        assert client.api_url == "http://127.0.0.1:9"
-        assert client._http.headers["Authorization"] == f"Bearer {TOKEN}"
-    finally:
-        run(client.aclose())

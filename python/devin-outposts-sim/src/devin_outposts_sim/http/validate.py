@@ -28,8 +28,11 @@ ACCEPTOR_MAX = 256
 PAGE_MIN = 1
 PAGE_MAX = 200
 PAGE_DEFAULT = 100
-_TRUE = frozenset({"true", "1", "yes", "on"})
-_FALSE = frozenset({"false", "0", "no", "off"})
+#: The words a yes/no query parameter accepts (any case): the same as the worker's and the orchestrator's
+#: (devin_outposts.core.config.TRUE_WORDS and FALSE_WORDS), which the simulator may not import (it uses
+#: devin_outposts.api only); python/devin-outposts/tests/test_options.py holds the two to each other.
+TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+FALSE_WORDS = frozenset({"false", "0", "no", "off"})
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -129,8 +132,8 @@ def query_bool(raw: Optional[str], field: str) -> bool:
     if raw is None:
         return False
     lowered = raw.lower()
-    if lowered in _TRUE:
+    if lowered in TRUE_WORDS:
         return True
-    if lowered in _FALSE:
+    if lowered in FALSE_WORDS:
         return False
     raise Invalid(f"{field} must be true or false")

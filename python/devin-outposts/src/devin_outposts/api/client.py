@@ -4,11 +4,13 @@ One :class:`FleetClient` owns the connection: base URL, bearer token, timeouts, 
 bundle and proxies (both from the environment, as httpx reads ``SSL_CERT_FILE``, ``HTTPS_PROXY`` and
 ``NO_PROXY``), bounded retries on 429/5xx and connection errors (waiting the one backoff of
 :mod:`.backoff`), both pagination envelopes, the SSE watch (read by :mod:`.stream`, the one reader of the
-stream) and error mapping. Methods return the pydantic models of :mod:`devin_outposts.api.models`.
+stream) and error mapping. Methods return the pydantic models of :mod:`devin_outposts.api.models`. It reads
+none of our variables: the URL and the token are given (the programs' option tables and the command line
+read them, with the token's one reader, ``core/tokenfile.py``).
 
 Usage::
 
-    async with FleetClient.from_env() as client:
+    async with FleetClient(api_url, token) as client:
         entries, cursor = await client.list_all_devins(outpost="outpost_env-...", phase="pending")
         async for event in client.watch_devins(outpost="outpost_env-...", cursor=cursor):
             ...
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -108,25 +109,6 @@ class FleetClient:
             transport=transport,
             trust_env=True,
         )
-
-    @classmethod
-    def from_env(
-        cls,
-        api_url: Optional[str] = None,
-        token: Optional[str] = None,
-        environ: Optional[Mapping[str, str]] = None,
-        **kwargs: Any,
-    ) -> FleetClient:
-        """Build a client from explicit values, falling back to ``DEVIN_API_URL``/``DEVIN_OUTPOSTS_TOKEN``.
-
-        A private CA bundle can be given as ``DEVIN_CA_BUNDLE`` (or the standard ``SSL_CERT_FILE``).
-        """
-        env = os.environ if environ is None else environ
-        url = api_url or env.get("DEVIN_API_URL") or DEFAULT_API_URL
-        tok = token or env.get("DEVIN_OUTPOSTS_TOKEN") or None
-        if "verify" not in kwargs and env.get("DEVIN_CA_BUNDLE"):
-            kwargs["verify"] = env["DEVIN_CA_BUNDLE"]
-        return cls(url, tok, **kwargs)
 
     async def __aenter__(self) -> FleetClient:
         return self

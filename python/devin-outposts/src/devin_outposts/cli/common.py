@@ -6,13 +6,22 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
-from collections.abc import Awaitable, Coroutine
-from typing import Any, Callable, TypeVar
+from collections.abc import Awaitable, Coroutine, Mapping
+from typing import Any, Callable, Optional, TypeVar
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
+from devin_outposts.api.transport import tls_context
 from devin_outposts.core import platform
+from devin_outposts.core.config import (
+    Program,
+    add_table_arguments,
+    resolve_table,
+    shared_option,
+    table_defaults,
+)
 
 # One table of exit codes for every verb and both programs (documented in docs/worker.md).
 from devin_outposts.core.exits import ExitCode, ProgramExit
@@ -20,19 +29,14 @@ from devin_outposts.core.exits import ExitCode, ProgramExit
 T = TypeVar("T")
 
 
+#: ``--api-url`` and ``--token`` of the outpost verbs: the worker's rows (core/config.py), with the same
+#: variables; the token may come from its descriptor or file too.
+API_OPTIONS = (shared_option("api_url", "api", Program.WORKER), shared_option("token", "api", Program.WORKER))
+
+
 def add_api_options(parser: argparse.ArgumentParser) -> None:
     """``--api-url`` and ``--token``, with the same environment variables as ``devin worker``."""
-    parser.add_argument(
-        "--api-url",
-        default=None,
-        help="Devin API base URL (env DEVIN_API_URL, default https://api.devin.ai)",
-    )
-    parser.add_argument(
-        "--token",
-        default=None,
-        help="API token. Prefer the DEVIN_OUTPOSTS_TOKEN environment variable: argv is visible to "
-        "every user of the machine.",
-    )
+    add_table_arguments(parser, API_OPTIONS, {"api": None})
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:
@@ -55,11 +59,19 @@ def exit_code_for(error: FleetError) -> int:
     return ExitCode.ERROR
 
 
+def client_from(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> FleetClient:
+    """The outpost verbs' client: ``--api-url``, else ``DEVIN_API_URL``; ``--token``, else the account token
+    the environment gives (core/tokenfile.py); the CA bundle of ``DEVIN_CA_BUNDLE``, if any."""
+    env = os.environ if environ is None else environ
+    values = {**table_defaults(API_OPTIONS), **resolve_table(API_OPTIONS, args, env)}
+    return FleetClient(values["api_url"], values["token"], verify=tls_context(env))
+
+
 def run_with_client(args: argparse.Namespace, action: Callable[[FleetClient], Awaitable[T]]) -> T:
     """Build a client from ``args`` and the environment, run ``action`` with it, and close it."""
 
     async def _run() -> T:
-        async with FleetClient.from_env(api_url=args.api_url, token=args.token) as client:
+        async with client_from(args) as client:
             return await action(client)
 
     return asyncio.run(_run())

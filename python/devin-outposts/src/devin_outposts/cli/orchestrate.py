@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from devin_outposts.cli.common import fail, run_until_done
 from devin_outposts.core.exits import ExitCode
@@ -16,22 +15,15 @@ def _orchestrate(args: argparse.Namespace) -> int:
     # Imported here so that other verbs do not pay for the orchestrator's modules.
     from devin_outposts.core.config import ConfigError
     from devin_outposts.core.logs import setup_logging
-    from devin_outposts.core.tokenfile import ENV_TOKEN, TokenSourceError, token_from_source
     from devin_outposts.orchestrator.options import build_config
     from devin_outposts.orchestrator.runner import Orchestrator
 
-    environ = dict(os.environ)
     try:
-        # DEVIN_OUTPOSTS_TOKEN_FD or _FILE (core/tokenfile.py): the token reaches the config without ever
-        # being in this process's environment.
-        token = token_from_source(os.environ)
-        if token is not None:
-            environ[ENV_TOKEN] = token
-        config = build_config(args, environ)
-    except (ConfigError, TokenSourceError) as exc:
+        # The token from DEVIN_OUTPOSTS_TOKEN, _FD or _FILE (core/tokenfile.py): read into the config, never
+        # put into this process's environment.
+        config = build_config(args)
+    except ConfigError as exc:
         return fail(str(exc), ExitCode.USAGE)
-    finally:
-        environ.clear()
     setup_logging(config.log_format, config.log_level)
     return run_until_done(Orchestrator(config).run, log)
 

@@ -13,13 +13,14 @@ Modules, each one concern:
 * :mod:`.sessions`: what the pool, the loop and serving share about a session: its result, why a launch
   stopped, the protocols of what serves it, releasing a claim and when to renew it;
 * :mod:`.config`: the option-table machinery (flag, then environment variable, then default; the value
-  parsers; :class:`~.config.ConfigError`) and the rows both programs declare alike;
+  parsers; :class:`~.config.ConfigError`), the rows both programs declare, each once
+  (:data:`~.config.SHARED_OPTIONS`), and the one reader of yes/no words (:func:`~.config.truth`);
 * :mod:`.outposts`: choosing the outpost, the platform check;
 * :mod:`.retrying`: backoff, and which fleet errors are worth a retry;
 * :mod:`.identity`: the persisted acceptor id and the directory locks;
 * :mod:`.paths`: server ids to safe paths, private directories;
 * :mod:`.processes`: the record of a running ``devin-remote`` and stopping one a killed predecessor left;
-* :mod:`.tokenfile`: the account token from a file descriptor or a 0600 file;
+* :mod:`.tokenfile`: the one reader of the account token: its variable, a file descriptor or a 0600 file;
 * :mod:`.platform`: everything that differs per operating system (:mod:`~.platform.posix`,
   :mod:`~.platform.windows`);
 * :mod:`.metrics`: ``/metrics`` and ``/healthz``;

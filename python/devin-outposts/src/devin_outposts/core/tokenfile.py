@@ -16,6 +16,12 @@ environment:
 At most one of ``DEVIN_OUTPOSTS_TOKEN``, ``DEVIN_OUTPOSTS_TOKEN_FD`` and ``DEVIN_OUTPOSTS_TOKEN_FILE`` may
 be set. Once read from ``os.environ``, the two variables are removed from it, so that nothing this process
 starts inherits a pointer to its standard input.
+
+:func:`read_token` is the one reader of the account token in this package: both programs' option tables
+(through :func:`devin_outposts.core.config.account_token`) and the command line's outpost verbs use it.
+A worker in direct-serve mode (``DEVIN_REMOTE_SESSION_TOKEN`` set: it serves one session that was claimed
+for it, and needs no account token) reads the plain variable only, never a descriptor or a file that was
+meant for something else.
 """
 
 from __future__ import annotations
@@ -29,12 +35,26 @@ from typing import Optional
 ENV_TOKEN = "DEVIN_OUTPOSTS_TOKEN"  # noqa: S105 - a variable name, not a secret
 ENV_TOKEN_FD = "DEVIN_OUTPOSTS_TOKEN_FD"  # noqa: S105
 ENV_TOKEN_FILE = "DEVIN_OUTPOSTS_TOKEN_FILE"  # noqa: S105
+#: Direct-serve mode's connect token: with it set, no descriptor or file is read (see above).
+ENV_DIRECT_TOKEN = "DEVIN_REMOTE_SESSION_TOKEN"  # noqa: S105
 #: The most bytes read for a token (tokens are well under 1 KiB).
 MAX_TOKEN_BYTES = 64 << 10
 
 
 class TokenSourceError(ValueError):
     """The token's descriptor or file cannot be used; the message names the variable."""
+
+
+def read_token(environ: Mapping[str, str]) -> Optional[str]:
+    """The account token: from ``DEVIN_OUTPOSTS_TOKEN_FD`` or ``DEVIN_OUTPOSTS_TOKEN_FILE``
+    (:func:`token_from_source`), else ``DEVIN_OUTPOSTS_TOKEN`` (surrounding white space ignored); None when
+    none is set. In direct-serve mode only the variable is read. :class:`TokenSourceError` as
+    :func:`token_from_source` raises it."""
+    if not environ.get(ENV_DIRECT_TOKEN, "").strip():
+        from_source = token_from_source(environ)
+        if from_source is not None:
+            return from_source
+    return environ.get(ENV_TOKEN, "").strip() or None
 
 
 def token_from_source(environ: Mapping[str, str]) -> Optional[str]:

@@ -13,7 +13,7 @@ and never imports the worker. Modules, each one concern:
   means (wait, exited, restarted in place, give up), what the sweep collects, snapshots or keeps;
 * :mod:`.sweep`: the garbage-collection sweep of machines, snapshots and secrets no session needs;
 * :mod:`.options`: the orchestrator's table of options → flags, environment variables and
-  :class:`~.options.OrchestratorConfig`;
+  :class:`~.options.OrchestratorConfig` (the rows the worker has too are :mod:`devin_outposts.core.config`'s);
 * :mod:`.metrics`: the names of Cognition's operator, plus ours;
 * :mod:`.drivers`: what a session runs on (``process``, ``podman``, ``kubernetes``, ``ansible``), each
   imported only when chosen, behind the interface in :mod:`.drivers.base`.

@@ -3,10 +3,11 @@
 The same rules as ``worker start`` (:mod:`devin_outposts.core.config`): each option is declared once,
 resolved as *flag, then environment variable, then default*, and a bad value raises
 :class:`~devin_outposts.core.config.ConfigError` (exit code 2) with one line naming the flag. The
-account token comes from ``DEVIN_OUTPOSTS_TOKEN`` only: an orchestrator is a long-running service and
-argv is visible to every user of the machine. The options that matter inside a session machine
-(``--static-base-url``, ``--cache-dir``, ``--remote-binary-sha``) keep the worker's variables and are
-handed to the worker each machine runs.
+account token comes from the environment only (``DEVIN_OUTPOSTS_TOKEN``, or its descriptor or file:
+:mod:`devin_outposts.core.tokenfile`): an orchestrator is a long-running service and argv is visible to
+every user of the machine. The options that matter inside a session machine (``--static-base-url``,
+``--cache-dir``, ``--remote-binary-sha``) keep the worker's variables and are handed to the worker each
+machine runs. The rows the worker declares too are :data:`devin_outposts.core.config.SHARED_OPTIONS`'.
 
 A driver's own options come from ``--driver-config FILE`` (a JSON mapping, or YAML when PyYAML is
 installed) and ``--driver-opt KEY=VALUE`` (repeatable; it wins over the file). The driver checks them.
@@ -19,13 +20,12 @@ import enum
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from devin_outposts.api.client import DEFAULT_API_URL
 from devin_outposts.core import config as co
-from devin_outposts.core.config import ConfigError, MetricsAddr, Option, shared_option
+from devin_outposts.core.config import ConfigError, MetricsAddr, Option, Program, shared_option
 from devin_outposts.core.tokenfile import ENV_TOKEN
 from devin_outposts.orchestrator.drivers import DRIVERS
 
@@ -44,104 +44,101 @@ class ResumePolicy(str, enum.Enum):
 RESUME_POLICIES = tuple(policy.value for policy in ResumePolicy)
 _policy = co.choice(*RESUME_POLICIES)
 #: Our variables' prefix (the shared rows' ``{prefix}``).
-ENV_PREFIX = "DEVIN_ORCHESTRATOR"
+ENV_PREFIX = Program.ORCHESTRATOR.env_prefix
 
 _N = co.number
+_O = Program.ORCHESTRATOR
 OPTIONS: tuple[Option, ...] = (
-    Option("outpost", ("--outpost",), "outpost to serve, by name or id", "main",
-           env="DEVIN_ORCHESTRATOR_OUTPOST", parse=co.stripped),
+    shared_option("outpost", "main", _O),
     Option("driver", ("--driver",), "what each session runs on", "main", env="DEVIN_ORCHESTRATOR_DRIVER",
-           parse=co.choice(*DRIVERS), choices=tuple(DRIVERS)),
-    Option("max_concurrent", ("--max-concurrent",), "sessions served at once; more stay queued (default 10)",
-           "main", env="DEVIN_ORCHESTRATOR_MAX_CONCURRENT", parse=_N(int, 1)),
+           parse=co.choice(*DRIVERS), default="", choices=tuple(DRIVERS)),
+    Option("max_concurrent", ("--max-concurrent",), "sessions served at once; more stay queued (default "
+           "{default})", "main", env="DEVIN_ORCHESTRATOR_MAX_CONCURRENT", parse=_N(int, 1), default=10),
     Option("driver_config", ("--driver-config",), "the driver's options: a JSON (or YAML) mapping", "main",
            env="DEVIN_ORCHESTRATOR_DRIVER_CONFIG", parse=co.path),
-    Option("state_dir", ("--state-dir",), f"the orchestrator's own files (default {DEFAULT_STATE_DIR})",
-           "main", env="DEVIN_ORCHESTRATOR_STATE_DIR", parse=co.path),
-    Option("acceptor_id", ("--acceptor-id",), "stable orchestrator identity (default: generated once and "
-           "stored in the state directory)", "main", env="DEVIN_ORCHESTRATOR_ACCEPTOR_ID", parse=co.acceptor),
-    shared_option("api_url", "main", ENV_PREFIX),
+    Option("state_dir", ("--state-dir",), "the orchestrator's own files (default {default})", "main",
+           env="DEVIN_ORCHESTRATOR_STATE_DIR", parse=co.path, default=DEFAULT_STATE_DIR),
+    shared_option("acceptor_id", "main", _O),
+    shared_option("api_url", "main", _O),
+    shared_option("token", "main", _O),  # from the environment only
     Option("resume_policy", ("--resume-policy",), "what a suspended session keeps for its resume: nothing "
            "(start_fresh, the default) or its state dir and repos (snapshot)", "main",
            env="DEVIN_ORCHESTRATOR_RESUME_POLICY", parse=lambda name, raw: ResumePolicy(_policy(name, raw)),
-           choices=RESUME_POLICIES),
+           default=ResumePolicy.START_FRESH, choices=RESUME_POLICIES),
     Option("snapshot_ttl", ("--snapshot-ttl",), "seconds a snapshot is kept (default: until the session is "
            "terminated)", "main", env="DEVIN_ORCHESTRATOR_SNAPSHOT_TTL", parse=_N(float, 1)),
-    shared_option("metrics_addr", "main", ENV_PREFIX),
-    shared_option("log_format", "main", ENV_PREFIX),
-    shared_option("log_level", "main", ENV_PREFIX),
-    shared_option("watch", "main", ENV_PREFIX),
+    shared_option("metrics_addr", "main", _O),
+    shared_option("log_format", "main", _O),
+    shared_option("log_level", "main", _O),
+    shared_option("watch", "main", _O),
     # Handed to the worker in each machine (the worker's own variables).
-    Option("static_base_url", ("--static-base-url",), "where devin-remote is published", "machine",
-           env="DEVIN_WORKER_STATIC_BASE_URL", parse=co.static_url),
-    Option("cache_dir", ("--cache-dir",), "the worker's binary cache inside each machine", "machine",
-           env="DEVIN_WORKER_CACHE_DIR", parse=co.stripped),
-    Option("remote_binary_sha", ("--remote-binary-sha",), "devin-remote SHA when the session pins none",
-           "machine", env="DEVIN_WORKER_REMOTE_SHA", parse=co.sha),
+    shared_option("static_base_url", "machine", _O),
+    shared_option("cache_dir", "machine", _O),
+    shared_option("remote_binary_sha", "machine", _O),
     # Tuning.
-    Option("provision_timeout", ("--provision-timeout",), "seconds a machine may take to be made (600)",
-           "tuning", env="DEVIN_ORCHESTRATOR_PROVISION_TIMEOUT", parse=_N(float, 1)),
-    Option("boot_timeout", ("--boot-timeout",), "seconds from a made machine to a served session (300)",
-           "tuning", env="DEVIN_ORCHESTRATOR_BOOT_TIMEOUT", parse=_N(float, 1)),
-    Option("gc_interval", ("--gc-interval",), "seconds between garbage-collection sweeps (60)", "tuning",
-           env="DEVIN_ORCHESTRATOR_GC_INTERVAL", parse=_N(float, 0.1)),
-    Option("status_interval", ("--status-interval-secs",), "seconds between machine status reads (2)",
-           "tuning", parse=_N(float, 0.05)),
-    Option("poll_interval", ("--poll-interval-secs",), "seconds between queue polls with --no-watch (5)",
-           "tuning", parse=_N(float, 0.05)),
+    Option("provision_timeout", ("--provision-timeout",), "seconds a machine may take to be made ({default})",
+           "tuning", env="DEVIN_ORCHESTRATOR_PROVISION_TIMEOUT", parse=_N(float, 1), default=600.0),
+    Option("boot_timeout", ("--boot-timeout",), "seconds from a made machine to a served session ({default})",
+           "tuning", env="DEVIN_ORCHESTRATOR_BOOT_TIMEOUT", parse=_N(float, 1), default=300.0),
+    Option("gc_interval", ("--gc-interval",), "seconds between garbage-collection sweeps ({default})",
+           "tuning", env="DEVIN_ORCHESTRATOR_GC_INTERVAL", parse=_N(float, 0.1), default=60.0),
+    Option("status_interval", ("--status-interval-secs",), "seconds between machine status reads ({default})",
+           "tuning", parse=_N(float, 0.05), default=2.0),
+    shared_option("poll_interval", "tuning", _O),
     Option("session_check_interval", ("--session-check-secs",), "seconds between each running session's "
-           "status reads; the watch reports changes sooner (30)", "tuning", parse=_N(float, 0.05)),
-    Option("restart_limit", ("--restart-limit",), "restarts of a failing worker before giving up (5)",
-           "tuning", parse=_N(int, 0)),
-    shared_option("renew_margin", "tuning", ENV_PREFIX),
-    Option("confirm_reads", ("--confirm-reads",), "status reads after a worker exits 0 (5)", "tuning",
-           parse=_N(int, 1)),
-    shared_option("confirm_interval", "tuning", ENV_PREFIX),
-    Option("stop_grace", ("--stop-grace-secs",), "seconds a stopped machine's worker gets (10)", "tuning",
-           parse=_N(float, 0)),
-    shared_option("backoff_max", "tuning", ENV_PREFIX),
-)
+           "status reads; the watch reports changes sooner ({default})", "tuning", parse=_N(float, 0.05),
+           default=30.0),
+    shared_option("restart_limit", "tuning", _O),
+    shared_option("renew_margin", "tuning", _O),
+    shared_option("confirm_reads", "tuning", _O),
+    shared_option("confirm_interval", "tuning", _O),
+    shared_option("stop_grace", "tuning", _O),
+    shared_option("backoff_max", "tuning", _O),
+)  # fmt: skip
 _GROUPS = {
     "main": "orchestrator",
     "machine": "passed to the worker in each session machine",
     "tuning": "tuning (defaults suit production)",
 }
+#: Each field's default, from its row.
+_DEFAULT = co.table_defaults(OPTIONS)
 
 
 @dataclass(frozen=True)
 class OrchestratorConfig:
-    """Everything ``orchestrate`` needs, validated. Secrets are excluded from ``repr``."""
+    """Everything ``orchestrate`` needs, validated. Secrets are excluded from ``repr``. The defaults are
+    the rows' (:data:`OPTIONS`)."""
 
-    outpost: str = ""
-    driver: str = ""
-    max_concurrent: int = 10
+    outpost: str = _DEFAULT["outpost"]
+    driver: str = _DEFAULT["driver"]
+    max_concurrent: int = _DEFAULT["max_concurrent"]
     driver_config: Optional[Path] = None
     driver_options: Mapping[str, Any] = field(default_factory=dict)
     state_dir: Path = field(default_factory=lambda: Path(DEFAULT_STATE_DIR).expanduser())
     acceptor_id: Optional[str] = None
-    api_url: str = DEFAULT_API_URL
+    api_url: str = _DEFAULT["api_url"]
     token: Optional[str] = field(default=None, repr=False)
-    resume_policy: ResumePolicy = ResumePolicy.START_FRESH
+    resume_policy: ResumePolicy = _DEFAULT["resume_policy"]
     snapshot_ttl: Optional[float] = None
     metrics_addr: Optional[MetricsAddr] = None
-    log_format: str = "text"
-    log_level: str = "info"
-    watch: bool = True
+    log_format: str = _DEFAULT["log_format"]
+    log_level: str = _DEFAULT["log_level"]
+    watch: bool = _DEFAULT["watch"]
     static_base_url: Optional[str] = None
     cache_dir: Optional[str] = None
     remote_binary_sha: Optional[str] = None
-    provision_timeout: float = 600.0
-    boot_timeout: float = 300.0
-    gc_interval: float = 60.0
-    status_interval: float = 2.0
-    poll_interval: float = 5.0
-    session_check_interval: float = 30.0
-    restart_limit: int = 5
-    renew_margin: float = 60.0
-    confirm_reads: int = 5
-    confirm_interval: float = 1.0
-    stop_grace: float = 10.0
-    backoff_max: float = 60.0
+    provision_timeout: float = _DEFAULT["provision_timeout"]
+    boot_timeout: float = _DEFAULT["boot_timeout"]
+    gc_interval: float = _DEFAULT["gc_interval"]
+    status_interval: float = _DEFAULT["status_interval"]
+    poll_interval: float = _DEFAULT["poll_interval"]
+    session_check_interval: float = _DEFAULT["session_check_interval"]
+    restart_limit: int = _DEFAULT["restart_limit"]
+    renew_margin: float = _DEFAULT["renew_margin"]
+    confirm_reads: int = _DEFAULT["confirm_reads"]
+    confirm_interval: float = _DEFAULT["confirm_interval"]
+    stop_grace: float = _DEFAULT["stop_grace"]
+    backoff_max: float = _DEFAULT["backoff_max"]
 
     def __post_init__(self) -> None:
         # A config made in code (tests, embedding) may give the policy as its text.
@@ -218,11 +215,10 @@ def _parse_mapping(text: str, path: Path) -> dict[str, Any]:
 
 
 def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> OrchestratorConfig:
+    """Resolve flags, environment and defaults into a validated :class:`OrchestratorConfig`. The token is
+    the account token the environment gives: its variable, descriptor or file, never a flag."""
     env = os.environ if environ is None else environ
     values = co.resolve_table(OPTIONS, args, env)
-    token = env.get(ENV_TOKEN, "").strip()
-    if token:
-        values["token"] = token
     values["driver_options"] = load_driver_options(
         values.get("driver_config"), getattr(args, "driver_opts", None) or []
     )
@@ -243,11 +239,4 @@ def parse_args(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None)
     return build_config(parser.parse_args(list(argv)), environ)
 
 
-def _check_table() -> None:
-    declared = {option.name for option in OPTIONS} | {"driver_options", "token"}
-    config_fields = {item.name for item in fields(OrchestratorConfig)}
-    if declared != config_fields:
-        raise RuntimeError(f"options and OrchestratorConfig differ: {sorted(declared ^ config_fields)}")
-
-
-_check_table()
+co.check_table(OPTIONS, OrchestratorConfig, computed=("driver_options",))

@@ -1,7 +1,9 @@
 """``worker start`` options: one table gives the flags, the environment variables and the config.
 
 Every option is declared once in :data:`OPTIONS`: its flag(s), its environment variable, how its text is
-turned into a value (type, bounds, choices), its default and its help. :func:`add_start_arguments` builds
+turned into a value (type, bounds, choices), its default and its help. The rows the orchestrator has too
+(``--outpost``, ``--acceptor-id``, the token, the API URL, the tuning, ...) are declared in
+:data:`devin_outposts.core.config.SHARED_OPTIONS` and only placed here. :func:`add_start_arguments` builds
 the argument parser from the table and :func:`build_config` resolves each option as *flag, then
 environment variable, then default*, exactly like ``devin worker start`` (docs/fleet-api.md §7.1), into
 a validated :class:`WorkerConfig`. The official CLI's flags and variables keep their names and defaults;
@@ -18,141 +20,125 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
-from devin_outposts.api.client import DEFAULT_API_URL
 from devin_outposts.core.config import (
+    DEFAULT_CACHE_DIR,
     ConfigError,
     MetricsAddr,
     Option,
-    acceptor,
+    Program,
     add_table_arguments,
     boolean,
+    check_table,
     number,
-    path,
     resolve_table,
-    sha,
     shared_option,
-    static_url,
     stripped,
-    text,
+    table_defaults,
     url,
     workdir,
 )
-from devin_outposts.core.tokenfile import (
-    ENV_TOKEN,
-    ENV_TOKEN_FD,
-    ENV_TOKEN_FILE,
-    TokenSourceError,
-    token_from_source,
-)
+from devin_outposts.core.tokenfile import ENV_DIRECT_TOKEN, ENV_TOKEN, ENV_TOKEN_FD, ENV_TOKEN_FILE
 
-DEFAULT_CACHE_DIR = "~/.devin/worker/cache"
-DEFAULT_STATIC_BASE_URL = "https://static.devin.ai/devin-rs/remote/"
-
-ENV_DIRECT_TOKEN = "DEVIN_REMOTE_SESSION_TOKEN"  # noqa: S105
 ENV_GATEWAY = "DEVIN_OUTPOST_GATEWAY_URL"
 #: Our variables' prefix (the shared rows' ``{prefix}``).
-ENV_PREFIX = "DEVIN_WORKER"
+ENV_PREFIX = Program.WORKER.env_prefix
 
 
 _N = number
+_W = Program.WORKER
 OPTIONS: tuple[Option, ...] = (
     # Options of `devin worker start` (same names, variables and defaults).
-    Option("outpost", ("--outpost",), "outpost to serve, by name or id", "official", parse=stripped),
+    shared_option("outpost", "official", _W),
     Option("session_id", ("--session", "--session-id"), "claim and serve this one session, then exit",
            "official", parse=stripped),
-    Option("acceptor_id", ("--acceptor-id",), "stable worker identity (default: generated once and stored "
-           "in the data directory)", "official", env="DEVIN_WORKER_ACCEPTOR_ID", parse=acceptor),
-    Option("token", ("--token",), f"API token. Prefer the {ENV_TOKEN} environment variable: argv is "
-           "visible to every user of the machine.", "official", env=ENV_TOKEN),
-    Option("once", ("--once",), "exit after one session", "official", switch=True, negatable=False),
-    shared_option("api_url", "official", ENV_PREFIX),
-    Option("cache_dir", ("--cache-dir",), f"devin-remote binary cache (default {DEFAULT_CACHE_DIR}); its "
-           "parent is the worker data directory", "official", env="DEVIN_WORKER_CACHE_DIR", parse=path),
-    Option("static_base_url", ("--static-base-url",), f"where devin-remote is published (default "
-           f"{DEFAULT_STATIC_BASE_URL})", "official", env="DEVIN_WORKER_STATIC_BASE_URL", parse=static_url),
+    shared_option("acceptor_id", "official", _W),
+    shared_option("token", "official", _W),
+    Option("once", ("--once",), "exit after one session", "official", default=False, switch=True,
+           negatable=False),
+    shared_option("api_url", "official", _W),
+    shared_option("cache_dir", "official", _W),
+    shared_option("static_base_url", "official", _W),
     Option("gateway_url", ("--gateway-url",), "gateway URL used when a claim carries none", "official",
            env=ENV_GATEWAY, parse=url("ws", "wss", "http", "https")),
-    Option("remote_binary_sha", ("--remote-binary-sha",), "devin-remote SHA when the session pins none "
-           "(default latest)", "official", env="DEVIN_WORKER_REMOTE_SHA", parse=sha),
+    shared_option("remote_binary_sha", "official", _W),
     Option("pty_bridge_port", ("--pty-bridge-port",), "fixed PTY bridge port (default a free port per "
            "session)", "official", env="DEVIN_PTY_BRIDGE_PORT", parse=_N(int, 1, 65535)),
-    Option("poll_interval", ("--poll-interval-secs",), "seconds between queue polls and session status "
-           "checks (default 5)", "official", parse=_N(float, 0.05)),
+    shared_option("poll_interval", "official", _W),
     # Our additions.
     Option("max_sessions", ("--max-sessions",), "concurrent sessions, each in its own working directory "
-           "(default 1)", "ours", env="DEVIN_WORKER_MAX_SESSIONS", parse=_N(int, 1)),
+           "(default {default})", "ours", env="DEVIN_WORKER_MAX_SESSIONS", parse=_N(int, 1), default=1),
     Option("workdir", ("--workdir",), "sessions' working directory, repos under <workdir>/repos (default "
            "the current directory)", "ours", env="DEVIN_WORKER_WORKDIR", parse=workdir),
-    shared_option("watch", "ours", ENV_PREFIX),
+    shared_option("watch", "ours", _W),
     Option("claim_spread", ("--claim-spread",), "spread the workers of an outpost over its oldest pending "
            "sessions instead of sending all of them at the oldest one (default; --no-claim-spread: "
-           "strictly oldest first)", "ours", env="DEVIN_WORKER_CLAIM_SPREAD", parse=boolean, switch=True),
+           "strictly oldest first)", "ours", env="DEVIN_WORKER_CLAIM_SPREAD", parse=boolean, default=True,
+           switch=True),
     Option("drain_timeout", ("--drain-timeout",), "seconds running sessions may finish after SIGTERM before "
-           "they are stopped and released (default 30)", "ours", env="DEVIN_WORKER_DRAIN_TIMEOUT",
-           parse=_N(float, 0)),
-    shared_option("metrics_addr", "ours", ENV_PREFIX),
-    shared_option("log_format", "ours", ENV_PREFIX),
-    shared_option("log_level", "ours", ENV_PREFIX),
+           "they are stopped and released (default {default})", "ours", env="DEVIN_WORKER_DRAIN_TIMEOUT",
+           parse=_N(float, 0), default=30.0),
+    shared_option("metrics_addr", "ours", _W),
+    shared_option("log_format", "ours", _W),
+    shared_option("log_level", "ours", _W),
     # Tuning (the defaults suit production; tests shorten them).
-    Option("restart_limit", ("--restart-limit",), "restarts of a failing devin-remote before giving up (5)",
-           "tuning", parse=_N(int, 0)),
-    Option("stop_grace", ("--stop-grace-secs",), "seconds between SIGTERM and SIGKILL (10)", "tuning",
-           parse=_N(float, 0)),
-    shared_option("renew_margin", "tuning", ENV_PREFIX),
-    Option("confirm_reads", ("--confirm-reads",), "status reads after devin-remote exits 0 (5)", "tuning",
-           parse=_N(int, 1)),
-    shared_option("confirm_interval", "tuning", ENV_PREFIX),
-    shared_option("backoff_max", "tuning", ENV_PREFIX),
-)
-#: Read from the environment only (no flag): direct-serve mode and what sessions are given.
-ENV_ONLY: dict[str, tuple[str, Callable[[str, str], Any]]] = {
-    "direct_token": (ENV_DIRECT_TOKEN, text),
-    "chrome_path": ("DEVIN_CHROME_PATH", text),
-    "desktop": ("DEVIN_OUTPOST_DESKTOP", text),
-}
+    shared_option("restart_limit", "tuning", _W),
+    shared_option("stop_grace", "tuning", _W),
+    shared_option("renew_margin", "tuning", _W),
+    shared_option("confirm_reads", "tuning", _W),
+    shared_option("confirm_interval", "tuning", _W),
+    shared_option("backoff_max", "tuning", _W),
+    # Read from the environment only (no flag, so not in --help).
+    Option("direct_token", (), "the connect token of a session claimed for this worker: direct-serve mode",
+           "env", env=ENV_DIRECT_TOKEN),
+    Option("chrome_path", (), "a Chrome for the sessions' browser tools", "env", env="DEVIN_CHROME_PATH"),
+    Option("desktop", (), "passed to every session", "env", env="DEVIN_OUTPOST_DESKTOP"),
+)  # fmt: skip
 _GROUPS = {
     "official": "options of `devin worker start`",
     "ours": "devin-outposts additions",
     "tuning": "tuning (defaults suit production)",
 }
+#: Each field's default, from its row.
+_DEFAULT = table_defaults(OPTIONS)
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Everything ``worker start`` needs, validated. Secrets are excluded from ``repr``."""
+    """Everything ``worker start`` needs, validated. Secrets are excluded from ``repr``. The defaults are
+    the rows' (:data:`OPTIONS`)."""
 
-    api_url: str = DEFAULT_API_URL
+    api_url: str = _DEFAULT["api_url"]
     token: Optional[str] = field(default=None, repr=False)
     outpost: Optional[str] = None
     session_id: Optional[str] = None
     acceptor_id: Optional[str] = None
-    once: bool = False
+    once: bool = _DEFAULT["once"]
     cache_dir: Path = field(default_factory=lambda: Path(DEFAULT_CACHE_DIR).expanduser())
-    static_base_url: str = DEFAULT_STATIC_BASE_URL
+    static_base_url: str = _DEFAULT["static_base_url"]
     gateway_url: Optional[str] = None
     remote_binary_sha: Optional[str] = None
     pty_bridge_port: Optional[int] = None
-    poll_interval: float = 5.0
-    max_sessions: int = 1
+    poll_interval: float = _DEFAULT["poll_interval"]
+    max_sessions: int = _DEFAULT["max_sessions"]
     workdir: Path = field(default_factory=Path.cwd)
-    watch: bool = True
+    watch: bool = _DEFAULT["watch"]
     #: Spread claims over the oldest pending rows by rendezvous hashing (``--no-claim-spread``: strictly
     #: the oldest row first, as every worker did before; kept for comparison and as an escape hatch).
-    claim_spread: bool = True
-    drain_timeout: float = 30.0
+    claim_spread: bool = _DEFAULT["claim_spread"]
+    drain_timeout: float = _DEFAULT["drain_timeout"]
     metrics_addr: Optional[MetricsAddr] = None
-    log_format: str = "text"
-    log_level: str = "info"
-    restart_limit: int = 5
-    stop_grace: float = 10.0
-    renew_margin: float = 60.0
-    confirm_reads: int = 5
-    confirm_interval: float = 1.0
-    backoff_max: float = 60.0
+    log_format: str = _DEFAULT["log_format"]
+    log_level: str = _DEFAULT["log_level"]
+    restart_limit: int = _DEFAULT["restart_limit"]
+    stop_grace: float = _DEFAULT["stop_grace"]
+    renew_margin: float = _DEFAULT["renew_margin"]
+    confirm_reads: int = _DEFAULT["confirm_reads"]
+    confirm_interval: float = _DEFAULT["confirm_interval"]
+    backoff_max: float = _DEFAULT["backoff_max"]
     #: Direct-serve mode: the pre-claimed connect token from ``DEVIN_REMOTE_SESSION_TOKEN``.
     direct_token: Optional[str] = field(default=None, repr=False)
     chrome_path: Optional[str] = None
@@ -185,22 +171,11 @@ def add_start_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> WorkerConfig:
-    """Resolve flags, environment and defaults into a validated :class:`WorkerConfig`."""
+    """Resolve flags, environment and defaults into a validated :class:`WorkerConfig`. The token is
+    ``--token``, else the account token the environment gives (its variable, descriptor or file; in
+    direct-serve mode, which needs none, the variable only)."""
     env = os.environ if environ is None else environ
-    values = resolve_table(OPTIONS, args, env)
-    for name, (variable, parse) in ENV_ONLY.items():
-        text = env.get(variable)
-        if text:
-            values[name] = parse(variable, text)
-    if getattr(args, "token", None) is None and not values.get("direct_token"):
-        # Not in direct-serve mode, which needs no account token: never read a descriptor it was not for.
-        try:
-            from_source = token_from_source(env)
-        except TokenSourceError as exc:
-            raise ConfigError(str(exc)) from None
-        if from_source is not None:
-            values["token"] = from_source
-    config = WorkerConfig(**values)
+    config = WorkerConfig(**resolve_table(OPTIONS, args, env))
     _check_modes(config)
     return config
 
@@ -231,12 +206,4 @@ def parse_start_args(argv: Sequence[str], environ: Optional[Mapping[str, str]] =
     return build_config(parser.parse_args(list(argv)), environ)
 
 
-def _check_table() -> None:
-    """Every option is a config field, and every config field comes from the table (import-time guard)."""
-    declared = {option.name for option in OPTIONS} | set(ENV_ONLY)
-    config_fields = {item.name for item in fields(WorkerConfig)}
-    if declared != config_fields:
-        raise RuntimeError(f"options and WorkerConfig differ: {sorted(declared ^ config_fields)}")
-
-
-_check_table()
+check_table(OPTIONS, WorkerConfig)

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, Protocol
 
+from devin_outposts.core.config import truth
+
 #: Where a session machine's worker keeps its state, relative to the machine's root. Snapshots keep
 #: exactly these two: the worker data dir (per-session state dir, binary cache) and the repos workdir.
 MACHINE_DATA_DIR = "worker"
@@ -240,11 +242,6 @@ class DriverContext:
 # option lease_duration must be a number of seconds, got 'soon'``). The docs' option tables are the same
 # rows (:meth:`OptionTable.markdown`; a test compares them).
 
-#: The words a flag option accepts as text (any case).
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
-
-
 class OptionProblem(ValueError):
     """What is wrong with one option's value, as the end of a sentence that starts with the option
     (``must be positive, got '0'``); :meth:`OptionTable.read` names the driver and the option."""
@@ -295,12 +292,10 @@ def _number_reader(kind: type[float] | type[int], what: str) -> Callable[[Any], 
 def _read_flag(value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in TRUE_WORDS:
-        return True
-    if text in FALSE_WORDS:
-        return False
-    raise OptionProblem(f"must be true or false, got {value!r}")
+    flag = truth(str(value))  # the words every yes/no option accepts (core/config.py)
+    if flag is None:
+        raise OptionProblem(f"must be true or false, got {value!r}")
+    return flag
 
 
 def _read_words(value: Any) -> tuple[str, ...]:
