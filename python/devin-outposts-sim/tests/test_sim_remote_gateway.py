@@ -111,9 +111,15 @@ def test_renewal_keeps_old_tokens_and_a_takeover_makes_them_stale(make_sim: Any,
     token = handle.create_token("machine")
     sid = handle.admin.enqueue(handle.admin.create_outpost("rhel", "linux").outpost_id).session_id
     first = claim_session(handle.url, token, sid, "worker-1")
-    renewed = claim_session(handle.url, token, sid, "worker-1")
+
+    def renew_keeping_the_first() -> Optional[QueueEntry]:
+        # Renew, then ask at once: the claim lasts 0.5 s, which a loaded machine can spend between two
+        # requests (a lapsed claim's tokens do not work); another round renews again.
+        renewal = claim_session(handle.url, token, sid, "worker-1")
+        return renewal if handle.admin.check_connect_token(sid, first.connect_token_value() or "") else None
+
+    renewed = wait_until(renew_keeping_the_first)  # same chain: the first token outlives the renewal
     assert renewed.connect_token_value() != first.connect_token_value()
-    assert handle.admin.check_connect_token(sid, first.connect_token_value() or "")  # same chain
 
     def take_over() -> Optional[QueueEntry]:
         # Not running: the claim lapses at its deadline and another acceptor may take the session.
@@ -125,7 +131,15 @@ def test_renewal_keeps_old_tokens_and_a_takeover_makes_them_stale(make_sim: Any,
     taken = wait_until(take_over)
     for stale in (first, renewed):
         assert Gateway(stale).connect().status_code == 401
-    assert Gateway(taken).connect().status_code == 200
+
+    def connect_as_the_new_holder() -> bool:
+        # The new holder's token connects while its claim lasts (renewed first, for the loaded-machine case).
+        claim_session(handle.url, token, sid, "worker-2")
+        return Gateway(taken).connect().status_code == 200
+
+    assert wait_until(connect_as_the_new_holder)
+    for stale in (first, renewed):
+        assert Gateway(stale).connect().status_code == 401
 
 
 def test_a_token_of_another_session_is_401(

@@ -347,3 +347,26 @@ def test_the_builtin_build_runs_through_its_env_shebang(sim: SimHandle, tmp_path
         [str(binary), "version"], capture_output=True, text=True, timeout=30, check=False
     )
     assert (done.returncode, done.stdout.split()[-1]) == (0, sha)
+
+
+def test_a_stop_signal_that_comes_while_a_command_is_spawned_still_kills_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM right after the fork, before the stand-in waits on the command (a loaded machine widens that
+    moment): the stand-in must still kill the command on its way out, never leave it running."""
+    from devin_outposts_sim.remote import standin
+
+    spawned: list[int] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = real_popen(*args, **kwargs)
+        spawned.append(proc.pid)
+        standin._on_signal(signal.SIGTERM, None)  # what the handler does when the signal lands here
+        return proc
+
+    monkeypatch.setattr(standin.subprocess, "Popen", popen_then_signal)
+    with pytest.raises(standin.Stop):
+        standin.execute("exec sleep 60", cwd=str(tmp_path), timeout=120, state_dir=str(tmp_path))
+    assert spawned, "the command was never spawned"
+    assert not _alive(spawned[0]), "the command outlived the stop"

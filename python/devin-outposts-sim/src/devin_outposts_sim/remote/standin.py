@@ -222,18 +222,24 @@ def execute(argv: Any, *, cwd: str, timeout: float, state_dir: str) -> dict[str,
     blocks the collection. On timeout or SIGTERM the command and its descendants are killed."""
     env = {key: value for key, value in os.environ.items() if key != TOKEN_VAR}
     env.setdefault("GIT_TERMINAL_PROMPT", "0")
+    timed_out = False
     with tempfile.TemporaryFile(dir=state_dir) as out, tempfile.TemporaryFile(dir=state_dir) as err:
-        proc = subprocess.Popen(  # noqa: S603 - running the brain's commands is the point
-            argv,
-            shell=isinstance(argv, str),
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-        )
-        timed_out = False
+        _Signals.spawning = True
         try:
+            proc = subprocess.Popen(  # noqa: S603 - running the brain's commands is the point
+                argv,
+                shell=isinstance(argv, str),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+            )
+        except BaseException:
+            _Signals.spawning = False
+            raise
+        try:
+            _raise_pending_stop()  # a signal that came while spawning: kill the command, below
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -514,8 +520,26 @@ def _loop(gateway: Gateway, state: State, root: str, state_dir: str, wait: float
             say(f"warning: the result of {call['id']} was not accepted: {exc}", error=True)
 
 
+class _Signals:
+    """While a command is being spawned, a stop signal is held back until the code that kills the command on
+    a stop is in place: a Stop raised between the fork and that point would leave the command running."""
+
+    spawning = False
+    pending: Optional[int] = None
+
+
 def _on_signal(signum: int, frame: Any) -> None:
+    if _Signals.spawning:
+        _Signals.pending = signum
+        return
     raise Stop(signum)
+
+
+def _raise_pending_stop() -> None:
+    _Signals.spawning = False
+    signum, _Signals.pending = _Signals.pending, None
+    if signum is not None:
+        raise Stop(signum)
 
 
 def main(argv: list[str]) -> int:
