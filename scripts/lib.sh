@@ -86,13 +86,15 @@ PY
     for ver in $versions; do
         local target="$cache/get_pip_${ver//./_}.py"
         [[ -s "$target" ]] && continue  # a stand-in or a real get-pip saved earlier; both work
-        cat >"$target" <<'PY'
+        # Written aside and renamed: the stages that run ansible-test side by side never read half a file.
+        cat >"$target.$$" <<'PY'
 # devin.outposts get-pip stand-in: ansible-test's own download host is unreachable here.
 import subprocess, sys
 args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
 subprocess.check_call([sys.executable, "-m", "ensurepip", "--default-pip"])
 subprocess.check_call([sys.executable, "-m", "pip", "install"] + args)
 PY
+        mv -f "$target.$$" "$target"
         say "wrote the get-pip stand-in for pip $ver: $target"
     done
 }
@@ -186,7 +188,19 @@ CORE_VENV_CACHE="$ROOT/.cache/core-matrix"
 
 # The venv of one core: prints its path; installs the newest ansible-core <core>.* from PyPI (with Python
 # core_python_version <core>) when the venv's stamp does not match. Fails when there is no such Python.
+# One maker at a time per core (a lock beside the venv): the test run makes the venvs ahead of the stages
+# (scripts/test-hosts/prepare.sh) while the matrix and tests/roles (two pytest workers) may ask for the same one.
 core_venv() {
+    local core=$1 lock rc=0
+    mkdir -p "$CORE_VENV_CACHE/$core"
+    exec {lock}>"$CORE_VENV_CACHE/$core/.lock"
+    flock "$lock"
+    make_core_venv "$core" || rc=$?
+    exec {lock}>&-
+    return "$rc"
+}
+
+make_core_venv() {
     local core=$1 pyver py venv stamp want
     pyver=$(core_python_version "$core")
     py=$(find_python "$pyver")
@@ -196,11 +210,40 @@ core_venv() {
     want="ansible-core==$core.* python$pyver $(sha256sum "$ROOT/tests/unit/requirements.txt" | cut -c1-16)"
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
         rm -rf "$venv"
-        mkdir -p "$CORE_VENV_CACHE/$core"
         "$py" -m venv "$venv" >&2 || return 1
         "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet "ansible-core==$core.*" >&2 ||
             return 1
         printf '%s\n' "$want" >"$stamp"
     fi
     printf '%s\n' "$venv"
+}
+
+# The galaxy-importer release that checks the tarball (the tarball stage; tests/tarball/galaxy-importer.cfg).
+# shellcheck disable=SC2034  # used by the scripts that source this file
+GALAXY_IMPORTER_VERSION=0.4.44
+
+# galaxy-importer's venv: prints its path. A venv of its own, cached in .cache/galaxy-importer (its pins, attrs<24
+# and ansible-lint<=26.10.1, are not the dev venv's), with the dev venv's ansible-core; remade when the release,
+# the core or the Python changes. One maker at a time (a lock): the test run makes it ahead of the tarball stage.
+galaxy_importer_venv() {
+    local venv="$ROOT/.cache/galaxy-importer" py=${OUTPOSTS_PYTHON:-python3.11} core want lock rc=0
+    core=$("$VENV/bin/python" -c 'import ansible; print(ansible.__version__)') || return 1
+    want="galaxy-importer==$GALAXY_IMPORTER_VERSION ansible-core==$core $("$py" -c 'import sys; print(sys.version)')"
+    mkdir -p "$ROOT/.cache"
+    exec {lock}>"$ROOT/.cache/galaxy-importer.lock"
+    flock "$lock"
+    if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]]; then
+        say "installing galaxy-importer==$GALAXY_IMPORTER_VERSION into $venv" >&2
+        rm -rf "$venv"
+        {
+            "$py" -m venv "$venv" &&
+                "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
+                    "galaxy-importer==$GALAXY_IMPORTER_VERSION" "ansible-core==$core" 2>&1 &&
+                printf '%s\n' "$want" >"$venv/.stamp"
+        } | { grep -v "^WARNING: Location '" >&2 || true; }
+        [[ -f "$venv/.stamp" ]] || rc=1
+    fi
+    exec {lock}>&-
+    [[ $rc -eq 0 ]] && printf '%s\n' "$venv"
+    return "$rc"
 }
