@@ -138,9 +138,18 @@ finish_collection_copy() {
 # Run ansible-test in the collection copy (the current directory). Its findings are scattered between pip
 # and progress output; on failure, repeat them together at the end so the stage's result is easy to read.
 run_ansible_test() {
-    local log rc=0
+    local log rc=0 lock=""
     log=$(mktemp "${TMPDIR:-/tmp}/devin-outposts-ansible-test-log.XXXXXX")
+    if [[ $1 == sanity ]]; then
+        # ansible-test sanity keeps its tools' venvs in ~/.ansible/test/venv/<tool>/<python>/, and deletes one it
+        # finds without its marker as half made: two runs making the same venv break each other. One sanity run
+        # per Python at a time (the test run primes these venvs in the background, prime_sanity_venvs).
+        mkdir -p "$HOME/.ansible/test"
+        exec {lock}>"$HOME/.ansible/test/.devin-outposts-sanity-$(python_of_args "$@").lock"
+        flock "$lock"
+    fi
     ansible-test "$@" 2>&1 | tee "$log" || rc=$?
+    [[ -z "$lock" ]] || exec {lock}>&-
     if [[ $rc -ne 0 ]]; then
         say ""
         say "---- ansible-test $1: findings ----"
@@ -150,6 +159,36 @@ run_ansible_test() {
         fi
     fi
     rm -f "$log"
+    return "$rc"
+}
+
+# The value of --python in an ansible-test command line ("default" without one).
+python_of_args() {
+    local previous="" arg
+    for arg in "$@"; do
+        if [[ $previous == --python ]]; then echo "$arg"; return 0; fi
+        previous=$arg
+    done
+    echo default
+}
+
+# Make the venvs that `ansible-test sanity` will want, without running a test (ansible-test's --prime-venvs), on
+# a collection copy: with the dev venv's ansible-core, or with a core's venv (core_venv) when a core is given.
+# Mostly downloads: the test run does it in the background (scripts/test-hosts/prepare.sh) while the lint runs.
+prime_sanity_venvs() {
+    local core=${1:-} venv="$VENV" pyver=${OUTPOSTS_TEST_PYTHON:-3.11} coll rc=0
+    if [[ -n "$core" ]]; then
+        venv=$(core_venv "$core") || return 1
+        pyver=$(core_python_version "$core")
+    fi
+    coll=$(make_collection_copy)
+    (
+        export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+        cd "$coll"
+        ensure_get_pip_standin >/dev/null
+        run_ansible_test sanity --prime-venvs --venv --python "$pyver" --color no
+    ) || rc=$?
+    rm -rf "${coll%/ansible_collections/*}"
     return "$rc"
 }
 

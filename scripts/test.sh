@@ -42,7 +42,7 @@ declare -A GROUPS_=(
 # With --jobs 2 (the default) and more than one stage:
 # - the lint stages run first, and nothing else starts before they have passed (they are quick, and they are what
 #   fails most often);
-# - then the longest stage first (LONGEST), beside the others in the order given, at most --jobs at a time;
+# - then the others longest first (EXPECTED), at most --jobs at a time, each starting when a lane is free;
 # - the stages that run ansible-test never run at the same time (they share ansible-test's venvs and caches in
 #   ~/.ansible/test), see ONE_AT_A_TIME;
 # - meanwhile scripts/test-hosts/prepare.sh builds, in the background, the images and venvs that the selected
@@ -51,10 +51,16 @@ declare -A GROUPS_=(
 #   logs never interleave; a line every minute says what is still running;
 # - after a failure no new stage starts, and the running ones finish (they stop their own hosts and
 #   simulators on the way out); the failed stage is named, with its log.
-LONGEST=molecule
+# Seconds each stage took run one at a time, on a fresh two-core machine (issue 25's run; tarball since its
+# first deployment): only their order matters, longest first, so that no long stage starts last.
+declare -A EXPECTED=(
+    [ruff]=2 [mypy]=20 [imports]=3 [ansible-lint]=42 [changelog]=7 [docs]=42 [sanity]=84 [units]=24 [matrix]=214
+    [package]=164 [integration]=78 [eda]=101 [tarball]=200 [molecule]=992
+)
 declare -A ONE_AT_A_TIME=([sanity]=ansible-test [units]=ansible-test [matrix]=ansible-test)
 declare -A NEEDS=(
-    [molecule]="hosts cores" [eda]="hosts" [tarball]="hosts importer" [package]="session-image" [matrix]="cores"
+    [molecule]="hosts cores" [eda]="hosts" [tarball]="hosts importer" [package]="session-image"
+    [sanity]="sanity-venvs" [matrix]="cores matrix-venvs"
 )
 LOG_DIR="$ROOT/tests/output/stages"
 HEARTBEAT=60
@@ -95,6 +101,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ ${#selected[@]} -eq 0 ]] && selected=("${STAGES[@]}")
+# Each stage once (`lint ruff` names ruff twice), in the order first given.
+mapfile -t selected < <(printf '%s\n' "${selected[@]}" | awk '!seen[$0]++')
 if [[ ${#extra[@]} -gt 0 && ${#selected[@]} -ne 1 ]]; then
     echo "extra arguments (${extra[*]}) need exactly one stage" >&2; exit 2
 fi
@@ -105,7 +113,7 @@ declare -A RESULT=() TIME=() CPU=()
 suite_start=$SECONDS
 
 summary() {
-    local s passed=0 failed=0 skipped=0
+    local s side passed=0 failed=0 skipped=0
     echo
     echo "================================ summary ================================"
     for s in "${selected[@]}"; do
@@ -113,7 +121,8 @@ summary() {
         case "$r" in passed) passed=$((passed + 1)) ;; failed) failed=$((failed + 1)) ;; skipped) skipped=$((skipped + 1)) ;; esac
         printf '  %-13s %-8s %7s %s\n' "$s" "$r" "${TIME[$s]:+${TIME[$s]} s}" "${CPU[$s]:+(cpu ${CPU[$s]} s)}"
     done
-    echo "  total         $((SECONDS - suite_start)) s ($jobs side by side)"
+    if [[ $jobs -gt 1 ]]; then side=" (up to $jobs stages side by side)"; else side=""; fi
+    echo "  total         $((SECONDS - suite_start)) s$side"
     echo "========================================================================="
     echo "stages: $passed passed, $failed failed, $skipped skipped"
     [[ $failed -eq 0 ]]
@@ -188,8 +197,10 @@ fi
 is_lint() { [[ " ${GROUPS_[lint]} " == *" $1 "* ]]; }
 queue=()
 for stage in "${selected[@]}"; do is_lint "$stage" && queue+=("$stage"); done
-for stage in "${selected[@]}"; do [[ $stage == "$LONGEST" ]] && queue+=("$stage"); done
-for stage in "${selected[@]}"; do is_lint "$stage" || [[ $stage == "$LONGEST" ]] || queue+=("$stage"); done
+mapfile -t -O "${#queue[@]}" queue < <(
+    for stage in "${selected[@]}"; do is_lint "$stage" || printf '%s %s\n' "${EXPECTED[$stage]}" "$stage"; done |
+        sort -s -k1,1nr | cut -d' ' -f2
+)
 
 # Each job in its own process group (job control), so that an interrupt reaches a whole stage.
 set -m
@@ -303,7 +314,8 @@ while :; do
 done
 [[ -z "$ticker" ]] || { disown "$ticker"; kill "$ticker" 2>/dev/null || true; }
 if [[ -n "$prepare_pid" ]]; then
-    # Only after a failure can the stages end first; what was being built is simply built again next time.
+    # The stages ended first (after a failure, or where one could not run); what was being built is built
+    # again, from the start, the next time something needs it.
     kill -TERM -- "-$prepare_pid" 2>/dev/null || true
     wait "$prepare_pid" 2>/dev/null || true
     prepare_done
