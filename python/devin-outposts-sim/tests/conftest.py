@@ -5,7 +5,7 @@ point)."""
 from __future__ import annotations
 
 import pytest
-from cli_result import Cli, CliResult
+from sim_support import Cli, CliResult
 
 from devin_outposts_sim.cli import main
 from devin_outposts_sim.testing import SimHandle

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cli_result import Cli
+from sim_support import Cli
 
 from devin_outposts_sim.admin_client import SimAdminError
 from devin_outposts_sim.state.cli_dist import PLATFORMS, standin_cli

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import httpx
-from cli_result import Cli
+from sim_support import Cli
 
 from devin_outposts.api.models import Outpost
 from devin_outposts_sim.state.dist import builtin_sha
