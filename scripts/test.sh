@@ -63,7 +63,7 @@ declare -A NEEDS=(
     [sanity]="sanity-venvs" [matrix]="cores matrix-venvs"
 )
 LOG_DIR="$ROOT/tests/output/stages"
-HEARTBEAT=60
+HEARTBEAT=${OUTPOSTS_TEST_HEARTBEAT:-60}  # seconds between the lines that say what is still running
 
 usage() {
     sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
@@ -202,23 +202,26 @@ mapfile -t -O "${#queue[@]}" queue < <(
         sort -s -k1,1nr | cut -d' ' -f2
 )
 
+# The logs are files, read later: no colour codes in them (ansible-lint's colours ignore that its output is no
+# terminal).
+export NO_COLOR=1
 # Each job in its own process group (job control), so that an interrupt reaches a whole stage.
 set -m
 declare -A PID=() STAGE_OF=() STARTED=()
 running=()
 prepare_pid=""
 ticker=""
-interrupted() {
-    local stage
-    trap - INT TERM
-    echo "interrupted: stopping ${running[*]:-no stage}${prepare_pid:+ and the background builds}" >&2
+# On an interrupt, or if this script itself fails: stop every stage still running, and the background builds.
+stop_all() {
+    local stage signal=$1
     [[ -z "$ticker" ]] || { disown "$ticker"; kill "$ticker" 2>/dev/null || true; }
-    for stage in "${running[@]}"; do kill -INT -- "-${PID[$stage]}" 2>/dev/null || true; done
+    [[ ${#running[@]} -eq 0 ]] || echo "stopping ${running[*]}" >&2
+    for stage in "${running[@]}"; do kill "-$signal" -- "-${PID[$stage]}" 2>/dev/null || true; done
     [[ -z "$prepare_pid" ]] || kill -TERM -- "-$prepare_pid" 2>/dev/null || true
     wait || true
-    exit 130
 }
-trap interrupted INT TERM
+trap 'trap - INT TERM EXIT; echo "interrupted" >&2; stop_all INT; exit 130' INT TERM
+trap 'rc=$?; trap - EXIT; [[ $rc -eq 0 ]] || stop_all TERM; exit "$rc"' EXIT
 
 parts=()
 for stage in "${selected[@]}"; do
@@ -256,7 +259,7 @@ heartbeat() {
     local stage line
     printf '.. %s, %d s in:' "$(date +%H:%M:%S)" $((SECONDS - suite_start))
     for stage in "${running[@]}"; do
-        line=$(grep -v '^[[:space:]]*$' "$LOG_DIR/$stage.log" 2>/dev/null | tail -n 1 | cut -c1-90)
+        line=$(grep -v '^[[:space:]]*$' "$LOG_DIR/$stage.log" 2>/dev/null | tail -n 1 | cut -c1-90) || line=""
         printf ' [%s %d s: %s]' "$stage" $((SECONDS - STARTED[$stage])) "$line"
     done
     printf '\n'
