@@ -162,6 +162,20 @@ run_ansible_test() {
     return "$rc"
 }
 
+# `ansible-test COMMAND` (sanity or units) with the dev venv's ansible-core and --venv, on a git snapshot of the
+# working tree (make_collection_copy), whose reports are kept in tests/output (the sanity and units stages).
+ansible_test_stage() {
+    local command=$1
+    shift
+    ensure_env
+    ensure_get_pip_standin
+    SNAPSHOT=$(make_collection_copy)
+    trap 'finish_collection_copy "$SNAPSHOT"' EXIT
+    say "ansible-test $command ($(ansible --version | sed -n 1p)) in $SNAPSHOT"
+    cd "$SNAPSHOT" || return 1
+    run_ansible_test "$command" --venv --python "${OUTPOSTS_TEST_PYTHON:-3.11}" --color no "$@"
+}
+
 # The value of --python in an ansible-test command line ("default" without one).
 python_of_args() {
     local previous="" arg
@@ -182,12 +196,12 @@ prime_sanity_venvs() {
         pyver=$(core_python_version "$core")
     fi
     coll=$(make_collection_copy)
-    (
-        export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
-        cd "$coll"
-        ensure_get_pip_standin >/dev/null
-        run_ansible_test sanity --prime-venvs --venv --python "$pyver" --color no
-    ) || rc=$?
+    # The core's venv first on PATH for this function only (exported locals, undone on return).
+    local -x VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+    pushd "$coll" >/dev/null || return 1
+    { ensure_get_pip_standin >/dev/null && run_ansible_test sanity --prime-venvs --venv --python "$pyver" --color no; } ||
+        rc=$?
+    popd >/dev/null || true
     rm -rf "${coll%/ansible_collections/*}"
     return "$rc"
 }
