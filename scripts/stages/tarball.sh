@@ -30,7 +30,8 @@ DENY=(
     '(^|/)\.(pytest|mypy|ruff|import_linter)_cache/' '\.tar\.gz$'
     '^\.gitignore$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
     '^pytest\.ini$' '^conftest\.py$'
-    '^tests/(output|unit|integration|roles|orchestrator|tarball|eda)/' '^changelogs/fragments/' '^playbooks/demo\.yml$'
+    '^tests/(output|unit|integration|roles|orchestrator|tarball|eda)/' '^tests/(conftest|prerequisites)\.py$'
+    '^changelogs/fragments/' '^playbooks/demo\.yml$'
 )
 # What a user needs and must find.
 REQUIRE=(
