@@ -211,10 +211,18 @@ declare -A PID=() STAGE_OF=() STARTED=()
 running=()
 prepare_pid=""
 ticker=""
+# The heartbeat's sleep: stopped quietly (disowned first, so that job control reports nothing).
+stop_ticker() {
+    [[ -n "$ticker" ]] || return 0
+    disown "$ticker" 2>/dev/null || true
+    kill "$ticker" 2>/dev/null || true
+    ticker=""
+}
+
 # On an interrupt, or if this script itself fails: stop every stage still running, and the background builds.
 stop_all() {
     local stage signal=$1
-    [[ -z "$ticker" ]] || { disown "$ticker"; kill "$ticker" 2>/dev/null || true; }
+    stop_ticker
     [[ ${#running[@]} -eq 0 ]] || echo "stopping ${running[*]}" >&2
     for stage in "${running[@]}"; do kill "-$signal" -- "-${PID[$stage]}" 2>/dev/null || true; done
     [[ -z "$prepare_pid" ]] || kill -TERM -- "-$prepare_pid" 2>/dev/null || true
@@ -315,7 +323,7 @@ while :; do
         [[ ${#running[@]} -eq 0 ]] || echo "-- $stage failed: no new stage starts; waiting for ${running[*]} to finish"
     fi
 done
-[[ -z "$ticker" ]] || { disown "$ticker"; kill "$ticker" 2>/dev/null || true; }
+stop_ticker
 if [[ -n "$prepare_pid" ]]; then
     # The stages ended first (after a failure, or where one could not run); what was being built is built
     # again, from the start, the next time something needs it.
