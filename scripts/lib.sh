@@ -189,11 +189,18 @@ python_of_args() {
 # Make the venvs that `ansible-test sanity` will want, without running a test (ansible-test's --prime-venvs), on
 # a collection copy: with the dev venv's ansible-core, or with a core's venv (core_venv) when a core is given.
 # Mostly downloads: the test run does it in the background (scripts/test-hosts/prepare.sh) while the lint runs.
+# A stamp in ~/.ansible/test/venv (gone with it) records each ansible-test release and Python primed there: those
+# venvs are then only checked by the stage that uses them, not primed again (which costs a minute when warm).
 prime_sanity_venvs() {
-    local core=${1:-} venv="$VENV" pyver=${OUTPOSTS_TEST_PYTHON:-3.11} coll rc=0
+    local core=${1:-} venv="$VENV" pyver=${OUTPOSTS_TEST_PYTHON:-3.11} coll stamp rc=0
     if [[ -n "$core" ]]; then
         venv=$(core_venv "$core") || return 1
         pyver=$(core_python_version "$core")
+    fi
+    stamp="$HOME/.ansible/test/venv/.devin-outposts-primed-$("$venv/bin/ansible-test" --version | awk '{print $NF}')-python$pyver"
+    if [[ -f "$stamp" ]]; then
+        say "primed before: $stamp"
+        return 0
     fi
     coll=$(make_collection_copy)
     # The core's venv first on PATH for this function only (exported locals, undone on return).
@@ -203,6 +210,7 @@ prime_sanity_venvs() {
         rc=$?
     popd >/dev/null || true
     rm -rf "${coll%/ansible_collections/*}"
+    [[ $rc -ne 0 ]] || touch "$stamp"
     return "$rc"
 }
 
