@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one test command. Bootstraps, then runs the stages, stopping at the first failure.
+# The one test command. Bootstraps, then runs the stages; after a failure no further stage starts.
 #
 #   scripts/test.sh                     # every stage (what `make test` and CI run)
 #   scripts/test.sh lint                # ruff, mypy, imports, ansible-lint, changelog
@@ -9,7 +9,8 @@
 #   scripts/test.sh --jobs 1            # one stage at a time, in the order given, output live
 #   scripts/test.sh --list              # the stages and what each runs
 #
-# Two stages run side by side (--jobs, default 2: the machines have two cores); see "Side by side" below.
+# Two stages run side by side (--jobs N, or OUTPOSTS_TEST_JOBS=N; default 2: the machines have two cores), as
+# "Side by side" in scripts/test.sh says. The Molecule stage runs two of its own jobs at a time (MOLECULE_JOBS).
 # A stage with nothing to test yet (an empty tests/ folder) is reported as skipped, never as passed.
 set -euo pipefail
 
@@ -66,7 +67,7 @@ LOG_DIR="$ROOT/tests/output/stages"
 HEARTBEAT=${OUTPOSTS_TEST_HEARTBEAT:-60}  # seconds between the lines that say what is still running
 
 usage() {
-    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     echo
     echo "Stages:"
     local s
