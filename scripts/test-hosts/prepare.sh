@@ -32,7 +32,6 @@ part() {
 # The root filesystems in the order the stages reach them: bookworm first (every host stage and the session
 # image need it), trixie (only the default Molecule scenario) last.
 hosts_then_image() {
-    local want_image=$1
     part hosts-bookworm "$ROOT/scripts/test-hosts/build-images.sh" bookworm
     if [[ $want_image == 1 ]]; then
         if command -v podman >/dev/null; then
@@ -78,7 +77,7 @@ if [[ $want_hosts == 1 || $want_image == 1 ]] && ! hosts_ok; then
 fi
 
 pids=()
-if [[ $want_hosts == 1 || $want_image == 1 ]]; then hosts_then_image "$want_image" & pids+=($!); fi
+if [[ $want_hosts == 1 || $want_image == 1 ]]; then hosts_then_image & pids+=($!); fi
 # PyPI downloads: beside the debootstraps, which wait on Debian's mirror.
 if [[ $want_sanity_venvs == 1 ]]; then part sanity-venvs prime_sanity_venvs & pids+=($!); fi
 if [[ $want_cores == 1 || $want_matrix_venvs == 1 ]]; then cores_then_venvs & pids+=($!); fi
