@@ -10,9 +10,9 @@
 #   MOLECULE_JOBS=1 scripts/test.sh molecule          # one at a time (default: 2 side by side)
 #   scripts/test.sh molecule converge -s default      # any molecule command line
 #
-# These jobs mostly wait (on ansible-playbook's round trips, the hosts' boots, pip in the hosts, sessions being
-# claimed and drained): a serial run kept about a third of one core busy. So MOLECULE_JOBS of them run side by
-# side, longest first; each scenario has its own hosts, simulator and Molecule folder. Each job's output goes to
+# These jobs wait a lot (on ansible-playbook's round trips, the hosts' boots, pip in the hosts, sessions being
+# claimed and drained): one at a time, the stage used about half of one core (its processes and its hosts: some
+# 800 CPU seconds in a 1532-second run). So MOLECULE_JOBS of them run side by side, longest first; each scenario has its own hosts, simulator and Molecule folder. Each job's output goes to
 # tests/output/molecule/<job>.log and is printed whole when the job ends.
 set -euo pipefail
 # shellcheck source=../lib.sh
