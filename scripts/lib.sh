@@ -86,13 +86,15 @@ PY
     for ver in $versions; do
         local target="$cache/get_pip_${ver//./_}.py"
         [[ -s "$target" ]] && continue  # a stand-in or a real get-pip saved earlier; both work
-        cat >"$target" <<'PY'
+        # Written aside and renamed: the stages that run ansible-test side by side never read half a file.
+        cat >"$target.$$" <<'PY'
 # devin.outposts get-pip stand-in: ansible-test's own download host is unreachable here.
 import subprocess, sys
 args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
 subprocess.check_call([sys.executable, "-m", "ensurepip", "--default-pip"])
 subprocess.check_call([sys.executable, "-m", "pip", "install"] + args)
 PY
+        mv -f "$target.$$" "$target"
         say "wrote the get-pip stand-in for pip $ver: $target"
     done
 }
@@ -136,9 +138,18 @@ finish_collection_copy() {
 # Run ansible-test in the collection copy (the current directory). Its findings are scattered between pip
 # and progress output; on failure, repeat them together at the end so the stage's result is easy to read.
 run_ansible_test() {
-    local log rc=0
+    local log rc=0 lock=""
     log=$(mktemp "${TMPDIR:-/tmp}/devin-outposts-ansible-test-log.XXXXXX")
+    if [[ $1 == sanity ]]; then
+        # ansible-test sanity keeps its tools' venvs in ~/.ansible/test/venv/<tool>/<python>/, and deletes one it
+        # finds without its marker as half made: two runs making the same venv break each other. One sanity run
+        # per Python at a time (the test run primes these venvs in the background, prime_sanity_venvs).
+        mkdir -p "$HOME/.ansible/test"
+        exec {lock}>"$HOME/.ansible/test/.devin-outposts-sanity-$(python_of_args "$@").lock"
+        flock "$lock"
+    fi
     ansible-test "$@" 2>&1 | tee "$log" || rc=$?
+    [[ -z "$lock" ]] || exec {lock}>&-
     if [[ $rc -ne 0 ]]; then
         say ""
         say "---- ansible-test $1: findings ----"
@@ -148,6 +159,58 @@ run_ansible_test() {
         fi
     fi
     rm -f "$log"
+    return "$rc"
+}
+
+# `ansible-test COMMAND` (sanity or units) with the dev venv's ansible-core and --venv, on a git snapshot of the
+# working tree (make_collection_copy), whose reports are kept in tests/output (the sanity and units stages).
+ansible_test_stage() {
+    local command=$1
+    shift
+    ensure_env
+    ensure_get_pip_standin
+    SNAPSHOT=$(make_collection_copy)
+    trap 'finish_collection_copy "$SNAPSHOT"' EXIT
+    say "ansible-test $command ($(ansible --version | sed -n 1p)) in $SNAPSHOT"
+    cd "$SNAPSHOT" || return 1
+    run_ansible_test "$command" --venv --python "${OUTPOSTS_TEST_PYTHON:-3.11}" --color no "$@"
+}
+
+# The value of --python in an ansible-test command line ("default" without one).
+python_of_args() {
+    local previous="" arg
+    for arg in "$@"; do
+        if [[ $previous == --python ]]; then echo "$arg"; return 0; fi
+        previous=$arg
+    done
+    echo default
+}
+
+# Make the venvs that `ansible-test sanity` will want, without running a test (ansible-test's --prime-venvs), on
+# a collection copy: with the dev venv's ansible-core, or with a core's venv (core_venv) when a core is given.
+# Mostly downloads: the test run does it in the background (scripts/test-hosts/prepare.sh) while the lint runs.
+# A stamp in ~/.ansible/test/venv (gone with it) records each ansible-test release and Python primed there: those
+# venvs are then only checked by the stage that uses them, not primed again (which costs a minute when warm).
+prime_sanity_venvs() {
+    local core=${1:-} venv="$VENV" pyver=${OUTPOSTS_TEST_PYTHON:-3.11} coll stamp rc=0
+    if [[ -n "$core" ]]; then
+        venv=$(core_venv "$core") || return 1
+        pyver=$(core_python_version "$core")
+    fi
+    stamp="$HOME/.ansible/test/venv/.devin-outposts-primed-$("$venv/bin/ansible-test" --version | awk '{print $NF}')-python$pyver"
+    if [[ -f "$stamp" ]]; then
+        say "primed before: $stamp"
+        return 0
+    fi
+    coll=$(make_collection_copy)
+    # The core's venv first on PATH for this function only (exported locals, undone on return).
+    local -x VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+    pushd "$coll" >/dev/null || return 1
+    { ensure_get_pip_standin >/dev/null && run_ansible_test sanity --prime-venvs --venv --python "$pyver" --color no; } ||
+        rc=$?
+    popd >/dev/null || true
+    rm -rf "${coll%/ansible_collections/*}"
+    [[ $rc -ne 0 ]] || touch "$stamp"
     return "$rc"
 }
 
@@ -186,7 +249,19 @@ CORE_VENV_CACHE="$ROOT/.cache/core-matrix"
 
 # The venv of one core: prints its path; installs the newest ansible-core <core>.* from PyPI (with Python
 # core_python_version <core>) when the venv's stamp does not match. Fails when there is no such Python.
+# One maker at a time per core (a lock beside the venv): the test run makes the venvs ahead of the stages
+# (scripts/test-hosts/prepare.sh) while the matrix and tests/roles (two pytest workers) may ask for the same one.
 core_venv() {
+    local core=$1 lock rc=0
+    mkdir -p "$CORE_VENV_CACHE/$core"
+    exec {lock}>"$CORE_VENV_CACHE/$core/.lock"
+    flock "$lock"
+    make_core_venv "$core" || rc=$?
+    exec {lock}>&-
+    return "$rc"
+}
+
+make_core_venv() {
     local core=$1 pyver py venv stamp want
     pyver=$(core_python_version "$core")
     py=$(find_python "$pyver")
@@ -196,11 +271,40 @@ core_venv() {
     want="ansible-core==$core.* python$pyver $(sha256sum "$ROOT/tests/unit/requirements.txt" | cut -c1-16)"
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
         rm -rf "$venv"
-        mkdir -p "$CORE_VENV_CACHE/$core"
         "$py" -m venv "$venv" >&2 || return 1
         "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet "ansible-core==$core.*" >&2 ||
             return 1
         printf '%s\n' "$want" >"$stamp"
     fi
     printf '%s\n' "$venv"
+}
+
+# The galaxy-importer release that checks the tarball (the tarball stage; tests/tarball/galaxy-importer.cfg).
+# shellcheck disable=SC2034  # used by the scripts that source this file
+GALAXY_IMPORTER_VERSION=0.4.44
+
+# galaxy-importer's venv: prints its path. A venv of its own, cached in .cache/galaxy-importer (its pins, attrs<24
+# and ansible-lint<=26.10.1, are not the dev venv's), with the dev venv's ansible-core; remade when the release,
+# the core or the Python changes. One maker at a time (a lock): the test run makes it ahead of the tarball stage.
+galaxy_importer_venv() {
+    local venv="$ROOT/.cache/galaxy-importer" py=${OUTPOSTS_PYTHON:-python3.11} core want lock rc=0
+    core=$("$VENV/bin/python" -c 'import ansible; print(ansible.__version__)') || return 1
+    want="galaxy-importer==$GALAXY_IMPORTER_VERSION ansible-core==$core $("$py" -c 'import sys; print(sys.version)')"
+    mkdir -p "$ROOT/.cache"
+    exec {lock}>"$ROOT/.cache/galaxy-importer.lock"
+    flock "$lock"
+    if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]]; then
+        say "installing galaxy-importer==$GALAXY_IMPORTER_VERSION into $venv" >&2
+        rm -rf "$venv"
+        {
+            "$py" -m venv "$venv" &&
+                "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
+                    "galaxy-importer==$GALAXY_IMPORTER_VERSION" "ansible-core==$core" 2>&1 &&
+                printf '%s\n' "$want" >"$venv/.stamp"
+        } | { grep -v "^WARNING: Location '" >&2 || true; }
+        [[ -f "$venv/.stamp" ]] || rc=1
+    fi
+    exec {lock}>&-
+    [[ $rc -eq 0 ]] && printf '%s\n' "$venv"
+    return "$rc"
 }

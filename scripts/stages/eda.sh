@@ -25,4 +25,4 @@ elif in_ci; then
 fi
 export NO_COLOR=1 PY_COLORS=0 ANSIBLE_FORCE_COLOR=0
 # Two workers: the host test (about 100 s) runs beside the rest instead of after it.
-run_pytest tests/eda -q -p no:cacheprovider -n 2 "$@"
+run_pytest tests/eda -q -p no:cacheprovider -n 2 --durations=10 "$@"

@@ -6,4 +6,4 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 has_pytest_files "$ROOT/tests/integration" || skip "tests/integration holds no test files yet"
 ensure_env
 cd "$ROOT"
-run_pytest tests/integration "$@"
+run_pytest tests/integration --durations=10 "$@"

@@ -23,9 +23,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 ensure_env
 cd "$ROOT"
 
-# The galaxy-importer release that checks the tarball (tests/tarball/galaxy-importer.cfg configures it).
-GALAXY_IMPORTER_VERSION=0.4.44
-
 # Developer files that must never be in the tarball (extended regular expressions on the member paths).
 DENY=(
     '^Makefile$' '^scripts/' '^extensions/molecule/' '^benchmarks/' '^python/' '^\.ci/' '^dist/'
@@ -33,7 +30,8 @@ DENY=(
     '(^|/)\.(pytest|mypy|ruff|import_linter)_cache/' '\.tar\.gz$'
     '^\.gitignore$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
     '^pytest\.ini$' '^conftest\.py$'
-    '^tests/(output|unit|integration|roles|orchestrator|tarball|eda)/' '^changelogs/fragments/' '^playbooks/demo\.yml$'
+    '^tests/(output|unit|integration|roles|orchestrator|tarball|eda)/' '^tests/(conftest|prerequisites)\.py$'
+    '^changelogs/fragments/' '^playbooks/demo\.yml$'
 )
 # What a user needs and must find.
 REQUIRE=(
@@ -177,24 +175,12 @@ step "the release recorded in $(basename "$tarball")'s changelogs/changelog.yaml
 python "$ROOT/scripts/release.py" check-tarball "$tarball"
 
 # --- Galaxy's importer --------------------------------------------------------------------------------------
-# galaxy-importer in a venv of its own, cached in .cache/galaxy-importer (its pins, attrs<24 and
-# ansible-lint<=26.10.1, are not the dev venv's), with the dev venv's ansible-core, configured by
-# tests/tarball/galaxy-importer.cfg to run here: no ansible-test container; ansible-doc and ansible-lint as Galaxy
-# runs them. It fails on what Galaxy refuses (a role without README.md, a bad MANIFEST, an unloadable plugin).
+# galaxy-importer (galaxy_importer_venv in scripts/lib.sh), configured by tests/tarball/galaxy-importer.cfg to
+# run here: no ansible-test container; ansible-doc and ansible-lint as Galaxy runs them. It fails on what Galaxy
+# refuses (a role without README.md, a bad MANIFEST, an unloadable plugin).
 core=$(python -c 'import ansible; print(ansible.__version__)')
 step "galaxy-importer $GALAXY_IMPORTER_VERSION on $(basename "$tarball")"
-importer_venv="$ROOT/.cache/galaxy-importer"
-importer_python=${OUTPOSTS_PYTHON:-python3.11}
-want="galaxy-importer==$GALAXY_IMPORTER_VERSION ansible-core==$core $("$importer_python" -c 'import sys; print(sys.version)')"
-if [[ ! -x "$importer_venv/bin/python" || "$(cat "$importer_venv/.stamp" 2>/dev/null)" != "$want" ]]; then
-    say "installing galaxy-importer==$GALAXY_IMPORTER_VERSION into $importer_venv"
-    rm -rf "$importer_venv"
-    "$importer_python" -m venv "$importer_venv"
-    "$importer_venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
-        "galaxy-importer==$GALAXY_IMPORTER_VERSION" "ansible-core==$core" 2>&1 |
-        { grep -v "^WARNING: Location '" || true; }
-    printf '%s\n' "$want" >"$importer_venv/.stamp"
-fi
+importer_venv=$(galaxy_importer_venv) || die "cannot make galaxy-importer's venv"
 mkdir -p "$work/importer/home"
 rc=0
 (

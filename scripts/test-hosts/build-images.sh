@@ -24,6 +24,13 @@ say() { printf 'build-images: %s\n' "$*"; }
 
 [[ $(id -u) -eq 0 ]] || { echo "build-images: must run as root (debootstrap, systemd-nspawn)" >&2; exit 1; }
 
+mkdir -p "$CACHE"
+# One build of each thing at a time per cache: parallel runs (other checkouts, other scenarios, the test run's
+# own early build in scripts/test-hosts/prepare.sh) wait here, then find it built and stamped, instead of
+# deleting each other's half-built root filesystems. A lock per suite, so that a run that needs only bookworm
+# never waits for trixie's debootstrap; fd 9 guards the rest (the tools, the key, the wheelhouses).
+exec 9>"$CACHE/.build.lock"
+
 # 1. The tools, from Debian's archive (a fresh machine has none of them).
 need=()
 command -v debootstrap >/dev/null || need+=(debootstrap)
@@ -32,16 +39,13 @@ command -v socat >/dev/null || need+=(socat)
 command -v ssh >/dev/null || need+=(openssh-client)
 command -v nsenter >/dev/null || need+=(util-linux)
 if [[ ${#need[@]} -gt 0 ]]; then
+    flock 9
     say "installing ${need[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    flock -u 9
 fi
 
-mkdir -p "$CACHE"
-# One build at a time per cache: parallel runs (other checkouts, other scenarios) wait here, then find the
-# images built and the stamps in place, instead of deleting each other's half-built root filesystems.
-exec 9>"$CACHE/.build.lock"
-flock 9
 MIRROR=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 [[ -n "$MIRROR" ]] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
 [[ -n "$MIRROR" ]] || MIRROR=http://deb.debian.org/debian
@@ -50,8 +54,11 @@ MIRROR=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2
 for suite in "${SUITES[@]}"; do
     dest="$CACHE/rootfs-$suite"
     stamp="$dest/.devin-outposts-rootfs"
+    exec 8>"$CACHE/.build-$suite.lock"
+    flock 8
     if [[ "${DEVIN_OUTPOSTS_TEST_HOSTS_REBUILD:-0}" != 1 && -f "$stamp" && "$(cat "$stamp")" == "$RECIPE_VERSION" ]]; then
         say "$suite: cached at $dest"
+        exec 8>&-
         continue
     fi
     start=$SECONDS
@@ -77,7 +84,10 @@ for suite in "${SUITES[@]}"; do
     rm -rf "$dest"
     mv "$tmp" "$dest"
     say "$suite: built in $((SECONDS - start)) s at $dest"
+    exec 8>&-
 done
+
+flock 9
 
 # 3. The controller's key for the test hosts (bound read-only into each host as root's authorized_keys).
 if [[ ! -f "$CACHE/ssh/id_ed25519" ]]; then

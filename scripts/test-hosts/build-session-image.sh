@@ -2,8 +2,11 @@
 # Build the session image the podman driver's tests run: the Debian test-host root filesystem
 # (build-images.sh) plus this checkout's devin-outposts wheel in a venv, built from
 # python/devin-outposts/Containerfile offline (the wheels come from the test hosts' wheelhouse).
-# Idempotent and cached: the tag is a hash of the wheel, the root filesystem's build stamp, the wheelhouse
-# and this recipe, so a second run only rebuilds the wheel (a few seconds) and finds the image.
+# Idempotent and cached by content: the tag is a hash of what goes into the image (the worker's sources, the
+# setuptools that builds its wheel, the root filesystem's build stamp, the wheelhouse, the Containerfile and
+# this recipe), computed before anything is built, so a second run finds the image in well under a second.
+# The test run builds it once, ahead of the package stage (scripts/test-hosts/prepare.sh); the podman tests'
+# fixture then finds it.
 #
 #   scripts/test-hosts/build-session-image.sh          # prints the image reference as its last line
 #   DEVIN_OUTPOSTS_TEST_HOSTS=/var/tmp/x ...            # another cache directory (as build-images.sh)
@@ -41,28 +44,20 @@ exec 9>"$CACHE/.session-image.lock"
 flock 9
 
 start=$SECONDS
-work=$(mktemp -d "$CACHE/.session-image.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-mkdir "$work/wheels"
 
-# 2. The worker's wheel (no dependencies: those come from the wheelhouse). Built from a copy of the
-#    sources, so that setuptools' build/ and egg-info never land in the checkout (parallel builds).
-mkdir "$work/src"
-cp -r "$ROOT/python/devin-outposts/pyproject.toml" "$ROOT/python/devin-outposts/src" "$work/src/"
-[[ -f "$ROOT/python/devin-outposts/README.md" ]] && cp "$ROOT/python/devin-outposts/README.md" "$work/src/"
-find "$work/src" -name '__pycache__' -prune -exec rm -rf {} +
-"$PYTHON" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-    -w "$work/wheels" "$work/src" >&2 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-wheel=$(find "$work/wheels" -name 'devin_outposts-*.whl' -print -quit)
-[[ -n "$wheel" ]] || die "pip wheel made no devin_outposts wheel"
-cp "$WHEELHOUSE"/*.whl "$work/wheels/"
-
-# 3. The tag: what goes into the image, hashed.
+# 2. The tag: what goes into the image, hashed. The wheel is a function of the sources and the setuptools that
+#    builds it, so hashing those finds a built image without building the wheel.
 rootfs_id=$(cat "$ROOTFS/.devin-outposts-rootfs"; stat -c %Y "$ROOTFS/.devin-outposts-rootfs")
+setuptools_version=$("$PYTHON" -c 'import setuptools; print(setuptools.__version__)')
 tag=$({
-    printf 'recipe %s\nrootfs %s\n' "$RECIPE_VERSION" "$rootfs_id"
+    printf 'recipe %s\nrootfs %s\nsetuptools %s\n' "$RECIPE_VERSION" "$rootfs_id" "$setuptools_version"
     sha256sum "$ROOT/python/devin-outposts/Containerfile" "${BASH_SOURCE[0]}" | cut -d' ' -f1
-    (cd "$work/wheels" && sha256sum -- *.whl)
+    (
+        cd "$ROOT/python/devin-outposts"
+        { echo pyproject.toml; [[ ! -f README.md ]] || echo README.md
+          find src -type f ! -path '*/__pycache__/*' ! -path '*.egg-info/*'; } | LC_ALL=C sort | xargs -d '\n' sha256sum
+    )
+    (cd "$WHEELHOUSE" && sha256sum -- *.whl)
 } | sha256sum | cut -c1-16)
 image="$REPO:$tag"
 if podman image exists "$image"; then
@@ -70,6 +65,20 @@ if podman image exists "$image"; then
     printf '%s\n' "$image"
     exit 0
 fi
+
+# 3. The worker's wheel (no dependencies: those come from the wheelhouse). Built from a copy of the
+#    sources, so that setuptools' build/ and egg-info never land in the checkout (parallel builds).
+work=$(mktemp -d "$CACHE/.session-image.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/wheels" "$work/src"
+cp -r "$ROOT/python/devin-outposts/pyproject.toml" "$ROOT/python/devin-outposts/src" "$work/src/"
+[[ -f "$ROOT/python/devin-outposts/README.md" ]] && cp "$ROOT/python/devin-outposts/README.md" "$work/src/"
+find "$work/src" \( -name '__pycache__' -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+"$PYTHON" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    -w "$work/wheels" "$work/src" >&2 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+wheel=$(find "$work/wheels" -name 'devin_outposts-*.whl' -print -quit)
+[[ -n "$wheel" ]] || die "pip wheel made no devin_outposts wheel"
+cp "$WHEELHOUSE"/*.whl "$work/wheels/"
 
 # 4. The base: the root filesystem imported as an image (once per root filesystem build).
 base_tag=$(printf '%s' "$rootfs_id" | sha256sum | cut -c1-12)

@@ -25,13 +25,19 @@ name=${2:?host name}
 valid='^[a-z0-9][a-z0-9-]{0,30}$'
 [[ $name =~ $valid ]] || { echo "nspawn-host: bad host name: $name" >&2; exit 2; }
 
-leader_of() {  # the container's PID 1 (seen from here): the child of systemd-nspawn
-    local pid=$1 child
-    for ((try = 0; try < 100; try++)); do
-        child=$(ps -o pid= --ppid "$pid" 2>/dev/null | awk 'NR==1{print $1}')
-        if [[ -n "$child" ]] && [[ "$(readlink "/proc/$child/ns/pid")" != "$(readlink /proc/self/ns/pid)" ]]; then
-            echo "$child"; return 0
-        fi
+leader_of() {  # the container's PID 1 (seen from here): the child of systemd-nspawn in a PID namespace of its own
+    local pid=$1 mine child ns
+    mine=$(readlink /proc/self/ns/pid)
+    for ((try = 0; try < 600; try++)); do
+        for child in $(ps -o pid= --ppid "$pid" 2>/dev/null); do
+            # nspawn's first child stays in this namespace and exits soon; one that is gone already has no
+            # namespace to read, and must not pass for the leader (that made a loaded machine's boot fail).
+            ns=$(readlink "/proc/$child/ns/pid" 2>/dev/null) || continue
+            if [[ -n "$ns" && "$ns" != "$mine" ]]; then
+                echo "$child"
+                return 0
+            fi
+        done
         sleep 0.05
     done
     return 1

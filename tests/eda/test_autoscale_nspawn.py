@@ -28,35 +28,10 @@ import yaml
 
 from devin_outposts_sim.admin_client import SimAdmin
 
-ROOT = Path(__file__).resolve().parents[2]
-TEST_HOSTS = ROOT / "scripts" / "test-hosts"
-CACHE = Path(os.environ.get("DEVIN_OUTPOSTS_TEST_HOSTS", "/var/tmp/devin-outposts-test-hosts"))  # noqa: S108
+from prerequisites import TEST_HOSTS
+from prerequisites import TEST_HOSTS_CACHE as CACHE
+
 HOST = "eda-autoscale"
-
-
-def _missing() -> str:
-    if os.geteuid() != 0:
-        return "needs root (systemd-nspawn)"
-    for tool in ("systemd-nspawn", "nsenter", "socat", "ssh"):
-        if shutil.which(tool) is None:
-            return f"needs {tool}"
-    for path in (
-        CACHE / "rootfs-bookworm" / ".devin-outposts-rootfs",
-        CACHE / "ssh" / "id_ed25519",
-        CACHE / "wheelhouse-py311",
-    ):
-        if not path.exists():
-            return f"needs the test-host images ({path} is missing): run scripts/test-hosts/build-images.sh"
-    return ""
-
-
-@pytest.fixture
-def host_prerequisites() -> None:
-    missing = _missing()
-    if missing:
-        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-            pytest.fail(f"the autoscale host test cannot run: {missing}")
-        pytest.skip(missing)
 
 
 @pytest.fixture
@@ -83,7 +58,7 @@ def _script(run_dir: Path, *argv: str) -> str:
 
 
 @pytest.fixture
-def fleet(host_prerequisites: None, tmp_path: Path, run_dir: Path) -> Iterator[dict[str, Any]]:
+def fleet(nspawn_host_prerequisites: None, tmp_path: Path, run_dir: Path) -> Iterator[dict[str, Any]]:
     """The simulator and the stand-in devin-remote downloads (fleet-sim.sh), and one booted test host that
     reaches both on its own loopback at the same ports."""
     state = tmp_path / "fleet"

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -35,10 +34,11 @@ from typing import Any
 import pytest
 import yaml
 
+from prerequisites import cannot_run, tool
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURE = ROOT / "docs" / "examples" / "awx" / "configure.yml"
 AWX_COLLECTIONS = ROOT / ".cache" / "collections"
-IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 SURVEY_TYPES = {"text", "textarea", "password", "integer", "float", "multiplechoice", "multiselect"}
 #: Where a survey variable may be read, per playbook: the playbook, and the role it runs.
 ROLE_OF = {
@@ -49,23 +49,10 @@ ROLE_OF = {
 }
 
 
-def ansible_playbook() -> str:
-    local = Path(sys.executable).parent / "ansible-playbook"
-    found = str(local) if local.exists() else shutil.which("ansible-playbook")
-    if not found:
-        if IN_CI:
-            pytest.fail("ansible-playbook is not installed (CI=true: a missing tool fails)", pytrace=False)
-        pytest.skip("ansible-playbook is not installed")
-    return found
-
-
 @pytest.fixture(scope="module")
 def ansible_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     if not (AWX_COLLECTIONS / "ansible_collections" / "awx" / "awx").is_dir():
-        message = "awx.awx is not in .cache/collections (run scripts/bootstrap.sh)"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        cannot_run("awx.awx is not in .cache/collections (run scripts/bootstrap.sh)")
     base = tmp_path_factory.mktemp("collections")
     (base / "ansible_collections" / "devin").mkdir(parents=True)
     (base / "ansible_collections" / "devin" / "outposts").symlink_to(ROOT, target_is_directory=True)
@@ -110,14 +97,14 @@ def job_templates(
         ],
     }
     (work / "render.yml").write_text(yaml.safe_dump([play], sort_keys=False))
-    proc = run([ansible_playbook(), "-i", "localhost,", "-c", "local", "render.yml"], ansible_env, work)
+    proc = run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "render.yml"], ansible_env, work)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rendered: list[dict[str, Any]] = json.loads(out.read_text())
     return rendered
 
 
 def test_syntax_check(ansible_env: dict[str, str]) -> None:
-    proc = run([ansible_playbook(), "--syntax-check", str(CONFIGURE)], ansible_env, ROOT)
+    proc = run([tool("ansible-playbook"), "--syntax-check", str(CONFIGURE)], ansible_env, ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -125,7 +112,7 @@ def test_syntax_check_catches_an_unknown_module(ansible_env: dict[str, str], tmp
     # The check above means something: a misspelt awx.awx module fails it.
     broken = tmp_path / "configure.yml"
     broken.write_text(CONFIGURE.read_text().replace("awx.awx.job_template:", "awx.awx.job_templat:"))
-    proc = run([ansible_playbook(), "--syntax-check", str(broken)], ansible_env, ROOT)
+    proc = run([tool("ansible-playbook"), "--syntax-check", str(broken)], ansible_env, ROOT)
     assert proc.returncode != 0
     assert "awx.awx.job_templat" in proc.stdout + proc.stderr
 
@@ -142,7 +129,7 @@ def test_the_job_templates_playbooks_pass_syntax_check(
         "playbooks/register_outpost.yml",
         "playbooks/rolling_upgrade.yml",
     ]
-    proc = run([ansible_playbook(), "--syntax-check", *playbooks], ansible_env, ROOT)
+    proc = run([tool("ansible-playbook"), "--syntax-check", *playbooks], ansible_env, ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -316,7 +303,7 @@ def run_configure(
         **ansible_env, "CONTROLLER_HOST": fake.url, "CONTROLLER_OAUTH_TOKEN": "awx-test-token",
         "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
     }  # fmt: skip
-    return run([ansible_playbook(), "-i", "localhost,", "-c", "local", str(CONFIGURE), *extra], env, tmp_path)
+    return run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(CONFIGURE), *extra], env, tmp_path)
 
 
 def documented_extra_vars() -> list[str]:

@@ -37,16 +37,9 @@ import pytest
 import yaml
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
+from prerequisites import import_or_cannot_run, tool
 
-try:
-    import httpx
-
-    from devin_outposts_sim import testing as sim_testing
-except ImportError as exc:
-    if IN_CI:
-        raise
-    pytest.skip(f"the simulator is not installed: {exc}", allow_module_level=True)
+httpx, sim_testing = import_or_cannot_run("httpx", "devin_outposts_sim.testing", why="the simulator is not installed")
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPE_DIR = ROOT / "credential_types" / "devin_outposts"
@@ -54,16 +47,6 @@ TYPE_DIR = ROOT / "credential_types" / "devin_outposts"
 #: hold the injected token (AWX keeps the same record out of the job's events and output).
 RUNNER_ENV_DUMP = "command"
 JOB_TIMEOUT = 180
-
-
-def ansible_runner() -> str:
-    local = Path(sys.executable).parent / "ansible-runner"
-    found = str(local) if local.exists() else shutil.which("ansible-runner")
-    if not found:
-        if IN_CI:
-            pytest.fail("ansible-runner is not installed (CI=true: a missing tool fails)", pytrace=False)
-        pytest.skip("ansible-runner is not installed")
-    return found
 
 
 def injected_env(api_url: str, token: str) -> dict[str, str]:
@@ -124,7 +107,7 @@ class Jobs:
         shutil.copytree(ROOT / "playbooks", data / "project" / "playbooks")
         for extra_name, text in (extra or {}).items():
             (data / "project" / "playbooks" / extra_name).write_text(text)
-        argv = [ansible_runner(), "run", str(data), "-p", f"playbooks/{playbook}", "--ident", name]
+        argv = [tool("ansible-runner"), "run", str(data), "-p", f"playbooks/{playbook}", "--ident", name]
         proc = subprocess.run(
             argv, env=self.env, capture_output=True, text=True, timeout=JOB_TIMEOUT, check=False
         )

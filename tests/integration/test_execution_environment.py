@@ -34,11 +34,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from prerequisites import tool
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "execution-environment"
 LOCAL_DEFINITION = ROOT / "scripts" / "ee"
 BIN = Path(sys.executable).parent
-IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 VERSION = yaml.safe_load((ROOT / "galaxy.yml").read_text())["version"]
 TARBALL_NAME = f"devin-outposts-{VERSION}.tar.gz"
 # What a leaked credential would look like: the value planted in the environment below, and the shapes of
@@ -47,18 +48,6 @@ PLANTED_TOKEN = "cog_" + "e" * 48
 SECRET = re.compile(r"\bcog_[a-z0-9]{48}|\bct_[A-Za-z0-9_-]{43}|\bsimadmin_[A-Za-z0-9_-]{43}")
 # Characters a POSIX shell treats specially in an unquoted word (ansible-builder's ANSIBLE_INSTALL_REFS).
 SHELL_SPECIAL = re.compile(r"[<>|;&$`(){}\\\"'*?\[\]~#]")
-
-
-def tool(name: str) -> str:
-    path = BIN / name
-    if path.exists():
-        return str(path)
-    found = shutil.which(name)
-    if found:
-        return found
-    if IN_CI:
-        pytest.fail(f"{name} is not installed (CI=true: a missing tool fails)", pytrace=False)
-    pytest.skip(f"{name} is not installed (requirements-dev.txt)")
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

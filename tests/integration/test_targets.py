@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,17 +27,9 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-#: CI (CI=true) must run every test: there, a missing tool fails instead of skipping (scripts/lib.sh has the
-#: same rule for whole stages).
-IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
+from prerequisites import import_or_cannot_run, tool
 
-try:
-    import httpx
-    from devin_outposts_sim import testing as sim_testing
-except ImportError as exc:
-    if IN_CI:
-        raise
-    pytest.skip(f"the simulator is not installed: {exc}", allow_module_level=True)
+httpx, sim_testing = import_or_cannot_run("httpx", "devin_outposts_sim.testing", why="the simulator is not installed")
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ROOT / "tests" / "integration" / "targets"
@@ -247,16 +238,6 @@ def collections_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
-def ansible_playbook() -> str:
-    local = Path(sys.executable).parent / "ansible-playbook"
-    found = str(local) if local.exists() else shutil.which("ansible-playbook")
-    if not found:
-        if IN_CI:
-            pytest.fail("ansible-playbook is not installed (CI=true: a missing tool fails)", pytrace=False)
-        pytest.skip("ansible-playbook is not installed")
-    return found
-
-
 def parse_recap(output: str) -> Optional[dict[str, int]]:
     match = RECAP.search(output)
     return {key: int(value) for key, value in match.groupdict().items()} if match else None
@@ -291,7 +272,7 @@ def run_target(target: str, ctx: Context, collections_path: Path, workdir: Path)
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
     env.update(ctx.env)
-    argv = [ansible_playbook(), "-i", str(inventory), str(playbook), "-e", f"@{vars_file}"]
+    argv = [tool("ansible-playbook"), "-i", str(inventory), str(playbook), "-e", f"@{vars_file}"]
     proc = subprocess.run(  # noqa: S603
         argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         timeout=PLAYBOOK_TIMEOUT, check=False,

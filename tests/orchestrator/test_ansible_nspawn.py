@@ -11,7 +11,6 @@ fails when CI=true.
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import shutil
 import subprocess
@@ -28,39 +27,19 @@ from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle
 from devin_outposts_sim.testing.remote import claim_session
 
-ROOT = Path(__file__).resolve().parents[2]
+from prerequisites import ROOT, cannot_run
+from prerequisites import TEST_HOSTS_CACHE as CACHE
+
 EXAMPLE = ROOT / "docs" / "examples" / "orchestrator"
-# The test-host cache: the same default as scripts/test-hosts/*.sh.
-CACHE = Path(os.environ.get("DEVIN_OUTPOSTS_TEST_HOSTS", "/var/tmp/devin-outposts-test-hosts"))  # noqa: S108
-
-
-def _missing() -> str:
-    if os.geteuid() != 0:
-        return "needs root (systemd-nspawn)"
-    for tool in ("systemd-nspawn", "nsenter", "socat", "ssh"):
-        if shutil.which(tool) is None:
-            return f"needs {tool}"
-    for path in (
-        CACHE / "rootfs-bookworm" / ".devin-outposts-rootfs",
-        CACHE / "ssh" / "id_ed25519",
-        CACHE / "wheelhouse-py311",
-    ):
-        if not path.exists():
-            return f"needs the test-host images ({path} is missing): run scripts/test-hosts/build-images.sh"
-    try:
-        import ansible_runner  # noqa: F401
-    except ImportError:
-        return "needs ansible-runner (pip install devin-outposts[ansible])"
-    return ""
 
 
 @pytest.fixture
-def prerequisites() -> None:
-    missing = _missing()
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the ansible driver's host test cannot run: {missing}")
-        pytest.skip(missing)
+def prerequisites(nspawn_host_prerequisites: None) -> None:
+    """A test host (tests/conftest.py), and ansible-runner, which the driver runs the playbooks with."""
+    try:
+        import ansible_runner  # noqa: F401
+    except ImportError:
+        cannot_run("the ansible driver's host test needs ansible-runner (pip install devin-outposts[ansible])")
 
 
 def _leader_processes(name: str) -> list[int]:

@@ -8,18 +8,16 @@ When a venv cannot be made the test is skipped on a developer's machine and fail
 
 from __future__ import annotations
 
-import os
 import subprocess
 from functools import cache
 from pathlib import Path
 
-import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from prerequisites import IN_CI, ROOT, cannot_run
+
+__all__ = ["IN_CI", "NEWEST", "OLDEST", "VENV_TIMEOUT", "core_venv", "lib_sh"]
+
 LIB_SH = ROOT / "scripts" / "lib.sh"
-#: CI must run every test: there, a core venv that cannot be made fails instead of skipping (scripts/lib.sh
-#: ``in_ci`` and ``cannot_run`` have the same rule for whole stages).
-IN_CI = os.environ.get("CI", "") in ("true", "TRUE", "True", "1", "yes")
 #: Making a core's venv the first time (pip from PyPI); a cached one is found at once.
 VENV_TIMEOUT = 600
 
@@ -30,12 +28,6 @@ def lib_sh(script: str, *args: str, timeout: float = 60) -> subprocess.Completed
         ["bash", "-c", f'source "{LIB_SH}" && {script}', "lib.sh", *args],
         capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
-
-
-def cannot_run(message: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{message} (CI=true: a test that cannot run fails in CI instead of being skipped)")
-    pytest.skip(message)
 
 
 def core_versions() -> tuple[str, str]:

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import httpx
 import pytest
@@ -14,26 +13,6 @@ import pytest
 from devin_outposts.api.models import Outpost
 from devin_outposts_sim.cli import main
 from devin_outposts_sim.testing import SimHandle
-
-
-class CliResult(NamedTuple):
-    code: int
-    out: str
-    err: str
-
-
-@pytest.fixture
-def cli(sim: SimHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setenv("DEVIN_SIM_URL", sim.url)
-    monkeypatch.setenv("DEVIN_SIM_ADMIN_TOKEN", sim.admin_token)
-    monkeypatch.delenv("DEVIN_SIM_ADMIN_TOKEN_FILE", raising=False)
-
-    def run(*argv: str) -> CliResult:
-        code = main([*argv])
-        out, err = capsys.readouterr()
-        return CliResult(code, out, err)
-
-    return run
 
 
 def test_token_create_prints_a_working_token(sim: SimHandle, cli) -> None:

@@ -3,21 +3,21 @@ its admin API, the stand-in ``devin`` it serves, and the ``sim devin-cli`` verbs
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import httpx
 import pytest
+from sim_support import Cli
 
 from devin_outposts_sim.admin_client import SimAdminError
-from devin_outposts_sim.cli import main
 from devin_outposts_sim.state.cli_dist import PLATFORMS, standin_cli
 from devin_outposts_sim.testing import SimHandle, sim_process
 
@@ -216,27 +216,10 @@ def test_the_stand_in_refuses_anything_else_with_exit_2(tmp_path: Path, args: tu
 # --- the sim devin-cli verbs -------------------------------------------------------------------------
 
 
-class CliResult(NamedTuple):
-    code: int
-    out: str
-    err: str
-
-
-Cli = Callable[..., CliResult]
-
-
 @pytest.fixture
-def sim_cli(sim: SimHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
-    monkeypatch.setenv("DEVIN_SIM_URL", sim.url)
-    monkeypatch.setenv("DEVIN_SIM_ADMIN_TOKEN", sim.admin_token)
-    monkeypatch.delenv("DEVIN_SIM_ADMIN_TOKEN_FILE", raising=False)
-
-    def invoke(*argv: str) -> CliResult:
-        code = main(["devin-cli", *argv])
-        out, err = capsys.readouterr()
-        return CliResult(code, out, err)
-
-    return invoke
+def sim_cli(cli: Cli) -> Cli:
+    """``sim_cli(*argv)``: ``devin-outposts-sim devin-cli <argv>`` (``cli`` of conftest.py)."""
+    return functools.partial(cli, "devin-cli")
 
 
 def test_publish_and_show_verbs(sim: SimHandle, sim_cli: Cli, tmp_path: Path) -> None:

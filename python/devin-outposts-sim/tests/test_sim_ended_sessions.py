@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import httpx
 import pytest
+from sim_support import SteppingClock
 
 from devin_outposts.api.models import QueueEntry
 from devin_outposts_sim.state.store import Store
@@ -26,16 +27,6 @@ from devin_outposts_sim.testing import SimHandle, claim_session, sim_process, st
 
 QUEUE = "/opbeta/outposts/devins"
 ACCT = "acct-default"
-
-
-class SteppingClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _store(tombstone_after: Any = 60.0) -> tuple[Store, SteppingClock, str]:

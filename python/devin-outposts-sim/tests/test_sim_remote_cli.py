@@ -5,38 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Callable, NamedTuple
 
 import httpx
-import pytest
+from sim_support import Cli
 
 from devin_outposts.api.models import Outpost
-from devin_outposts_sim.cli import main
 from devin_outposts_sim.state.dist import builtin_sha
 from devin_outposts_sim.testing import SimHandle, claim_session, standin_process
-
-
-class CliResult(NamedTuple):
-    code: int
-    out: str
-    err: str
-
-
-Cli = Callable[..., CliResult]
-
-
-@pytest.fixture
-def cli(sim: SimHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
-    monkeypatch.setenv("DEVIN_SIM_URL", sim.url)
-    monkeypatch.setenv("DEVIN_SIM_ADMIN_TOKEN", sim.admin_token)
-    monkeypatch.delenv("DEVIN_SIM_ADMIN_TOKEN_FILE", raising=False)
-
-    def run(*argv: str) -> CliResult:
-        code = main([*argv])
-        out, err = capsys.readouterr()
-        return CliResult(code, out, err)
-
-    return run
 
 
 def test_call_scripts_calls_in_argv_order(sim: SimHandle, cli: Cli, outpost: Outpost, tmp_path: Path) -> None:

@@ -16,22 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
+from sim_support import SteppingClock
 
 from devin_outposts_sim.state.store import Store
 from devin_outposts_sim.testing import SimHandle, claim_session, standin_process
 
 QUEUE = "/opbeta/outposts/devins"
 ACCT = "acct-default"
-
-
-class SteppingClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _running_claim(store: Store, clock: SteppingClock, ttl: float = 300.0) -> tuple[str, str, int]:

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim_support import SteppingClock
+
 from devin_outposts_sim.state.store import Store
-
-
-class SteppingClock:
-    """A clock the test moves by hand (also backwards)."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_revisions_increase_even_when_the_clock_steps_back(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import httpx
 import pytest
+from sim_support import SteppingClock
 
 from devin_outposts.api.models import QueueEntry
 from devin_outposts_sim.errors import Unauthorized
@@ -27,16 +28,6 @@ from devin_outposts_sim.testing import SimHandle, claim_session, standin_process
 
 QUEUE = "/opbeta/outposts/devins"
 ACCT = "acct-default"
-
-
-class SteppingClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _gateway_base(claimed: QueueEntry) -> str:

@@ -188,7 +188,8 @@ def test_a_leaked_container_of_a_gone_session_is_collected(loop: Loop) -> None:
     assert h.containers() == [leaked.name]
     h.orchestrator()
     h.wait(lambda: not h.containers() and not h.volumes(), "the leaked machine to be collected")
-    assert "collected machine " + leaked.name in h.processes[0].log()
+    # The sweep logs the collection after the teardown returns: wait for the line, do not race it.
+    h.wait(lambda: "collected machine " + leaked.name in h.processes[0].log(), "the collection to be logged")
 
 
 @needs_podman
