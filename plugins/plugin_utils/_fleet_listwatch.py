@@ -50,8 +50,6 @@ HEALTHY_STREAM = 5.0
 QUICK_END = 1.0
 QUICK_ENDS_BEFORE_PAUSE = 3
 QUICK_END_PAUSE = 1.0
-#: The statuses with which the API refuses a cursor (too old, or not one of its own).
-CURSOR_REFUSED = frozenset({400, 422})
 
 Row = TypeVar("Row")
 
@@ -102,8 +100,10 @@ class Step(enum.Enum):
 
 def relist_after(status: Optional[int], malformed: bool = False) -> bool:
     """Whether a failed list or watch must be followed by a list before the next watch: after anything but
-    an outage. ``status`` is the answer's HTTP status (None: no answer, a connection error or a timeout);
-    ``malformed`` says the reply was not what the API sends (whatever its status)."""
+    an outage. A refused cursor (400 or 422: too old, or not one of the API's own) is listed past, and so is
+    a 404, a redirect or any other answer the loop did not expect, and a reply that is not what the API
+    sends (``malformed``, whatever its status); a connection error or timeout (``status`` None), 429 or 5xx
+    leaves the cursor good."""
     if malformed:
         return True
     return status is not None and status != 429 and status < 500
