@@ -547,10 +547,10 @@ class QueueSource:
                     raise
                 delay = listwatch.failed(_listwatch.relist_after(exc.status, isinstance(exc, MalformedReply)))
                 if listwatch.need_list:
-                    then = "listing the queue again in %.1fs, then watching from its cursor"
+                    line = "%s; listing the queue again in %.1fs, then watching from its cursor"
                 else:
-                    then = "reconnecting in %.1fs from the stored cursor"
-                log.warning("%s; " + then, exc, delay)
+                    line = "%s; reconnecting in %.1fs from the stored cursor"
+                log.warning(line, exc, delay)
             else:
                 # Streams are bounded in time: reopen at once, unless they keep ending at once.
                 delay = listwatch.ended()

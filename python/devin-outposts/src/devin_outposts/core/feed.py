@@ -62,8 +62,8 @@ from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
+from devin_outposts.api import listwatch as listwatch_module
 from devin_outposts.api.errors import FleetAuthError, FleetError, FleetProtocolError
-from devin_outposts.api.listwatch import QUICK_END_PAUSE as QUICK_END_PAUSE
 from devin_outposts.api.listwatch import ListWatch, Step, relist_after
 from devin_outposts.api.models import Phase, QueueEntry, WatchEvent, WatchEventType
 from devin_outposts.core.metrics import Metrics
@@ -75,6 +75,9 @@ RESYNC_INTERVAL = 300.0
 #: The longest wait between attempts to reach a failing API: an idle worker notices a recovered API
 #: within this many seconds (each attempt is one request; jitter spreads a fleet's attempts).
 FEED_BACKOFF_CAP = 5.0
+#: After a few clean stream ends in a row that came at once without an event, each reconnect waits this
+#: long (the one list-then-watch's pacing, api/listwatch.py).
+QUICK_END_PAUSE = listwatch_module.QUICK_END_PAUSE
 #: Seconds past ``claim_deadline`` before an expired claim of another worker is tried (clock skew).
 EXPIRY_SLACK = 1.0
 #: Spreading: the deferral per rendezvous rank. Long enough for the owner's claim to reach our watch
