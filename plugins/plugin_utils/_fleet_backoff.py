@@ -60,8 +60,13 @@ class Backoff:
         self.attempt = 0
         self._rng = rng
 
+    def delay(self, attempt: int) -> float:
+        """The wait before retry ``attempt`` with this backoff's base, cap and draws, for a caller that counts
+        the attempts itself (a list-then-watch loop: ``api/listwatch.py``)."""
+        return backoff_delay(attempt, self.base, self.cap, self._rng())
+
     def next_delay(self) -> float:
-        delay = backoff_delay(self.attempt, self.base, self.cap, self._rng())
+        delay = self.delay(self.attempt)
         self.attempt += 1
         return delay
 

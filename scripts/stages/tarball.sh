@@ -40,6 +40,11 @@ REQUIRE=(
     '^roles/cli/tasks/main\.yml$' '^plugins/module_utils/_fleet_api\.py$' '^tests/sanity/ignore-2\.[0-9]+\.txt$'
     '^extensions/eda/plugins/event_source/outpost_queue\.py$' '^extensions/eda/rulebooks/autoscale_workers\.yml$'
     '^extensions/eda/rulebooks/provision_per_session\.yml$' '^meta/extensions\.yml$' '^playbooks/scale_workers\.yml$'
+    # what the event source loads by path from the installed collection (docs/eda.md, "What the source shares")
+    '^plugins/plugin_utils/_fleet_stream\.py$' '^plugins/plugin_utils/_fleet_backoff\.py$'
+    '^plugins/plugin_utils/_fleet_listwatch\.py$' '^plugins/plugin_utils/_outpost_queue_options\.py$'
+    '^plugins/plugin_utils/_outpost_queue_replies\.py$' '^plugins/plugin_utils/_outpost_queue_cursor\.py$'
+    '^plugins/plugin_utils/_outpost_queue_events\.py$'
     # the AWX credential type (docs/awx.md); docs/examples/awx/configure.yml reads it from here
     '^credential_types/devin_outposts/input\.yml$' '^credential_types/devin_outposts/injectors\.yml$'
     # Galaxy's importer refuses a role without a README; the release history; the README's first deployment

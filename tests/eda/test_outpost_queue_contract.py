@@ -167,7 +167,17 @@ async def call(source: dict[str, Any], queue_source: Any, name: str, args: dict[
         return [bool(source["OUTPOST_NAME"].match(value)) for value in args["names"]]
     if name == "outpost_ids":
         return [value.startswith(source["OUTPOST_ID_PREFIX"]) for value in args["values"]]
+    if name == "boolean_words":
+        return [read_boolean(source, value) for value in args["values"]]
     raise AssertionError(f"the event source's runner does not know the operation {name!r}")
+
+
+def read_boolean(source: dict[str, Any], value: str) -> Optional[bool]:
+    """The source's reader of a boolean option (validate_certs, emit_listed) on one text; None: refused."""
+    try:
+        return bool(source["Options"]({"token": "t", "emit_listed": value}, environ={}).emit_listed)
+    except source["OptionError"]:
+        return None
 
 
 async def run_case(

@@ -1,7 +1,7 @@
 """The worker's fleet client against the shared contract cases (python/contract/cases.yaml).
 
 The modules' client runs the same cases in tests/unit/plugins/module_utils/test_contract.py, the event
-source in tests/eda/test_contract.py. Each case
+source in tests/eda/test_outpost_queue_contract.py. Each case
 scripts the server's answers (httpx.MockTransport) and states the result or error, the requests sent and
 the waits between retries; this runner turns the client's models and exceptions into the case's terms.
 """
@@ -23,6 +23,7 @@ from devin_outposts.api import client as client_module
 from devin_outposts.api.client import FleetClient, normalize_api_url
 from devin_outposts.api.errors import FleetError, FleetNotFound
 from devin_outposts.api.models import Phase
+from devin_outposts.core.config import ConfigError, boolean
 
 CASES_FILE = next(
     parent / "python" / "contract" / "cases.yaml"
@@ -80,6 +81,8 @@ async def call(client: FleetClient, name: str, args: dict[str, Any]) -> Any:
         return [phase.value for phase in Phase]
     if name == "normalize_api_url":
         return normalize_api_url(args["url"])
+    if name == "boolean_words":
+        return [read_boolean(value) for value in args["values"]]
     if name == "list_outposts":
         outposts = await client.list_all_outposts(page_size=args.get("page_size", 200))
         return [o.outpost_id for o in outposts]
@@ -127,6 +130,14 @@ async def call(client: FleetClient, name: str, args: dict[str, Any]) -> Any:
     if name == "get_session":
         return (await client.get_devin(args["session_id"])).session_id
     raise AssertionError(f"the worker runner does not know the operation {name!r}")
+
+
+def read_boolean(value: str) -> Optional[bool]:
+    """The worker's boolean option reader on one text; None when it refuses it."""
+    try:
+        return boolean("--flag", value)
+    except ConfigError:
+        return None
 
 
 Outcome = tuple[Any, Optional[dict[str, Any]], "ScriptedServer", list[float]]

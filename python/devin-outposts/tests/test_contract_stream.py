@@ -1,9 +1,11 @@
 """The fleet API's one SSE reader and one backoff against the shared cases (python/contract/stream.yaml).
 
-The event source runs the same cases against what it loads from the collection (tests/eda/test_contract.py),
-and the modules' client runs the backoff cases (tests/unit/plugins/module_utils/test_contract.py). The
-collection ships the reader and the backoff as byte-identical copies in plugins/plugin_utils/; the last
-tests here fail when a copy differs, or when either file imports anything but the standard library.
+The event source runs the same cases against what it loads from the collection
+(tests/eda/test_outpost_queue_contract.py), and the modules' client runs the backoff cases
+(tests/unit/plugins/module_utils/test_contract.py). The collection ships the reader, the backoff and the
+list-then-watch bookkeeping (api/listwatch.py, whose cases are python/contract/listwatch.yaml) as
+byte-identical copies in plugins/plugin_utils/; the last tests here fail when a copy differs, or when any of
+them imports anything but the standard library.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 import yaml
 
 from devin_outposts.api import backoff as backoff_module
+from devin_outposts.api import listwatch as listwatch_module
 from devin_outposts.api import stream as stream_module
 from devin_outposts.api.backoff import Backoff, backoff_delay
 from devin_outposts.api.client import FleetClient
@@ -35,6 +38,7 @@ CASES: dict[str, list[dict[str, Any]]] = yaml.safe_load(
 TWINS = {
     "stream": (Path(stream_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_stream.py"),
     "backoff": (Path(backoff_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_backoff.py"),
+    "listwatch": (Path(listwatch_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_listwatch.py"),
 }
 
 
@@ -134,6 +138,12 @@ def test_backoff_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> 
             assert [backoff.next_delay() for dummy in case["waits"]] == pytest.approx(
                 [bounds[side] for bounds in case["waits"]]
             )
+    # Backoff.delay(attempt): the queue feed's waits, its list-then-watch counting the attempts.
+    for draw, side in ((0.0, 0), (1.0, 1)):
+        backoff = Backoff(base=base, cap=cap, rng=constant(draw))
+        assert [backoff.delay(attempt) for attempt, dummy in attempts(case)] == pytest.approx(
+            [bounds[side] for dummy, bounds in attempts(case)]
+        )
     # The fleet client's request retries.
     client = FleetClient("https://api.test.invalid", "t", backoff_base=base, backoff_max=cap)
     for draw, side in ((0.0, 0), (1.0, 1)):

@@ -9,9 +9,12 @@ errors. It imports nothing else of ours: the worker, the simulator and the comma
 * :mod:`.limits`: the size limits every reply is read within;
 * :mod:`.stream`: the one reader of the watch stream (SSE framing, its caps, keepalives, where to resume),
   bytes in and events out; the simulator's pytest plugin and the event source read streams with it too;
-* :mod:`.backoff`: the one backoff (a random wait between half and all of ``min(cap, base * 2**n)``).
+* :mod:`.backoff`: the one backoff (a random wait between half and all of ``min(cap, base * 2**n)``);
+* :mod:`.listwatch`: list, then watch, without I/O: paging (upsert by session id, the final cursor) and the
+  loop's decisions (when to list again, where to resume, when to wait and how long), which the worker's
+  queue feed and the event source both follow.
 
-:mod:`.stream` and :mod:`.backoff` import only the standard library: the collection ships byte-identical
-copies of them in ``plugins/plugin_utils/`` for the event source, which runs where this package is not
-installed.
+:mod:`.stream`, :mod:`.backoff` and :mod:`.listwatch` import only the standard library: the collection
+ships byte-identical copies of them in ``plugins/plugin_utils/`` for the event source, which runs where this
+package is not installed.
 """

@@ -45,6 +45,7 @@ from devin_outposts.api.errors import (
     error_for_status,
 )
 from devin_outposts.api.limits import MAX_BODY_BYTES, ResponseTooLarge, read_capped
+from devin_outposts.api.listwatch import Listing, PagingStalled
 from devin_outposts.api.models import (
     DefaultPlatform,
     Outpost,
@@ -242,21 +243,18 @@ class FleetClient:
         Rows at a page boundary come back on the next page; the later copy wins because it is fresher.
         The returned cursor is the place to start a watch from.
         """
-        entries: dict[str, QueueEntry] = {}
+        listing: Listing[QueueEntry] = Listing(cursor)  # the paging rules every client follows
         while True:
             page = await self.list_devins(
-                outpost=outpost, phase=phase, acceptor_id=acceptor_id, first=first, cursor=cursor
+                outpost=outpost, phase=phase, acceptor_id=acceptor_id, first=first, cursor=listing.cursor
             )
-            for entry in page.items:
-                entries.pop(entry.session_id, None)  # keep the fresher copy, in server order
-                entries[entry.session_id] = entry
-            if not page.has_next_page:
-                return list(entries.values()), page.cursor or cursor
-            if page.cursor is None or page.cursor == cursor:
-                raise FleetProtocolError(
-                    "list sessions", "the API reported another page but did not advance the cursor"
-                )
-            cursor = page.cursor
+            try:
+                rows = ((entry.session_id, entry) for entry in page.items)
+                more = listing.add_page(rows, page.cursor, page.has_next_page)
+            except PagingStalled as exc:
+                raise FleetProtocolError("list sessions", str(exc)) from None
+            if not more:
+                return listing.rows, listing.cursor
 
     async def watch_devins(
         self, *, outpost: Optional[str] = None, cursor: Optional[str] = None

@@ -8,10 +8,14 @@ sessions may be claimed (docs/fleet-api.md §4 and §5):
   duplicate is harmless) and its cursor is kept for the next reconnect;
 * the stream ends by design after a few minutes (or seconds): a clean end is reconnected at once from
   the last cursor, however short the stream lived; only an error backs off, 1 s, 2 s, 4 s ... up to
-  :data:`FEED_BACKOFF_CAP` seconds, with jitter. A rejected cursor (400/422 or a malformed event)
-  re-lists;
+  :data:`FEED_BACKOFF_CAP` seconds, with jitter. Any failure but an outage (a rejected cursor, 400/422,
+  a malformed event, an unexpected answer) re-lists;
 * every :data:`RESYNC_INTERVAL` seconds the watch is re-seeded by a full list, a level-based safety net;
 * with ``watch=False`` the queue is re-listed every poll interval instead.
+
+Those decisions (when to list, where to resume, when to wait and how long) are the fleet API's one
+list-then-watch bookkeeping, :class:`~devin_outposts.api.listwatch.ListWatch`, which the event source
+``devin.outposts.outpost_queue`` follows too; this module does the I/O and keeps the picture.
 
 Claimable means: ``phase=pending`` and ``session_status`` neither ``suspended`` nor ``terminated``, or
 claimed by another acceptor whose ``claim_deadline`` has passed (its claim returns to the queue). The
@@ -58,7 +62,9 @@ from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
-from devin_outposts.api.errors import FleetAuthError, FleetError, FleetInvalid, FleetProtocolError
+from devin_outposts.api import listwatch as listwatch_module
+from devin_outposts.api.errors import FleetAuthError, FleetError, FleetProtocolError
+from devin_outposts.api.listwatch import ListWatch, Step, relist_after
 from devin_outposts.api.models import Phase, QueueEntry, WatchEvent, WatchEventType
 from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.retrying import Backoff
@@ -69,11 +75,9 @@ RESYNC_INTERVAL = 300.0
 #: The longest wait between attempts to reach a failing API: an idle worker notices a recovered API
 #: within this many seconds (each attempt is one request; jitter spreads a fleet's attempts).
 FEED_BACKOFF_CAP = 5.0
-#: A clean stream end counts as "quick" when the stream lived less than this and carried no event;
-#: after QUICK_ENDS_BEFORE_PAUSE of them in a row, reconnects are paced by QUICK_END_PAUSE seconds.
-QUICK_END = 1.0
-QUICK_ENDS_BEFORE_PAUSE = 3
-QUICK_END_PAUSE = 1.0
+#: After a few clean stream ends in a row that came at once without an event, each reconnect waits this
+#: long (the one list-then-watch's pacing, api/listwatch.py).
+QUICK_END_PAUSE = listwatch_module.QUICK_END_PAUSE
 #: Seconds past ``claim_deadline`` before an expired claim of another worker is tried (clock skew).
 EXPIRY_SLACK = 1.0
 #: Spreading: the deferral per rendezvous rank. Long enough for the owner's claim to reach our watch
@@ -158,18 +162,16 @@ class QueueFeed:
         self.watch = watch
         self.poll_interval = poll_interval
         self.backoff = Backoff(cap=min(backoff_max, FEED_BACKOFF_CAP))
+        #: When to list, where to watch from, how long to wait (``api/listwatch.py``).
+        self.listwatch = ListWatch(self.backoff.delay, resync_interval=RESYNC_INTERVAL)
         self.metrics = metrics or Metrics()
         self.on_update = on_update
         self.clock = clock
         self.entries: dict[str, QueueEntry] = {}
         #: Called when a row may have become claimable (the owner's loop should look again).
         self.on_change = on_change or (lambda: None)
-        self.cursor: Optional[str] = None
         self.synced = False
-        #: Watch events applied so far (a stream that carried none and ended at once is paced).
-        self.events = 0
         self._penalties: dict[str, float] = {}
-        self._last_list = 0.0
         # Rows seen pending, oldest on top. An item whose row is no longer pending is dropped when it
         # reaches the top; a row that turns pending again is pushed again (``_in_heap`` avoids duplicates).
         self._pending: list[tuple[tuple[int, str], str]] = []
@@ -246,14 +248,17 @@ class QueueFeed:
         self.synced = True
         self.on_change()
 
+    @property
+    def cursor(self) -> Optional[str]:
+        """Where the next watch starts: the cursor of the last event applied, else of the last list."""
+        return self.listwatch.cursor
+
     def apply(self, event: WatchEvent) -> None:
-        self.events += 1
         if event.type == WatchEventType.DELETED:
             self.remove(event.object.session_id)
         else:  # MODIFIED, or a type we do not know yet: the object is still the freshest copy we have
             self.upsert(event.object)
-        if event.cursor:
-            self.cursor = event.cursor
+        self.listwatch.event(event.cursor)
 
     def _expiry(self, entry: QueueEntry) -> Optional[float]:
         """When a claim held by another acceptor expires (None when it is not such a claim)."""
@@ -413,8 +418,7 @@ class QueueFeed:
     async def _list(self) -> None:
         entries, cursor = await self.client.list_all_devins(outpost=self.outpost_id)
         self.replace_all(entries)
-        self.cursor = cursor
-        self._last_list = time.monotonic()
+        self.listwatch.listed(cursor)
 
     async def run(self) -> None:
         """Follow the queue until cancelled. Raises :class:`FleetAuthError`; every other error is retried.
@@ -423,46 +427,37 @@ class QueueFeed:
         reopened at once from the last cursor, however short it lived; only a stream that keeps ending
         at once without an event is paced (:data:`QUICK_END_PAUSE`), so a misbehaving server cannot
         make the worker spin. Errors back off with jitter up to :data:`FEED_BACKOFF_CAP` seconds, so an
-        idle worker notices a recovered API within a few seconds.
+        idle worker notices a recovered API within a few seconds. :class:`ListWatch` decides each step.
         """
-        need_list = True
-        quick_ends = 0
+        listwatch = self.listwatch
         while True:
-            started: Optional[float] = None
-            error: Optional[FleetError] = None
-            events = self.events
             try:
-                if need_list or not self.watch or time.monotonic() - self._last_list > RESYNC_INTERVAL:
+                if not self.watch or listwatch.next_step() is Step.LIST:
                     await self._list()
-                    need_list = False
                     if not self.watch:
-                        self.backoff.reset()
+                        listwatch.polled()
                         await asyncio.sleep(self.poll_interval)
                         continue
-                started = time.monotonic()
+                listwatch.watching()
                 await self._stream()
             except FleetAuthError:
                 raise
-            except (FleetProtocolError, FleetInvalid) as exc:
-                need_list = True  # the cursor or the stream is unusable: start again from a list
-                error = exc
             except FleetError as exc:
-                error = exc
-            lived = time.monotonic() - started if started is not None else 0.0
-            if started is not None:
-                self.metrics.inc("watch_reconnects")
-            if error is None:
-                self.backoff.reset()
-                quick_ends = quick_ends + 1 if lived < QUICK_END and self.events == events else 0
-                delay = QUICK_END_PAUSE if quick_ends >= QUICK_ENDS_BEFORE_PAUSE else 0.0
-                log.debug("watch stream ended after %.1fs; reconnecting in %.1fs", lived, delay)
+                relist = relist_after(exc.status, malformed=isinstance(exc, FleetProtocolError))
+                delay = listwatch.failed(relist)
+                self._count_reconnect()
+                log.warning("%s; retrying in %.1fs", exc, delay, extra={"outpost": self.outpost_id})
             else:
-                quick_ends = 0
-                self.backoff.connection_lived(lived)  # a long healthy stream that broke starts afresh
-                delay = self.backoff.next_delay()
-                log.warning("%s; retrying in %.1fs", error, delay, extra={"outpost": self.outpost_id})
+                delay = listwatch.ended()
+                self._count_reconnect()
+                lived = listwatch.lived or 0.0
+                log.debug("watch stream ended after %.1fs; reconnecting in %.1fs", lived, delay)
             if delay > 0:
                 await asyncio.sleep(delay)
+
+    def _count_reconnect(self) -> None:
+        if self.listwatch.lived is not None:  # a watch was open (not a failed list)
+            self.metrics.inc("watch_reconnects")
 
     async def _stream(self) -> None:
         events = self.client.watch_devins(outpost=self.outpost_id, cursor=self.cursor)
