@@ -8,7 +8,9 @@ undefined-variable error at run time, and one it misspells is silently ignored. 
 * each entry point's options in ``meta/argument_specs.yml`` are exactly the ``_devin_outposts_common_*``
   variables its task files read (less the role's own constants and the facts it sets), and each entry point has
   its task file;
-* every import of ``devin.outposts._common`` in the roles names an entry point and passes exactly its options;
+* every import of ``devin.outposts._common`` in the roles names an entry point and passes exactly its options, with
+  ``rolespec_validate: false``: Ansible would tag the validation task ``always``, so a run with ``--tags`` of one
+  phase would validate, and fail on, the variables of the phases it skips. This check stands in for it;
 * no task of the worker or orchestrator role has the name and the module of a task of ``_common``: a copy put
   back would (the worker's Windows tasks do the same things with ``ansible.windows`` modules: not copies).
 
@@ -100,6 +102,8 @@ def import_problems(role: Path, specs: dict[str, Any], base: Path = ROOT) -> lis
             problems.append(f"{where}: tasks_from {entry_point!r} is not an entry point of _common "
                             "(give its name without .yml, or the argument spec is not applied)")  # fmt: skip
             continue
+        if args.get("rolespec_validate") is not False:
+            problems.append(f"{where}: rolespec_validate must be false (the validation task would run under any --tags)")
         passed = set(task.get("vars") or {})
         declared = set(specs[entry_point].get("options") or {})
         if passed != declared:
@@ -142,7 +146,8 @@ def _signature(task: dict[str, Any]) -> tuple[str, str]:
 
 
 def test_the_checks_can_fail(tmp_path: Path) -> None:
-    """A variable read but not declared, an option no task reads, and an import that forgets one are found."""
+    """A variable read but not declared, an option no task reads, an import that forgets one, names a file, or
+    leaves the validation on are found."""
     role = tmp_path / "_common"
     (role / "tasks").mkdir(parents=True)
     (role / "meta").mkdir()
@@ -161,12 +166,15 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
     caller = tmp_path / "caller"
     (caller / "tasks").mkdir(parents=True)
     (caller / "tasks" / "main.yml").write_text(
-        "- name: Shared\n  ansible.builtin.import_role: {name: devin.outposts._common, tasks_from: one}\n"
+        "- name: Shared\n  ansible.builtin.import_role: {name: devin.outposts._common, tasks_from: one, rolespec_validate: false}\n"
         "  vars: {_devin_outposts_common_a: x}\n"
         "- name: Shared, by file name\n  ansible.builtin.import_role: {name: devin.outposts._common, tasks_from: one.yml}\n"
+        "- name: Shared, validated\n  ansible.builtin.import_role: {name: devin.outposts._common, tasks_from: one}\n"
+        "  vars: {_devin_outposts_common_a: x, _devin_outposts_common_b: y}\n"
     )
     specs = {"one": {"options": {"_devin_outposts_common_a": {}, "_devin_outposts_common_b": {}}}}
     problems = import_problems(caller, specs, base=tmp_path)
-    assert len(problems) == 2, problems
+    assert len(problems) == 3, problems
     assert "missing ['_devin_outposts_common_b'], unknown []" in problems[0]
     assert "'one.yml' is not an entry point" in problems[1]
+    assert "(Shared, validated): rolespec_validate must be false" in problems[2]
