@@ -11,6 +11,7 @@ parse it back. These filters do the same work where it can be read and unit-test
 * ``worker_instances``: the instances with every default filled in (tokens left out);
 * ``worker_instance_dirs``: the data and working directories to create, one row per directory;
 * ``worker_instance_leftovers``: the paths to delete for instances in state ``absent``;
+* ``worker_token_files``: the token file of each bundled instance, with the token it holds;
 * ``worker_outpost_checks``: the outposts that the preflight looked up, one row per instance;
 * ``worker_pip_argv``: the pip command line that installs the worker package;
 * ``worker_exec_args``: extra worker arguments, quoted for a systemd ``ExecStart=`` line;
@@ -161,6 +162,30 @@ def worker_instance_leftovers(instances, systemd_dir, unit, config_dir, remove_w
     return paths
 
 
+def worker_token_files(instances, listed, default_token, config_dir):
+    """One row ``{"name", "path", "token"}`` per bundled instance of ``instances`` (resolved, present): its token
+    file ``<config_dir>/<name>.token`` and the token it holds, the instance's own ``token`` from ``listed``
+    (``devin_outposts_worker_instances`` as given) or else ``default_token``.
+
+    The rows hold tokens: they are for a ``no_log`` task only (the role's shared ``token`` entry point). The
+    instances of the official CLI get none: that CLI reads its token from its environment file.
+    """
+    own = {}
+    for item in listed or []:
+        if isinstance(item, dict) and item.get("token"):
+            own[_text(item.get("name"))] = _text(item["token"])
+    rows = []
+    for instance in instances:
+        if instance["implementation"] != "bundled":
+            continue
+        rows.append({
+            "name": instance["name"],
+            "path": "{0}/{1}.token".format(config_dir, instance["name"]),
+            "token": own.get(instance["name"]) or _text(default_token),
+        })
+    return rows
+
+
 def worker_outpost_checks(results):
     """Rows ``{"name", "outpost", "found", "platform"}`` from the registered ``outpost_info`` loop."""
     rows = []
@@ -273,6 +298,7 @@ class FilterModule(object):
             "worker_instances": worker_instances,
             "worker_instance_dirs": worker_instance_dirs,
             "worker_instance_leftovers": worker_instance_leftovers,
+            "worker_token_files": worker_token_files,
             "worker_outpost_checks": worker_outpost_checks,
             "worker_pip_argv": worker_pip_argv,
             "worker_exec_args": worker_exec_args,

@@ -53,6 +53,8 @@ REQUIRE=(
     '^docs/examples/site\.yml$' '^docs/examples/inventory/hosts\.yml$' '^docs/examples/requirements\.yml$'
     # the lint configuration: ansible-lint on the installed copy needs its skip of var-naming[no-role-prefix]
     '^\.ansible-lint$'
+    # the private role the worker and orchestrator roles import, and the lint decision about its name
+    '^roles/_common/tasks/venv\.yml$' '^roles/_common/README\.md$' '^\.ansible-lint-ignore$'
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/devin-outposts-tarball.XXXXXX")

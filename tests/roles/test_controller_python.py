@@ -4,7 +4,8 @@ ansible-core 2.16 and 2.17 run on a Python 3.10 controller. The role's controlle
 worker package, reading its version, building its wheel from a git checkout with pip, and the filter
 plugins, used to need Python 3.11 (a hand-written wheel builder imported ``tomllib``) and failed on 3.10
 with "Expecting value: line 1 column 1". This test makes a Python 3.10 venv with ansible-core 2.17 from PyPI
-and runs exactly those tasks of the role (``tasks_from``) on localhost, then checks the wheel they built:
+and runs exactly those tasks (``tasks_from`` of ``devin.outposts._common``, which the worker and orchestrator
+roles import) on localhost, then checks the wheel they built:
 its name and version, and that Python 3.10 can install it.
 
 It needs a Python 3.10 interpreter: ``DEVIN_OUTPOSTS_PYTHON310``, else ``python3.10`` on PATH, else
@@ -67,21 +68,19 @@ def test_the_role_builds_and_reads_the_worker_wheel_on_python_3_10(controller: P
     play = [{
         "name": "The worker role's controller side", "hosts": "localhost", "connection": "local",
         "gather_facts": False,
-        "vars": {
-            "devin_outposts_worker_package_source": "bundled",
-            "devin_outposts_worker_controller_cache_dir": str(cache),
-        },
         "tasks": [
-            {"name": "Find the package", "ansible.builtin.include_role": {"name": "devin.outposts.worker",
-                                                                          "tasks_from": "package.yml", "public": True}},
-            {"name": "Build its wheel", "ansible.builtin.include_role": {"name": "devin.outposts.worker",
-                                                                         "tasks_from": "wheel.yml", "public": True}},
+            {"name": "Find the package", "ansible.builtin.include_role": {"name": "devin.outposts._common",
+                                                                          "tasks_from": "package", "public": True},
+             "vars": {"_devin_outposts_common_role": "worker", "_devin_outposts_common_package_source": "bundled"}},
+            {"name": "Build its wheel", "ansible.builtin.include_role": {"name": "devin.outposts._common",
+                                                                         "tasks_from": "wheel", "public": True},
+             "vars": {"_devin_outposts_common_controller_cache_dir": str(cache)}},
             {"name": "Resolve instances with the role's filter",
              "ansible.builtin.set_fact": {"resolved": "{{ [{'name': 'w', 'outpost': 'o'}] | devin.outposts.worker_instances("
                                           "{'data_dir': '/d', 'workdir_root': '/w', 'has_token': true}) }}"}},
             {"name": "Show what the role found", "ansible.builtin.copy": {
                 "dest": str(tmp_path / "found.yml"), "mode": "0600",
-                "content": "{{ {'version': _devin_outposts_worker_bundled_version, 'name': _devin_outposts_worker_wheel_name,"
+                "content": "{{ {'version': _devin_outposts_common_bundled_version, 'name': _devin_outposts_common_wheel_name,"
                            " 'resolved': resolved} | to_nice_yaml }}"}},
         ],
     }]  # fmt: skip
@@ -97,7 +96,7 @@ def test_the_role_builds_and_reads_the_worker_wheel_on_python_3_10(controller: P
     run = subprocess.run(
         # As in a git checkout without a built wheel (extra vars: the role's own vars would win over play vars).
         [str(controller / "bin/ansible-playbook"), "-i", "localhost,", "-e", f"ansible_python_interpreter={python}",
-         "-e", f"_devin_outposts_worker_prebuilt_wheels={tmp_path / 'no-wheels-here'}", str(tmp_path / "play.yml")],
+         "-e", f"_devin_outposts_common_prebuilt_wheels={tmp_path / 'no-wheels-here'}", str(tmp_path / "play.yml")],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

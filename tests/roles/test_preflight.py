@@ -283,7 +283,7 @@ def test_a_systemd_read_from_systemctl_passes(tmp_path: Path) -> None:
     this machine's systemd (252 on our Debian 12 machines) passes."""
     done = run_role(tmp_path, "devin.outposts.worker", SYSTEMD_DEBIAN, {**WORKER_VARS, **NOT_BUNDLED})
     out = done.stdout + done.stderr
-    assert "TASK [devin.outposts.worker : Read the version of systemd]" in out, out
+    assert "TASK [devin.outposts._common : Read the version of systemd]" in out, out
     assert "needs systemd 236" not in out, out
     assert "is not the bundled version" in out, out
 

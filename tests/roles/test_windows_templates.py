@@ -79,7 +79,7 @@ def _render_playbook(out: Path) -> list[dict[str, Any]]:
     ]  # fmt: skip
     tasks: list[dict[str, Any]] = [
         {"name": "Known facts of the install", "ansible.builtin.set_fact": {
-            "_devin_outposts_worker_bundled_version": "9.8.7",
+            "_devin_outposts_common_bundled_version": "9.8.7",
             "_devin_outposts_worker_windows_python_exe": BASE_PYTHON,
             "_devin_outposts_worker_windows_base_python": {"gpu.2": r"C:\Python311\python.exe"},
         }},

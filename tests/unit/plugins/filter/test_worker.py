@@ -22,6 +22,7 @@ from ansible_collections.devin.outposts.plugins.filter.worker import (
     worker_instances,
     worker_outpost_checks,
     worker_pip_argv,
+    worker_token_files,
 )
 
 DEFAULTS = {
@@ -45,6 +46,7 @@ def test_every_filter_is_registered():
         "worker_outpost_checks",
         "worker_outposts_to_create",
         "worker_pip_argv",
+        "worker_token_files",
     ]
 
 
@@ -125,6 +127,22 @@ def test_directories_and_leftovers():
         "/srv/devin-outposts/a",
     ]
     assert "/srv/devin-outposts/a" not in worker_instance_leftovers(rows[:1], *args, remove_workdir=False)
+
+
+def test_token_files_of_the_bundled_instances_with_their_own_token_or_the_default():
+    listed = [
+        {"name": "a", "outpost": "o"},
+        {"name": "b", "outpost": "o", "token": "own-b"},
+        {"name": "c", "outpost": "o", "token": ""},
+        {"name": "cli", "outpost": "o", "implementation": "devin_cli", "token": "own-cli"},
+    ]
+    rows = worker_instances(listed, dict(DEFAULTS, has_token=True))
+    assert worker_token_files(rows, listed, "default", "/etc/devin-outposts") == [
+        {"name": "a", "path": "/etc/devin-outposts/a.token", "token": "default"},
+        {"name": "b", "path": "/etc/devin-outposts/b.token", "token": "own-b"},
+        {"name": "c", "path": "/etc/devin-outposts/c.token", "token": "default"},
+    ]
+    assert worker_token_files([], listed, "default", "/etc/devin-outposts") == []
 
 
 def test_outpost_checks_summarise_the_lookups():
