@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# import-linter: the import layers of python/ (python/importlinter.ini): api < worker < cli in devin_outposts,
-# errors < remote < state < http|admin_client < cli|testing in devin_outposts_sim (state without HTTP),
-# nothing in devin_outposts imports the simulator, the simulator uses only devin_outposts.api, and no import
+# import-linter: the import layers of python/ (python/importlinter.ini): api < core < orchestrator | worker < cli
+# in devin_outposts, the orchestrator and the worker never import each other, drivers never import one another
+# nor the claims; errors < remote < state < http|admin_client < cli|testing in devin_outposts_sim (state without
+# HTTP); nothing in devin_outposts imports the simulator, the simulator uses only devin_outposts.api, and no import
 # circles between sibling modules. A circle or an upward import fails the stage.
 set -euo pipefail
 # shellcheck source=../lib.sh
