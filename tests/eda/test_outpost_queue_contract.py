@@ -16,25 +16,23 @@ source's dicts and errors into the case's terms.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import random
 import socket
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qsl, urlsplit
 
 import aiohttp
 import pytest
-import yaml
 from aiohttp.abc import AbstractResolver
 
+import casebook
+
 ROOT = Path(__file__).resolve().parents[2]
-CASES: list[dict[str, Any]] = yaml.safe_load((ROOT / "python" / "contract" / "cases.yaml").read_text("utf-8"))
-STREAM_CASES: dict[str, list[dict[str, Any]]] = yaml.safe_load(
-    (ROOT / "python" / "contract" / "stream.yaml").read_text("utf-8")
-)
+CASES: list[dict[str, Any]] = casebook.load("cases.yaml")
+STREAM_CASES: dict[str, list[dict[str, Any]]] = casebook.load("stream.yaml")
+EDA_CASES = casebook.cases_for("cases.yaml", "eda")
 REASONS = {
     200: "OK",
     204: "No Content",
@@ -43,17 +41,6 @@ REASONS = {
     401: "Unauthorized",
     403: "Forbidden",
 }
-
-
-def for_eda(case: dict[str, Any]) -> bool:
-    return "eda" in case.get("clients", ["module", "worker"])
-
-
-def header_value(value: Any) -> str:
-    text = str(value)
-    if text.startswith("@+"):  # an HTTP date this many seconds from now
-        return email.utils.formatdate(time.time() + float(text[2:]), usegmt=True)
-    return text
 
 
 class ScriptedServer:
@@ -98,7 +85,7 @@ class ScriptedServer:
 
     @staticmethod
     def _response(reply: dict[str, Any]) -> bytes:
-        headers = {k: header_value(v) for k, v in (reply.get("headers") or {}).items()}
+        headers = {k: casebook.header_value(v) for k, v in (reply.get("headers") or {}).items()}
         if "raw" in reply:
             body = str(reply["raw"]).encode()
         else:
@@ -207,93 +194,32 @@ async def run_case(
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("case", [c for c in CASES if for_eda(c)], ids=lambda c: c["id"])
+@pytest.mark.parametrize("case", EDA_CASES, ids=lambda c: c["id"])
 async def test_contract_case(source: dict[str, Any], case: dict[str, Any]) -> None:
     result, error, server, sleeps = await run_case(source, case)
-    expect = {**case["expect"], **(case.get("dialects") or {}).get("eda", {})}
-    if "error" in expect:
-        assert error is not None, f"expected an error, got the result {result!r}"
-        assert error["status"] == expect["error"]["status"], error
-        assert expect["error"]["message"] in error["message"], error["message"]
-        assert "\n" not in error["message"], "an error is one line"
-    else:
-        assert error is None, f"expected {expect.get('result')!r}, got the error {error}"
-        assert result == expect["result"]
-    assert not server.replies, f"{len(server.replies)} scripted answer(s) were never asked for"
-    if "requests" in expect:
-        assert len(server.requests) == len(expect["requests"]), server.requests
-        for sent, wanted in zip(server.requests, expect["requests"]):
-            assert sent["method"] == wanted["method"]
-            assert sent["path"] == wanted["path"]
-            for key, value in (wanted.get("query") or {}).items():
-                assert sent["query"].get(key) == str(value), (key, sent)
-    if "sleeps" in expect:
-        assert len(sleeps) == len(expect["sleeps"]), sleeps
-        for slept, wanted in zip(sleeps, expect["sleeps"]):
-            low, high = (wanted, wanted) if not isinstance(wanted, list) else wanted
-            assert low - 0.01 <= slept <= high + 0.01, (slept, wanted)
+    casebook.judge_call(
+        case,
+        "eda",
+        result=result,
+        error=error,
+        requests=server.requests,
+        sleeps=sleeps,
+        unasked=len(server.replies),
+    )
 
 
 def test_every_case_the_source_can_make_is_run() -> None:
     """The source lists and watches: every case of a list is one of its cases too."""
-    lists = [c["id"] for c in CASES if c["call"] in ("list_outposts", "list_sessions") and not for_eda(c)]
+    lists = [c["id"] for c in CASES if c["call"] in ("list_outposts", "list_sessions") and c not in EDA_CASES]
     assert lists == []
 
 
 # --- the watch stream and the backoff (python/contract/stream.yaml) -----------------------------------------
 
 
-def assemble(parts: list[Any]) -> bytes:
-    out = bytearray()
-    for part in parts:
-        if isinstance(part, str):
-            out += part.encode("utf-8")
-        elif "hex" in part:
-            out += bytes.fromhex(part["hex"])
-        else:
-            out += part["repeat"].encode("utf-8") * part["times"]
-    return bytes(out)
-
-
-def feedings(case: dict[str, Any]) -> dict[str, list[bytes]]:
-    data = assemble(case["stream"])
-    sizes = (1, 2, 3, 7) if len(data) < 4096 else (65536,)
-    ways = {"whole": [data]}
-    ways.update(
-        {f"{size} bytes at a time": [data[i : i + size] for i in range(0, len(data), size)] for size in sizes}
-    )
-    if "chunks" in case:
-        ways["its chunks"] = [chunk.encode("utf-8") for chunk in case["chunks"]]
-    return ways
-
-
 @pytest.mark.parametrize("case", STREAM_CASES["sse"], ids=lambda c: c["id"])
 def test_sse_case(source: dict[str, Any], case: dict[str, Any]) -> None:
-    expect = case["expect"]
-    limits = case.get("limits") or {}
-    for way, chunks in feedings(case).items():
-        reader = source["EventStreamReader"](**{f"max_{part}": limit for part, limit in limits.items()})
-        events: list[Any] = []
-        failure = None
-        try:
-            for chunk in chunks:
-                events.extend(reader.feed(chunk))
-        except source["EventStreamTooLarge"] as exc:
-            failure = (exc.part, str(exc))
-        if "error" in expect:
-            limit = limits.get(expect["error"], 1 << 20)
-            assert failure == (expect["error"], f"a watch {expect['error']} is larger than {limit} bytes"), (
-                way
-            )
-            continue
-        assert failure is None, (way, failure)
-        assert [e.data for e in events] == [assemble([x]).decode("utf-8") for x in expect["events"]], way
-        if "types" in expect:
-            assert [e.event for e in events] == expect["types"], way
-        if "last_event_id" in expect:
-            assert reader.last_event_id == expect["last_event_id"], way
-        if "comments" in expect:
-            assert reader.comments == expect["comments"], way
+    casebook.judge_reader(case, source["EventStreamReader"], source["EventStreamTooLarge"])
 
 
 def constant(value: float) -> Callable[[], float]:

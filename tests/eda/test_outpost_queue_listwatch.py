@@ -21,25 +21,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 import aiohttp
 import pytest
-import yaml
+
+import casebook
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES: list[dict[str, Any]] = yaml.safe_load(
-    (ROOT / "python" / "contract" / "listwatch.yaml").read_text("utf-8")
-)
-
-
-def for_eda(case: dict[str, Any]) -> bool:
-    return "eda" in case.get("clients", ["worker", "eda"])
-
-
-def entry(session_id: str) -> dict[str, Any]:
-    """A pending queue entry as the API sends it."""
-    return {
-        "metadata": {"session_id": session_id, "outpost_id": "outpost_env-contract", "created_at": 1},
-        "spec": {"kind": "new", "platform": "linux"},
-        "status": {"phase": "pending", "session_status": "pending"},
-    }
+CASES: list[dict[str, Any]] = casebook.load("listwatch.yaml")
 
 
 def answer_bytes(answer: dict[str, Any]) -> bytes:
@@ -48,12 +34,15 @@ def answer_bytes(answer: dict[str, Any]) -> bytes:
     if "status" in answer:
         status, body = answer["status"], json.dumps({"detail": "scripted"}).encode()
     elif "page" in answer:
-        items = [entry(sid) for sid in answer["page"]["sessions"]]
+        items = [casebook.pending_entry(sid) for sid in answer["page"]["sessions"]]
         page = {"items": items, "cursor": answer["page"]["cursor"], "has_next_page": False}
         status, body = 200, json.dumps(page).encode()
     else:
         status, headers["Content-Type"] = 200, "text/event-stream"
-        events = [{"type": "MODIFIED", "object": entry(sid), "cursor": c} for sid, c in answer["events"]]
+        events = [
+            {"type": "MODIFIED", "object": casebook.pending_entry(sid), "cursor": cursor}
+            for sid, cursor in answer["events"]
+        ]
         body = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events)
         if answer["end"] == "malformed":
             body += b"data: []\n\n"
@@ -132,7 +121,7 @@ async def play(source: dict[str, Any], case: dict[str, Any]) -> Script:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("case", [c for c in CASES if for_eda(c)], ids=lambda c: c["id"])
+@pytest.mark.parametrize("case", casebook.cases_for("listwatch.yaml", "eda"), ids=lambda c: c["id"])
 async def test_listwatch_case(source: dict[str, Any], case: dict[str, Any]) -> None:
     script = await play(source, case)
     assert not script.steps, f"{len(script.steps)} step(s) never reached; sent {script.sent}"

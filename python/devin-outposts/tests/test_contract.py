@@ -9,15 +9,11 @@ the waits between retries; this runner turns the client's models and exceptions 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
-import time
-from pathlib import Path
 from typing import Any, Optional
 
 import httpx
 import pytest
-import yaml
 
 from devin_outposts.api import client as client_module
 from devin_outposts.api.client import FleetClient, normalize_api_url
@@ -25,24 +21,10 @@ from devin_outposts.api.errors import FleetError, FleetNotFound
 from devin_outposts.api.models import Phase
 from devin_outposts.core.config import ConfigError, boolean
 
-CASES_FILE = next(
-    parent / "python" / "contract" / "cases.yaml"
-    for parent in Path(__file__).resolve().parents
-    if (parent / "python" / "contract" / "cases.yaml").is_file()
-)
-CASES: list[dict[str, Any]] = yaml.safe_load(CASES_FILE.read_text(encoding="utf-8"))
+import casebook
+
+CASES: list[dict[str, Any]] = casebook.load("cases.yaml")
 API = "https://api.test.invalid"
-
-
-def for_worker(case: dict[str, Any]) -> bool:
-    return "worker" in case.get("clients", ["module", "worker"])
-
-
-def header_value(value: Any) -> str:
-    text = str(value)
-    if text.startswith("@+"):  # an HTTP date this many seconds from now
-        return email.utils.formatdate(time.time() + float(text[2:]), usegmt=True)
-    return text
 
 
 class ScriptedServer:
@@ -56,7 +38,7 @@ class ScriptedServer:
         reply = self.replies.pop(0)
         if reply.get("connection") == "refused":
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
-        headers = {k: header_value(v) for k, v in (reply.get("headers") or {}).items()}
+        headers = {k: casebook.header_value(v) for k, v in (reply.get("headers") or {}).items()}
         if "raw" in reply:
             content = str(reply["raw"]).encode()
         else:
@@ -170,33 +152,30 @@ def run_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Outcome:
     return result, error, server, sleeps
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if for_worker(c)], ids=lambda c: c["id"])
+@pytest.mark.parametrize("case", casebook.cases_for("cases.yaml", "worker"), ids=lambda c: c["id"])
 def test_contract_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     result, error, server, sleeps = run_case(case, monkeypatch)
-    expect = case["expect"]
-    if "error" in expect:
-        assert error is not None, f"expected an error, got the result {result!r}"
-        assert error["status"] == expect["error"]["status"], error
-        assert expect["error"]["message"] in error["message"], error["message"]
-        assert "\n" not in error["message"], "an error is one line"
-    else:
-        assert error is None, f"expected {expect.get('result')!r}, got the error {error}"
-        assert result == expect["result"]
-    assert not server.replies, f"{len(server.replies)} scripted answer(s) were never asked for"
-    if "requests" in expect:
-        assert len(server.requests) == len(expect["requests"]), [str(r.url) for r in server.requests]
-        for sent, wanted in zip(server.requests, expect["requests"]):
-            assert sent.method == wanted["method"]
-            assert sent.url.raw_path.decode().split("?", 1)[0] == wanted["path"]
-            for key, value in (wanted.get("query") or {}).items():
-                assert sent.url.params.get(key) == str(value), (key, str(sent.url))
-            if "body" in wanted:
-                assert json.loads(sent.content) == wanted["body"]
-    if "sleeps" in expect:
-        assert len(sleeps) == len(expect["sleeps"]), sleeps
-        for slept, wanted in zip(sleeps, expect["sleeps"]):
-            low, high = (wanted, wanted) if not isinstance(wanted, list) else wanted
-            assert low - 0.01 <= slept <= high + 0.01, (slept, wanted)
+    casebook.judge_call(
+        case,
+        "worker",
+        result=result,
+        error=error,
+        requests=[sent_request(request) for request in server.requests],
+        sleeps=sleeps,
+        unasked=len(server.replies),
+    )
+
+
+def sent_request(request: httpx.Request) -> dict[str, Any]:
+    """A request the client sent, in the case's terms."""
+    sent = {
+        "method": request.method,
+        "path": request.url.raw_path.decode().split("?", 1)[0],
+        "query": dict(request.url.params),
+    }
+    if request.content:
+        sent["body"] = json.loads(request.content)
+    return sent
 
 
 def test_every_case_has_an_id_and_an_expectation() -> None:

@@ -11,44 +11,29 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any, Optional
 
 import httpx
 import pytest
-import yaml
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.core import feed as feed_module
 from devin_outposts.core.feed import QueueFeed
 
-CASES_FILE = next(
-    parent / "python" / "contract" / "listwatch.yaml"
-    for parent in Path(__file__).resolve().parents
-    if (parent / "python" / "contract" / "listwatch.yaml").is_file()
-)
-CASES: list[dict[str, Any]] = yaml.safe_load(CASES_FILE.read_text(encoding="utf-8"))
+import casebook
+
+CASES: list[dict[str, Any]] = casebook.load("listwatch.yaml")
 OUTPOST = "outpost_env-contract"
 #: asyncio.sleep itself: the runner stands in for it in the feed, and yields to the loop with it.
 REAL_SLEEP = asyncio.sleep
 
 
-def for_worker(case: dict[str, Any]) -> bool:
-    return "worker" in case.get("clients", ["worker", "eda"])
-
-
-def entry(session_id: str) -> dict[str, Any]:
-    """A pending queue entry as the API sends it."""
-    return {
-        "metadata": {"session_id": session_id, "outpost_id": OUTPOST, "created_at": 1, "updated_at": 1},
-        "spec": {"kind": "new", "platform": "linux"},
-        "status": {"phase": "pending", "session_status": "pending"},
-    }
-
-
 def stream_bytes(events: list[list[str]], end: str) -> list[bytes]:
     """The chunks of a watch stream: one event each, then a malformed one when ``end`` says so."""
-    payloads = [{"type": "MODIFIED", "object": entry(sid), "cursor": cursor} for sid, cursor in events]
+    payloads = [
+        {"type": "MODIFIED", "object": casebook.pending_entry(sid, OUTPOST), "cursor": cursor}
+        for sid, cursor in events
+    ]
     chunks = [b"data: " + json.dumps(payload).encode() + b"\n\n" for payload in payloads]
     if end == "malformed":
         chunks.append(b"data: []\n\n")
@@ -96,7 +81,7 @@ class Script:
             return httpx.Response(answer["status"], json={"detail": "scripted"})
         if "page" in answer:
             page = answer["page"]
-            items = [entry(sid) for sid in page["sessions"]]
+            items = [casebook.pending_entry(sid, OUTPOST) for sid in page["sessions"]]
             body = {"items": items, "cursor": page["cursor"], "has_next_page": False}
             return httpx.Response(200, json=body)
         self.now += answer.get("lived", 0)
@@ -125,7 +110,7 @@ def play(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Script:
     return script
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if for_worker(c)], ids=lambda c: c["id"])
+@pytest.mark.parametrize("case", casebook.cases_for("listwatch.yaml", "worker"), ids=lambda c: c["id"])
 def test_listwatch_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     script = play(case, monkeypatch)
     assert not script.steps, f"{len(script.steps)} step(s) never reached; sent {script.sent}"

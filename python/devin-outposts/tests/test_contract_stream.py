@@ -15,11 +15,10 @@ import asyncio
 import random
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import httpx
 import pytest
-import yaml
 
 from devin_outposts.api import backoff as backoff_module
 from devin_outposts.api import listwatch as listwatch_module
@@ -28,12 +27,10 @@ from devin_outposts.api.backoff import Backoff, backoff_delay
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.stream import EventStreamReader, EventStreamTooLarge
 
-ROOT = next(
-    parent for parent in Path(__file__).resolve().parents if (parent / "python" / "contract").is_dir()
-)
-CASES: dict[str, list[dict[str, Any]]] = yaml.safe_load(
-    (ROOT / "python" / "contract" / "stream.yaml").read_text(encoding="utf-8")
-)
+import casebook
+
+ROOT = casebook.CONTRACT_DIR.parents[1]
+CASES: dict[str, list[dict[str, Any]]] = casebook.load("stream.yaml")
 #: Each module and its copy in the collection (docs/eda.md, "What the source shares").
 TWINS = {
     "stream": (Path(stream_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_stream.py"),
@@ -42,64 +39,9 @@ TWINS = {
 }
 
 
-def assemble(parts: list[Any]) -> bytes:
-    """The bytes of a stream given as parts (strings, ``{repeat, times}`` or ``{hex}``)."""
-    out = bytearray()
-    for part in parts:
-        if isinstance(part, str):
-            out += part.encode("utf-8")
-        elif "hex" in part:
-            out += bytes.fromhex(part["hex"])
-        else:
-            out += part["repeat"].encode("utf-8") * part["times"]
-    return bytes(out)
-
-
-def feedings(case: dict[str, Any]) -> dict[str, list[bytes]]:
-    """Every way the case's stream is fed: whole, in small pieces (or 64 KiB ones), and its own chunks."""
-    data = assemble(case["stream"])
-    sizes = (1, 2, 3, 7) if len(data) < 4096 else (65536,)
-    ways = {"whole": [data]}
-    ways.update(
-        {f"{size} bytes at a time": [data[i : i + size] for i in range(0, len(data), size)] for size in sizes}
-    )
-    if "chunks" in case:
-        ways["its chunks"] = [chunk.encode("utf-8") for chunk in case["chunks"]]
-        assert b"".join(ways["its chunks"]) == data, "a case's chunks must make up its stream"
-    return ways
-
-
-def read(case: dict[str, Any], chunks: list[bytes]) -> tuple[EventStreamReader, list[Any], Optional[str]]:
-    """The reader after the stream, the events it gave, and the cap the stream failed on (None: none)."""
-    limits = case.get("limits") or {}
-    reader = EventStreamReader(**{f"max_{part}": limit for part, limit in limits.items()})
-    events: list[Any] = []
-    try:
-        for chunk in chunks:
-            events.extend(reader.feed(chunk))
-    except EventStreamTooLarge as exc:
-        default = stream_module.MAX_LINE_BYTES if exc.part == "line" else stream_module.MAX_EVENT_BYTES
-        message = f"a watch {exc.part} is larger than {limits.get(exc.part, default)} bytes"
-        return reader, events, exc.part if str(exc) == message else f"the message {exc}"
-    return reader, events, None
-
-
 @pytest.mark.parametrize("case", CASES["sse"], ids=lambda c: c["id"])
 def test_sse_case(case: dict[str, Any]) -> None:
-    expect = case["expect"]
-    for way, chunks in feedings(case).items():
-        reader, events, error = read(case, chunks)
-        if "error" in expect:
-            assert error == expect["error"], (way, [e.data for e in events])
-            continue
-        assert error is None, (way, error)
-        assert [e.data for e in events] == [assemble([x]).decode("utf-8") for x in expect["events"]], way
-        if "types" in expect:
-            assert [e.event for e in events] == expect["types"], way
-        if "last_event_id" in expect:
-            assert reader.last_event_id == expect["last_event_id"], way
-        if "comments" in expect:
-            assert reader.comments == expect["comments"], way
+    casebook.judge_reader(case, EventStreamReader, EventStreamTooLarge)
 
 
 def test_the_default_caps_are_1_mib() -> None:

@@ -6,7 +6,7 @@
 the backoff against the backoff cases of python/contract/stream.yaml.
 
 The worker's client runs the same cases in the worker package's tests/test_contract.py, the event source in
-tests/eda/test_contract.py. Each case scripts the server's answers (a stand-in for ``open_url``) and states
+tests/eda/test_outpost_queue_contract.py. Each case scripts the server's answers (a stand-in for ``open_url``) and states
 the result or error, the requests sent and the waits between retries; this runner turns the client's dicts
 and exceptions into the case's terms.
 """
