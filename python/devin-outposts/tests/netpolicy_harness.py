@@ -17,7 +17,8 @@ from pathlib import Path
 
 
 class Upstream:
-    """A TCP server on 127.0.0.1 that records each connection's bytes and answers ``<name>:`` + what it got."""
+    """A TCP server on 127.0.0.1 that records each connection's first bytes and answers ``<name>:`` and
+    them."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -92,8 +93,10 @@ class ConnectServer:
         port = self.routes.get(words[1]) if len(words) == 3 and words[0] == "CONNECT" else None
         if port is None:
             with contextlib.suppress(OSError):
-                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nX-Devin-Egress-Denied: test table: not routed\r\n"
-                             b"Content-Length: 0\r\n\r\n")
+                conn.sendall(
+                    b"HTTP/1.1 403 Forbidden\r\nX-Devin-Egress-Denied: test table: not routed\r\n"
+                    b"Content-Length: 0\r\n\r\n"
+                )
             conn.close()
             return
         rest = head.split(b"\r\n\r\n", 1)[1]

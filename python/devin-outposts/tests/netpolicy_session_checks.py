@@ -7,6 +7,7 @@ Usage: python3 netpolicy_session_checks.py '<json: {"allowed": port, "denied": p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -52,7 +53,7 @@ def read_all(conn: socket.socket) -> bytes:
 def through_proxy(authority: str, payload: bytes) -> dict[str, str]:
     """What a client that honours HTTPS_PROXY does: CONNECT through it, then talk."""
     proxy = urlsplit(os.environ["HTTPS_PROXY"])
-    with socket.create_connection((proxy.hostname, proxy.port), timeout=TIMEOUT) as conn:
+    with socket.create_connection((proxy.hostname, proxy.port or 3128), timeout=TIMEOUT) as conn:
         conn.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
         head = b""
         while b"\r\n\r\n" not in head:
@@ -72,10 +73,8 @@ def client_hello(server_name: str) -> bytes:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
-    try:
+    with contextlib.suppress(ssl.SSLWantReadError):  # it waits for the server: the hello is written
         tls.do_handshake()
-    except ssl.SSLWantReadError:
-        pass
     return outgoing.read()
 
 
@@ -142,16 +141,22 @@ def raw_socket() -> str:
 
 allowed, denied, gateway = PORTS["allowed"], PORTS["denied"], PORTS["gateway"]
 results["uid"], results["gid"] = os.getuid(), os.getgid()
-results["proxy_env"] = {name: os.environ.get(name) for name in
-                        ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "NO_PROXY", "no_proxy")}
+results["proxy_env"] = {
+    name: os.environ.get(name)
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "NO_PROXY", "no_proxy")
+}
 results["marker"] = os.environ.get("SANDBOX_TEST_MARKER")
 results["links"] = sorted(name for dummy, name in socket.if_nameindex())
 check("explicit_allowed", lambda: through_proxy(f"allowed.test:{allowed}", b"explicit-hello"))
 check("explicit_denied", lambda: through_proxy(f"denied.test:{denied}", b"explicit-denied"))
 check("transparent_by_name", transparent_by_name)
 check("transparent_sni", lambda: exchange(("192.0.2.10", allowed), client_hello("allowed.test")))
-check("transparent_http_host", lambda: exchange(
-    ("192.0.2.10", allowed), b"GET / HTTP/1.1\r\nHost: allowed.test\r\nUser-Agent: t\r\n\r\n"))
+check(
+    "transparent_http_host",
+    lambda: exchange(
+        ("192.0.2.10", allowed), b"GET / HTTP/1.1\r\nHost: allowed.test\r\nUser-Agent: t\r\n\r\n"
+    ),
+)
 check("transparent_ip_literal", lambda: exchange(("192.0.2.10", allowed), b"SSH-2.0-test\r\n"))
 check("gateway_direct", lambda: exchange(("127.0.0.1", gateway), b"gateway-hello"))
 check("ipv6_fake", ipv6_fake)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from netpolicy_harness import ConnectServer, UDPListener, Upstream
 
 from devin_outposts.core.netpolicy import namespace, stubdns
 from devin_outposts.core.netpolicy.policy import Policy
@@ -36,7 +37,6 @@ from devin_outposts.core.netpolicy.sandbox import (
     sandbox_argv,
     write_policy_file,
 )
-from netpolicy_harness import ConnectServer, UDPListener, Upstream
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -44,8 +44,12 @@ CHECKS = HERE / "netpolicy_session_checks.py"
 IN_CI = os.environ.get("CI", "") in ("true", "TRUE", "True", "1", "yes")
 #: The unprivileged user of the one run that proves no privilege is needed, and a python3 it can run.
 UNPRIVILEGED = "nobody"
+NFT = shutil.which("nft", path="/usr/sbin:/sbin:/usr/bin") or "/usr/sbin/nft"
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
-POLICY = {"enabled": True, "allow": [{"hostname": "allowed.test"}, {"hostname": None, "ipv4": "203.0.113.0/24"}]}
+POLICY = {
+    "enabled": True,
+    "allow": [{"hostname": "allowed.test"}, {"hostname": None, "ipv4": "203.0.113.0/24"}],
+}
 RUN_SECONDS = 90
 
 
@@ -92,44 +96,60 @@ class Scenario:
     """The host side of one confined run: upstreams, the CONNECT stand-in, a UDP listener, the policy file."""
 
     def __init__(self, parent: Path, owner: Optional[str] = None) -> None:
-        directory = Path(tempfile.mkdtemp(dir=parent, prefix="s"))  # short: a Unix socket's path is < 108 bytes
+        directory = Path(
+            tempfile.mkdtemp(dir=parent, prefix="s")
+        )  # short: a Unix socket's path is < 108 bytes
         self.directory = directory
         self.allowed, self.denied, self.gateway = Upstream("allowed"), Upstream("denied"), Upstream("gateway")
         self.udp = UDPListener()
-        routes = {f"allowed.test:{self.allowed.port}": self.allowed.port,
-                  f"127.0.0.1:{self.gateway.port}": self.gateway.port}
+        routes = {
+            f"allowed.test:{self.allowed.port}": self.allowed.port,
+            f"127.0.0.1:{self.gateway.port}": self.gateway.port,
+        }
         self.proxy = ConnectServer(directory / "egress.sock", routes)
-        self.policy_file = write_policy_file(directory / "policy.json", POLICY,
-                                             f"ws://127.0.0.1:{self.gateway.port}/gateway")
+        self.policy_file = write_policy_file(
+            directory / "policy.json", POLICY, f"ws://127.0.0.1:{self.gateway.port}/gateway"
+        )
         if owner is not None:
             user = pwd.getpwnam(owner)
             for path in (directory, self.proxy.path, self.policy_file):
                 os.chown(path, user.pw_uid, user.pw_gid)
 
     def ports(self) -> str:
-        return json.dumps({"allowed": self.allowed.port, "denied": self.denied.port,
-                           "gateway": self.gateway.port, "host_udp": self.udp.port})
+        return json.dumps(
+            {
+                "allowed": self.allowed.port,
+                "denied": self.denied.port,
+                "gateway": self.gateway.port,
+                "host_udp": self.udp.port,
+            }
+        )
 
     def close(self) -> None:
         for closing in (self.proxy, self.allowed, self.denied, self.gateway, self.udp):
             closing.close()
 
 
-def launcher_argv(scenario: Scenario, argv: list[str], *, python: Optional[str] = None,
-                  prelude: str = "") -> list[str]:
-    """``sandbox_argv`` as the worker builds it; with ``python`` or ``prelude``, the interpreter is swapped for
+def launcher_argv(
+    scenario: Scenario, argv: list[str], *, python: Optional[str] = None, prelude: str = ""
+) -> list[str]:
+    """``sandbox_argv`` as the worker builds it. With ``python`` or ``prelude``, the interpreter is swapped:
     one that finds this checkout's package without the venv (``-I`` ignores PYTHONPATH) and runs ``prelude``
     (test-only changes to the launcher, such as breaking the namespace) before the launcher's ``main``."""
     full = sandbox_argv(argv, scenario.proxy.path, scenario.policy_file)
     if python is None and not prelude:
         return full
     module = full.index(LAUNCHER_MODULE)  # after python -I -m
-    code = (f"import sys; sys.path.insert(0, {str(SRC)!r})\n{prelude}\n"
-            "from devin_outposts.core.netpolicy.sandbox import main\nsys.exit(main(sys.argv[1:]))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(SRC)!r})\n{prelude}\n"
+        "from devin_outposts.core.netpolicy.sandbox import main\nsys.exit(main(sys.argv[1:]))"
+    )
     return [*full[: module - 3], python or sys.executable, "-I", "-c", code, *full[module + 1 :]]
 
 
-def run_confined(argv: list[str], user: Optional[str] = None, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+def run_confined(
+    argv: list[str], user: Optional[str] = None, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
     if user is not None:
         argv = ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups", *argv]
     return subprocess.run(argv, capture_output=True, text=True, timeout=RUN_SECONDS, check=False, **kwargs)
@@ -139,15 +159,19 @@ def session_checks(shared_dir: Path, user: Optional[str]) -> tuple[Scenario, dic
     scenario = Scenario(shared_dir, owner=user)
     python = SYSTEM_PYTHON if user else None
     checks = [python or sys.executable, str(shared_dir / CHECKS.name), scenario.ports()]
-    done = run_confined(launcher_argv(scenario, checks, python=python), user,
-                        env={**os.environ, "SANDBOX_TEST_MARKER": "kept"})
+    done = run_confined(
+        launcher_argv(scenario, checks, python=python),
+        user,
+        env={**os.environ, "SANDBOX_TEST_MARKER": "kept"},
+    )
     assert done.returncode == 0, f"the confined session failed ({done.returncode}): {done.stderr[-3000:]}"
     return scenario, json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module", params=["root", UNPRIVILEGED])
-def confined(request: pytest.FixtureRequest, prerequisites: None,
-             shared_dir: Path) -> Iterator[tuple[Scenario, dict[str, Any], str]]:
+def confined(
+    request: pytest.FixtureRequest, prerequisites: None, shared_dir: Path
+) -> Iterator[tuple[Scenario, dict[str, Any], str]]:
     """One confined run of netpolicy_session_checks.py per user (root, then nobody)."""
     user = None if request.param == "root" else request.param
     if user is not None and not os.access(SYSTEM_PYTHON, os.X_OK):
@@ -168,14 +192,19 @@ def test_session_sees_its_own_ids_and_environment(confined: tuple[Scenario, dict
     assert (results["uid"], results["gid"]) == (expected.pw_uid, expected.pw_gid)
     assert results["marker"] == "kept"  # the launcher's environment reaches the session
     assert results["proxy_env"] == {
-        "HTTPS_PROXY": "http://127.0.0.1:3128", "HTTP_PROXY": "http://127.0.0.1:3128",
-        "ALL_PROXY": "http://127.0.0.1:3128", "https_proxy": "http://127.0.0.1:3128",
-        "NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1",
+        "HTTPS_PROXY": "http://127.0.0.1:3128",
+        "HTTP_PROXY": "http://127.0.0.1:3128",
+        "ALL_PROXY": "http://127.0.0.1:3128",
+        "https_proxy": "http://127.0.0.1:3128",
+        "NO_PROXY": "localhost,127.0.0.1,::1",
+        "no_proxy": "localhost,127.0.0.1,::1",
     }
     assert results["links"] == ["lo"]
 
 
-def test_a_proxy_aware_client_reaches_an_allowed_upstream(confined: tuple[Scenario, dict[str, Any], str]) -> None:
+def test_a_proxy_aware_client_reaches_an_allowed_upstream(
+    confined: tuple[Scenario, dict[str, Any], str],
+) -> None:
     scenario, results, dummy_user = confined
     assert results["explicit_allowed"]["status"].startswith("HTTP/1.1 200")
     assert results["explicit_allowed"]["reply"] == "allowed:explicit-hello"
@@ -195,7 +224,8 @@ def test_proxy_unaware_clients_are_redirected_as_connect_name_port(
     confined: tuple[Scenario, dict[str, Any], str],
 ) -> None:
     """By the stub DNS's fake address, by the SNI of a ClientHello and by an HTTP Host, all to an address the
-    session chose (192.0.2.10): each arrives as CONNECT allowed.test:<port>, and the bytes reach the upstream."""
+    session chose (192.0.2.10): each arrives as CONNECT allowed.test:<port>, and the bytes reach the
+    upstream."""
     scenario, results, dummy_user = confined
     port = scenario.allowed.port
     assert results["transparent_by_name"] == "allowed:transparent-hello"
@@ -226,9 +256,9 @@ def test_the_gateway_on_the_hosts_loopback_is_reached(confined: tuple[Scenario, 
 
 
 def test_ipv6_connections_are_redirected_too(confined: tuple[Scenario, dict[str, Any], str]) -> None:
-    scenario, results, dummy_user = confined
+    dummy_scenario, results, dummy_user = confined
     if isinstance(results["ipv6_fake"], dict):
-        pytest.skip(f"no IPv6 in the session's namespace here: {results['ipv6_fake']}")
+        cannot_run(f"no IPv6 in the session's namespace here: {results['ipv6_fake']}")
     assert results["ipv6_fake"] == "allowed:transparent-v6-hello"
 
 
@@ -244,7 +274,9 @@ def test_udp_raw_and_direct_connections_do_not_leave(confined: tuple[Scenario, d
     assert scenario.udp.datagrams == []
 
 
-def test_dns_answers_allowed_names_only_and_never_forwards(confined: tuple[Scenario, dict[str, Any], str]) -> None:
+def test_dns_answers_allowed_names_only_and_never_forwards(
+    confined: tuple[Scenario, dict[str, Any], str],
+) -> None:
     scenario, results, dummy_user = confined
     answer = results["dns_allowed_a"]
     assert answer["rcode"] == stubdns.NOERROR and answer["same_id"]
@@ -298,8 +330,13 @@ def test_sigterm_ends_the_session_once(scenario: Scenario, to_group: bool) -> No
         "time.sleep(0.5)\n"  # a second SIGTERM would be recorded meanwhile
         "sys.exit(3)\n"
     )
-    proc = subprocess.Popen(launcher_argv(scenario, [sys.executable, "-c", session]), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        launcher_argv(scenario, [sys.executable, "-c", session]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
@@ -316,7 +353,8 @@ def test_sigterm_ends_the_session_once(scenario: Scenario, to_group: bool) -> No
 
 
 def test_the_shim_ends_with_the_session(scenario: Scenario) -> None:
-    """The session lists the launcher's other children (the shim); once the launcher has exited, none is left."""
+    """The session lists the launcher's other children (the shim); once the launcher has exited, none is
+    left."""
     siblings = (
         "import os\n"
         "def parent(pid):\n"
@@ -345,7 +383,8 @@ def test_the_shim_ends_with_the_session(scenario: Scenario) -> None:
             "def set_up(*args, **kwargs):\n"
             "    layout = made(*args, **kwargs)\n"
             "    for command in (['ip', 'link', 'add', 'leak0', 'type', 'veth', 'peer', 'name', 'leak1'],\n"
-            "                    ['ip', 'link', 'set', 'leak0', 'up'], ['ip', 'link', 'set', 'leak1', 'up'],\n"
+            "                    ['ip', 'link', 'set', 'leak0', 'up'],\n"
+            "                    ['ip', 'link', 'set', 'leak1', 'up'],\n"
             "                    ['ip', 'route', 'add', '192.0.2.0/24', 'dev', 'leak0']):\n"
             "        subprocess.run(command, check=True)\n"
             "    return layout\n"
@@ -363,14 +402,17 @@ def test_the_shim_ends_with_the_session(scenario: Scenario) -> None:
         pytest.param(
             "from devin_outposts.core.netpolicy import namespace\n"
             "made = namespace.ruleset\n"
-            "namespace.ruleset = lambda port: made(port).replace('meta l4proto tcp redirect', 'meta l4proto tcp "
+            "namespace.ruleset = lambda port: made(port).replace('meta l4proto tcp redirect',\n"
+            "                                                    'meta l4proto tcp "
             "return #')\n",
             "did not reach the redirect",
             id="no-redirect",
         ),
     ],
 )
-def test_the_preflight_refuses_a_namespace_with_a_way_out(scenario: Scenario, prelude: str, found: str) -> None:
+def test_the_preflight_refuses_a_namespace_with_a_way_out(
+    scenario: Scenario, prelude: str, found: str
+) -> None:
     marker = scenario.directory / "session-ran"
     done = run_confined(launcher_argv(scenario, ["touch", str(marker)], prelude=prelude))
     assert done.returncode == SandboxExit.NOT_ISOLATED, done.stderr
@@ -381,12 +423,15 @@ def test_the_preflight_refuses_a_namespace_with_a_way_out(scenario: Scenario, pr
 
 def test_the_launcher_refuses_the_hosts_own_namespace(scenario: Scenario) -> None:
     """Started without ``unshare`` (here: root in the host's namespaces), it changes nothing."""
-    before = subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True, check=True).stdout
+    before = subprocess.run([NFT, "list", "ruleset"], capture_output=True, text=True, check=True).stdout
     argv = sandbox_argv(["true"], scenario.proxy.path, scenario.policy_file)
     done = run_confined(argv[argv.index("--") + 1 :])
     assert done.returncode == SandboxExit.SETUP_FAILED, done.stderr
     assert "not a fresh one" in done.stderr
-    assert subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True, check=True).stdout == before
+    assert (
+        subprocess.run([NFT, "list", "ruleset"], capture_output=True, text=True, check=True).stdout
+        == before
+    )
 
 
 def test_a_missing_program_is_reported_and_nothing_runs(scenario: Scenario) -> None:

@@ -141,8 +141,9 @@ def bind_listeners(layout: namespace.Layout) -> Listeners:
     return listeners
 
 
-def start_shim(egress_socket: str, policy: Policy, layout: namespace.Layout,
-               listeners: Listeners) -> tuple[int, int]:
+def start_shim(
+    egress_socket: str, policy: Policy, layout: namespace.Layout, listeners: Listeners
+) -> tuple[int, int]:
     """Fork the shim process; its pid, and the pipe on which the launcher asks it to consume a signal."""
     read_end, write_end = os.pipe()
     launcher = os.getpid()
@@ -208,8 +209,9 @@ def exit_like(status: int) -> int:
     return 128 + signum
 
 
-async def _serve_shim(egress_socket: str, policy: Policy, layout: namespace.Layout, listeners: Listeners,
-                      consume: int) -> None:
+async def _serve_shim(
+    egress_socket: str, policy: Policy, layout: namespace.Layout, listeners: Listeners, consume: int
+) -> None:
     book = stubdns.FakeAddressBook(namespace.FAKE_POOL_V4, namespace.FAKE_POOL_V6 if layout.ipv6 else None)
     resolver = stubdns.StubResolver(policy, book, on_refused=_log_refused_name)
     loop = asyncio.get_running_loop()
@@ -264,8 +266,11 @@ def _user_namespace_entry(uid: int, gid: int):  # type: ignore[no-untyped-def]
     """What the session's child runs before exec: a new user namespace mapping ``uid``/``gid`` to the
     launcher's root, so the session sees its own ids and holds no capability over this network namespace."""
     libc = _libc()
-    maps = ((Path("/proc/self/setgroups"), "deny"), (Path("/proc/self/uid_map"), f"{uid} 0 1"),
-            (Path("/proc/self/gid_map"), f"{gid} 0 1"))
+    maps = (
+        (Path("/proc/self/setgroups"), "deny"),
+        (Path("/proc/self/uid_map"), f"{uid} 0 1"),
+        (Path("/proc/self/gid_map"), f"{gid} 0 1"),
+    )
 
     def enter() -> None:
         if libc.unshare(_CLONE_NEWUSER) != 0:
@@ -309,4 +314,3 @@ def _bind(host: object, port: int, kind: socket.SocketKind) -> socket.socket:
 def _refuse(code: SandboxExit, why: str) -> int:
     log.error("%s", why)
     return int(code)
-

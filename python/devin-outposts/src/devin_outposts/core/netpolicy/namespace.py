@@ -148,8 +148,11 @@ def set_up(gateway: Optional[tuple[str, int]], resolv_conf: Path = RESOLV_CONF) 
     check_fresh()
     nameservers = [a for a in host_nameservers(resolv_conf) if not a.is_loopback]
     commands: list[list[str]] = [[ip_tool, "link", "set", "lo", "up"]]
-    commands += [[ip_tool, "address", "add", f"{a}/{a.max_prefixlen}", "dev", "lo"] for a in nameservers
-                 if a.version == 4]
+    commands += [
+        [ip_tool, "address", "add", f"{a}/{a.max_prefixlen}", "dev", "lo"]
+        for a in nameservers
+        if a.version == 4
+    ]
     commands += [
         [ip_tool, "address", "add", f"{SOURCE_V4}/32", "dev", "lo"],
         [ip_tool, "route", "add", "default", "dev", "lo", "src", str(SOURCE_V4)],
@@ -167,8 +170,9 @@ def check_fresh() -> None:
     """Refuse a namespace that is not fresh: any link but ``lo``, or ``lo`` already up."""
     names = link_names()
     if names != ["lo"]:
-        raise SetupError(f"refusing to set up a network namespace with links {', '.join(names)}: "
-                         "not a fresh one")
+        raise SetupError(
+            f"refusing to set up a network namespace with links {', '.join(names)}: not a fresh one"
+        )
     if _lo_is_up():
         raise SetupError("refusing to set up a network namespace whose lo is up: not a fresh one")
 
@@ -221,8 +225,9 @@ def _udp_is_dropped(canary: IPAddress) -> None:
         except PermissionError:
             return  # the drop rule
         except OSError as exc:
-            raise NotIsolatedError(f"a UDP send to {canary} failed with {exc}, "
-                                   "not the drop rule's EPERM") from exc
+            raise NotIsolatedError(
+                f"a UDP send to {canary} failed with {exc}, not the drop rule's EPERM"
+            ) from exc
     raise NotIsolatedError(f"a UDP datagram to {canary} could be sent: nothing drops it")
 
 
@@ -244,8 +249,9 @@ def _tcp_is_redirected(canary: IPAddress, listener: socket.socket) -> None:
             try:
                 destination = shim.original_destination(accepted)
             except OSError as exc:
-                raise NotIsolatedError(f"the connection that arrived has no original destination ({exc})") \
-                    from exc
+                raise NotIsolatedError(
+                    f"the connection that arrived has no original destination ({exc})"
+                ) from exc
     if destination != (canary, CANARY_PORT):
         where = f"{destination[0]}:{destination[1]}"
         raise NotIsolatedError(f"a TCP connect to {canary} arrived as one to {where}")

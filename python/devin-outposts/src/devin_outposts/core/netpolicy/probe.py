@@ -29,8 +29,9 @@ def probe() -> Optional[str]:
     return probe_host()
 
 
-def probe_host(*, unshare: Optional[str] = None, python: Optional[str] = None,
-               timeout: float = PROBE_TIMEOUT_SECONDS) -> Optional[str]:
+def probe_host(
+    *, unshare: Optional[str] = None, python: Optional[str] = None, timeout: float = PROBE_TIMEOUT_SECONDS
+) -> Optional[str]:
     """:func:`probe` without the cache, with the programs to use (tests give others)."""
     system = sys.platform  # (a plain value: mypy's other platform runs check the rest)
     if not system.startswith("linux"):
@@ -68,18 +69,28 @@ def _namespace_reason(said: str, returncode: int) -> str:
     unprivileged = os.geteuid() != 0
     settings = (
         ("/proc/sys/user/max_user_namespaces", "0", True, "user namespaces are disabled"),
-        ("/proc/sys/kernel/unprivileged_userns_clone", "0", unprivileged,
-         "unprivileged user namespaces are disabled"),
-        ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1", unprivileged,
-         "AppArmor restricts unprivileged user namespaces"),
+        (
+            "/proc/sys/kernel/unprivileged_userns_clone",
+            "0",
+            unprivileged,
+            "unprivileged user namespaces are disabled",
+        ),
+        (
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1",
+            unprivileged,
+            "AppArmor restricts unprivileged user namespaces",
+        ),
     )
     for path, forbidding, applies, meaning in settings:
         if applies and _read(path) == forbidding:
             sysctl = path[len("/proc/sys/") :].replace("/", ".")
             return f"{meaning} ({sysctl} = {forbidding}): {said}"
     if _read_status("Seccomp") not in ("", "0"):
-        return ("cannot create a user and network namespace under a seccomp filter (systemd "
-                f"RestrictNamespaces= or SystemCallFilter= on this service?): {said}")
+        return (
+            "cannot create a user and network namespace under a seccomp filter (systemd "
+            f"RestrictNamespaces= or SystemCallFilter= on this service?): {said}"
+        )
     return f"cannot create a user and network namespace (unshare exited {returncode}): {said}"
 
 

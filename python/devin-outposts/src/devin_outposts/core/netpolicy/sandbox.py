@@ -54,13 +54,31 @@ class SandboxExit(IntEnum):
     SESSION_NOT_STARTED = 245
 
 
-def sandbox_argv(argv: Sequence[str], socket_path: Union[str, Path], policy_file: Union[str, Path], *,
-                 python: Optional[str] = None, unshare: Optional[str] = None) -> list[str]:
+def sandbox_argv(
+    argv: Sequence[str],
+    socket_path: Union[str, Path],
+    policy_file: Union[str, Path],
+    *,
+    python: Optional[str] = None,
+    unshare: Optional[str] = None,
+) -> list[str]:
     """The command line that runs ``argv`` confined (``python``: this interpreter by default)."""
     return [
-        unshare or shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--",
-        python or sys.executable, "-I", "-m", LAUNCHER_MODULE,
-        "--socket", str(socket_path), "--policy-file", str(policy_file), "--", *argv,
+        unshare or shutil.which("unshare") or "unshare",
+        "--user",
+        "--map-root-user",
+        "--net",
+        "--",
+        python or sys.executable,
+        "-I",
+        "-m",
+        LAUNCHER_MODULE,
+        "--socket",
+        str(socket_path),
+        "--policy-file",
+        str(policy_file),
+        "--",
+        *argv,
     ]
 
 
@@ -99,8 +117,10 @@ def read_policy_file(path: Union[str, Path]) -> Policy:
 
 def main(args: Optional[Sequence[str]] = None) -> int:
     """The launcher's command line (see the module's docstring)."""
-    parser = argparse.ArgumentParser(prog=f"python -m {LAUNCHER_MODULE}",
-                                     description="Run a command confined to a session's network policy.")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {LAUNCHER_MODULE}",
+        description="Run a command confined to a session's network policy.",
+    )
     parser.add_argument("--socket", required=True, help="the egress proxy's Unix socket")
     parser.add_argument("--policy-file", required=True, help="the 0600 JSON file write_policy_file wrote")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the session's command line")

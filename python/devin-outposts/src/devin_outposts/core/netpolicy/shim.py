@@ -62,8 +62,13 @@ class Limits:
 class Shim:
     """Serves both listeners of one session; the egress socket is opened once per connection."""
 
-    def __init__(self, egress_socket: str, book: FakeAddressBook,
-                 loopback_gateway: Optional[tuple[str, int]] = None, limits: Limits = Limits()) -> None:
+    def __init__(
+        self,
+        egress_socket: str,
+        book: FakeAddressBook,
+        loopback_gateway: Optional[tuple[str, int]] = None,
+        limits: Limits = Limits(),
+    ) -> None:
         self.egress_socket = egress_socket
         self.book = book
         self.loopback_gateway = loopback_gateway
@@ -92,8 +97,11 @@ class Shim:
             if address.is_loopback or self.book.covers(address):
                 target = self._known_name(address)
                 if target is None:
-                    log.warning("egress: a connection to %s:%d is closed: no name was handed out for it",
-                                address, port)
+                    log.warning(
+                        "egress: a connection to %s:%d is closed: no name was handed out for it",
+                        address,
+                        port,
+                    )
                     return
                 await self._connect_and_pipe(target, port, b"", reader, writer)
                 return
@@ -127,8 +135,9 @@ class Shim:
             ahead += more
         return ahead
 
-    async def _connect_and_pipe(self, host: str, port: int, ahead: bytes, reader: asyncio.StreamReader,
-                                writer: asyncio.StreamWriter) -> None:
+    async def _connect_and_pipe(
+        self, host: str, port: int, ahead: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         upstream = await self._open_egress(writer)
         if upstream is None:
             return
@@ -151,8 +160,9 @@ class Shim:
             up_writer.write(ahead)
         await pipe_both(reader, writer, up_reader, up_writer)
 
-    async def _open_egress(self, client: asyncio.StreamWriter) -> Optional[tuple[asyncio.StreamReader,
-                                                                                   asyncio.StreamWriter]]:
+    async def _open_egress(
+        self, client: asyncio.StreamWriter
+    ) -> Optional[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
         try:
             return await asyncio.wait_for(
                 asyncio.open_unix_connection(self.egress_socket, limit=CHUNK),
@@ -177,8 +187,12 @@ class Shim:
                 writer.close()
 
 
-async def pipe_both(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
+async def pipe_both(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+) -> None:
     """Copy both ways until both sides are done; an end of file is passed on as one (half-close), an error
     on either side ends both."""
     first = asyncio.ensure_future(_copy(reader, up_writer))
@@ -265,8 +279,14 @@ def _reply_status(head: bytes) -> tuple[int, str]:
     lines = head.decode("latin-1").split("\r\n")
     words = lines[0].split(" ", 2)
     status = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
-    denied = next((line.split(":", 1)[1].strip() for line in lines[1:]
-                   if line.lower().startswith("x-devin-egress-denied:")), "")
+    denied = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in lines[1:]
+            if line.lower().startswith("x-devin-egress-denied:")
+        ),
+        "",
+    )
     return status, denied or lines[0].strip()
 
 

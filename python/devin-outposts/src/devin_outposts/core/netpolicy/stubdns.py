@@ -96,8 +96,12 @@ def name_decision(policy: Policy, name: str) -> Decision:
 class StubResolver:
     """Answers queries (bytes in, bytes out): the part of the stub DNS with no sockets."""
 
-    def __init__(self, policy: Policy, book: FakeAddressBook,
-                 on_refused: Optional[Callable[[str, Decision], None]] = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        book: FakeAddressBook,
+        on_refused: Optional[Callable[[str, Decision], None]] = None,
+    ) -> None:
         self.policy, self.book = policy, book
         self.on_refused = on_refused
         self._refused_names: set[str] = set()
@@ -144,8 +148,9 @@ class StubResolver:
             self.on_refused(name, decision)
 
 
-async def serve(resolver: StubResolver, udp_sockets: Iterable[socket.socket],
-                tcp_sockets: Iterable[socket.socket]) -> None:
+async def serve(
+    resolver: StubResolver, udp_sockets: Iterable[socket.socket], tcp_sockets: Iterable[socket.socket]
+) -> None:
     """Answer on bound sockets (``socket.socket``) until cancelled: UDP datagrams and TCP streams."""
     loop = asyncio.get_running_loop()
     transports = []
@@ -180,8 +185,12 @@ class _UDPStub(asyncio.DatagramProtocol):
             self.transport.sendto(response, addr)
 
 
-async def _tcp_client(resolver: StubResolver, clients: asyncio.Semaphore, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+async def _tcp_client(
+    resolver: StubResolver,
+    clients: asyncio.Semaphore,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
     if clients.locked():
         writer.close()
         return
@@ -223,8 +232,9 @@ def _question(message: bytes, offset: int) -> Optional[tuple[str, int, int, int]
     return ".".join(labels), qtype, qclass, offset + 4
 
 
-def _response(ident: int, query_flags: int, question: bytes, rcode: int, answers: int,
-              *records: bytes) -> bytes:
+def _response(
+    ident: int, query_flags: int, question: bytes, rcode: int, answers: int, *records: bytes
+) -> bytes:
     flags = _QR | _AA | (query_flags & _RD) | _RA | rcode
     header = _HEADER.pack(ident, flags, 1 if question else 0, answers, 0, 0)
     return header + question + b"".join(records)
