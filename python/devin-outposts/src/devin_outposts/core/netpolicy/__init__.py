@@ -1,5 +1,12 @@
 """Each session's ``spec.network_policy``, enforced on the machine that runs it (docs/network-policy.md).
 
 * :mod:`.policy`: what a policy allows (the one reading, pure);
-* :mod:`.peek`: the name a connection's first bytes ask for (TLS SNI, HTTP Host).
+* :mod:`.peek`: the name a connection's first bytes ask for (TLS SNI, HTTP Host);
+* :mod:`.sandbox`: running a session confined to its policy: the launcher's command line and the worker's
+  seam (:func:`~.sandbox.sandbox_argv`, :func:`~.sandbox.write_policy_file`, :class:`~.sandbox.SandboxExit`);
+* :mod:`.launcher`: the confined session's first process (set up, preflight, shim, session, signals);
+* :mod:`.namespace`: the session's network namespace: addresses, the nftables table, the preflight;
+* :mod:`.shim`: the listeners inside it that lead every TCP connection to the egress socket;
+* :mod:`.stubdns`: the stub DNS inside it (allowed names only, fake addresses, never forwards);
+* :mod:`.probe`: can this host confine sessions (:func:`~.probe.probe`).
 """
