@@ -16,6 +16,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -295,6 +296,14 @@ def test_the_session_cannot_change_the_namespace(confined: tuple[Scenario, dict[
     assert results["transparent_after"] == "allowed:transparent-hello"
 
 
+def test_host_services_that_act_outside_are_hidden(confined: tuple[Scenario, dict[str, Any], str]) -> None:
+    """systemd, D-Bus and the users' buses resolve names and start processes outside the namespace: the
+    session finds their directories empty (the host's are not)."""
+    dummy_scenario, results, dummy_user = confined
+    assert results["hidden"] == {path: [] for path in results["hidden"]}
+    assert os.path.isdir("/run/systemd") == ("/run/systemd" in results["hidden"])
+
+
 # --- the launcher's own behaviour -------------------------------------------------------------------------
 
 
@@ -429,9 +438,55 @@ def test_the_launcher_refuses_the_hosts_own_namespace(scenario: Scenario) -> Non
     assert done.returncode == SandboxExit.SETUP_FAILED, done.stderr
     assert "not a fresh one" in done.stderr
     assert (
-        subprocess.run([NFT, "list", "ruleset"], capture_output=True, text=True, check=True).stdout
-        == before
+        subprocess.run([NFT, "list", "ruleset"], capture_output=True, text=True, check=True).stdout == before
     )
+
+
+def test_a_hidden_host_socket_cannot_be_reached(scenario: Scenario) -> None:
+    """A host service's socket under a hidden path (here a test directory in place of /run/dbus) is covered
+    for the session, and the service sees no connection; the host still sees the socket."""
+    service_dir = scenario.directory / "service"
+    service_dir.mkdir()
+    service = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    service.bind(str(service_dir / "bus.sock"))
+    service.listen(4)
+    service.setblocking(False)
+    prelude = (
+        "from devin_outposts.core.netpolicy import namespace\n"
+        "made = namespace.hide_host_services\n"
+        f"namespace.hide_host_services = lambda keep: made(keep, hidden=[{str(service_dir)!r}])\n"
+    )
+    client = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1])\n"
+        "    print('connected')\n"
+        "except OSError as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    try:
+        done = run_confined(
+            launcher_argv(
+                scenario, [sys.executable, "-c", client, str(service_dir / "bus.sock")], prelude=prelude
+            )
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "FileNotFoundError"
+        with pytest.raises(BlockingIOError):
+            service.accept()
+        assert (service_dir / "bus.sock").exists()
+    finally:
+        service.close()
+
+
+def test_the_launcher_needs_a_mount_namespace_of_its_own(scenario: Scenario) -> None:
+    argv = launcher_argv(scenario, ["touch", str(scenario.directory / "session-ran")])
+    argv.remove("--mount")
+    done = run_confined(argv)
+    assert done.returncode == SandboxExit.SETUP_FAILED, done.stderr
+    assert "unshare --mount" in done.stderr
+    assert not (scenario.directory / "session-ran").exists()
 
 
 def test_a_missing_program_is_reported_and_nothing_runs(scenario: Scenario) -> None:

@@ -97,6 +97,7 @@ def run(egress_socket: str, policy: Policy, argv: Sequence[str]) -> int:
         log.warning("policy rule ignored: %s", ignored)
     try:
         layout = namespace.set_up(policy.gateway)
+        namespace.hide_host_services(keep=[egress_socket])
     except namespace.MissingToolError as exc:
         return _refuse(SandboxExit.MISSING_TOOL, str(exc))
     except namespace.SetupError as exc:

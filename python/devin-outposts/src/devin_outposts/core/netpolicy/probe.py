@@ -66,7 +66,7 @@ def _launcher_reason(code: SandboxExit, said: str) -> str:
 
 def _namespace_reason(said: str, returncode: int) -> str:
     """Why ``unshare --user --net`` failed: the first setting of this host that forbids it, else its words."""
-    unprivileged = os.geteuid() != 0
+    unprivileged = _euid() != 0
     settings = (
         ("/proc/sys/user/max_user_namespaces", "0", True, "user namespaces are disabled"),
         (
@@ -92,6 +92,17 @@ def _namespace_reason(said: str, returncode: int) -> str:
             f"RestrictNamespaces= or SystemCallFilter= on this service?): {said}"
         )
     return f"cannot create a user and network namespace (unshare exited {returncode}): {said}"
+
+
+if sys.platform == "win32":
+
+    def _euid() -> int:
+        return -1
+
+else:
+
+    def _euid() -> int:
+        return os.geteuid()
 
 
 def _last_line(text: str) -> str:

@@ -3,7 +3,7 @@
 The worker (or an orchestrator driver) starts a session whose policy is enforced as::
 
     sandbox_argv(argv, egress_socket, policy_file)
-    # = unshare --user --map-root-user --net -- python -I -m devin_outposts.core.netpolicy.sandbox \\
+    # = unshare --user --map-root-user --net --mount -- python -I -m devin_outposts.core.netpolicy.sandbox \\
     #       --socket <session dir>/egress.sock --policy-file <0600 json> -- <argv...>
 
 after :func:`write_policy_file`, with the egress proxy already listening on the socket, as the worker's
@@ -68,6 +68,7 @@ def sandbox_argv(
         "--user",
         "--map-root-user",
         "--net",
+        "--mount",
         "--",
         python or sys.executable,
         "-I",
