@@ -329,14 +329,17 @@ def test_sigterm_ends_the_session_once(scenario: Scenario, to_group: bool) -> No
     way the session gets SIGTERM, once, and its exit status is the launcher's."""
     record = scenario.directory / "signals"
     session = (
-        "import os, signal, sys, time\n"
+        "import signal, sys, time\n"
         f"record = open({str(record)!r}, 'a')\n"
         "def on_term(signum, frame):\n"
         "    record.write('TERM\\n'); record.flush()\n"
-        "signal.signal(signal.SIGTERM, on_term)\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
         "print('ready', flush=True)\n"
-        "signal.pause()\n"
-        "time.sleep(0.5)\n"  # a second SIGTERM would be recorded meanwhile
+        "signal.sigwait({signal.SIGTERM})\n"
+        "on_term(signal.SIGTERM, None)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})\n"  # a second one pending comes now
+        "time.sleep(0.5)\n"  # or meanwhile
         "sys.exit(3)\n"
     )
     proc = subprocess.Popen(

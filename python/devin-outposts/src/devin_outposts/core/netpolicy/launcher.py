@@ -113,12 +113,13 @@ def run(egress_socket: str, policy: Policy, argv: Sequence[str]) -> int:
     privacy.make_undumpable()
     shim_pid, consume = start_shim(egress_socket, policy, layout, listeners)
     listeners.close()
+    forwarder = SignalForwarder(shim_pid, consume)
     try:
         session = start_session(argv)
     except (OSError, subprocess.SubprocessError) as exc:
         stop_shim(shim_pid)
         return _refuse(SandboxExit.SESSION_NOT_STARTED, f"cannot start {argv[0]}: {exc}")
-    forward_signals(session.pid, shim_pid, consume)
+    forwarder.started(session.pid)
     status = session.wait()
     for signum in FORWARDED:
         signal.signal(signum, signal.SIG_IGN)
@@ -183,19 +184,37 @@ def start_session(argv: Sequence[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(list(argv), env=session_environment(), preexec_fn=enter)  # noqa: S603
 
 
-def forward_signals(session_pid: int, shim_pid: int, consume: int) -> None:
-    """Pass on SIGTERM, SIGINT and SIGHUP that reached the launcher alone (see the module's docstring)."""
+class SignalForwarder:
+    """Passes on SIGTERM, SIGINT and SIGHUP that reached the launcher alone (see the module's docstring).
 
-    def on_signal(signum: int, dummy_frame: object) -> None:
-        if _pending(shim_pid, signum):
+    Installed before the session starts: a signal that comes while it is being started, to the group or
+    not, is held and passed on once it runs (it was not in the group yet).
+    """
+
+    def __init__(self, shim_pid: int, consume: int) -> None:
+        self.shim_pid, self.consume = shim_pid, consume
+        self.session_pid: Optional[int] = None
+        self.held: list[int] = []
+        for signum in FORWARDED:
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum: int, dummy_frame: object) -> None:
+        if _pending(self.shim_pid, signum):
             with suppress(OSError):
-                os.write(consume, bytes([signum]))  # the group got it: the session did too
+                os.write(self.consume, bytes([signum]))  # the group got it (the session too, if it runs)
+            if self.session_pid is not None:
+                return
+        if self.session_pid is None:
+            self.held.append(signum)
             return
         with suppress(ProcessLookupError):
-            os.kill(session_pid, signum)
+            os.kill(self.session_pid, signum)
 
-    for signum in FORWARDED:
-        signal.signal(signum, on_signal)
+    def started(self, pid: int) -> None:
+        self.session_pid = pid
+        for signum in self.held:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
 
 def exit_like(status: int) -> int:
