@@ -4,7 +4,8 @@
 In order, and the session never starts when a step fails (exit code :class:`~.sandbox.SandboxExit`, one
 line on stderr):
 
-1. set the namespace up (:func:`.namespace.set_up`), refusing one that is not fresh;
+1. set the namespace up (:func:`.namespace.set_up`), refusing one that is not fresh, and cover the host's
+   sockets that act outside it (:func:`.namespace.hide_host_services`) in the launcher's mount namespace;
 2. bind the shim's and the stub DNS's sockets;
 3. the preflight (:func:`.namespace.preflight`): only ``lo``, the table, a UDP probe dropped, a TCP probe
    redirected;
