@@ -5,6 +5,7 @@
 * :mod:`.sandbox`: running a session confined to its policy: the launcher's command line and the worker's
   seam (:func:`~.sandbox.sandbox_argv`, :func:`~.sandbox.write_policy_file`, :class:`~.sandbox.SandboxExit`);
 * :mod:`.launcher`: the confined session's first process (set up, preflight, shim, session, signals);
+  :mod:`.launcher_exits` its exit codes;
 * :mod:`.namespace`: the session's network namespace: addresses, the nftables table, the preflight;
 * :mod:`.shim`: the listeners inside it that lead every TCP connection to the egress socket;
 * :mod:`.stubdns`: the stub DNS inside it (allowed names only, fake addresses, never forwards);

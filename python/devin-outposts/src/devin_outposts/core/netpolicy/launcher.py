@@ -50,8 +50,8 @@ from typing import Optional
 from devin_outposts import privacy
 
 from . import namespace, shim, stubdns
+from .launcher_exits import SandboxExit
 from .policy import Decision, Policy
-from .sandbox import SandboxExit
 
 assert sys.platform == "linux"  # namespaces, prctl, signal masks (mypy skips the rest elsewhere)
 

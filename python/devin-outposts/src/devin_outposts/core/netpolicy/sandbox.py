@@ -25,33 +25,14 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from .launcher_exits import SandboxExit
 from .policy import Policy, PolicyError
 
 LAUNCHER_MODULE = "devin_outposts.core.netpolicy.sandbox"
-
-
-class SandboxExit(IntEnum):
-    """The launcher's own exit codes (a session's exit status passes through unchanged).
-
-    Chosen above what shells use (126, 127, 128 + signal up to 192) and below 255.
-    """
-
-    #: The command line or the policy file cannot be used.
-    BAD_USAGE = 240
-    #: ``ip`` (iproute2) or ``nft`` (nftables) is not installed.
-    MISSING_TOOL = 241
-    #: The namespace could not be set up: not a fresh one (no ``unshare``?), or ``ip``/``nft`` refused.
-    SETUP_FAILED = 242
-    #: The preflight found a way out of the namespace (another link, no drop, no redirect).
-    NOT_ISOLATED = 243
-    #: The shim or the stub DNS could not listen.
-    SHIM_FAILED = 244
-    #: The session's program could not be started (not found, not executable, no user namespace for it).
-    SESSION_NOT_STARTED = 245
+__all__ = ["LAUNCHER_MODULE", "SandboxExit", "main", "read_policy_file", "sandbox_argv", "write_policy_file"]
 
 
 def sandbox_argv(
