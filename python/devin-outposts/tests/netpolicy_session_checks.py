@@ -117,7 +117,7 @@ def udp_send(address: tuple[str, int]) -> str:
 
 def run(command: list[str]) -> dict[str, Any]:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, check=False)
     except FileNotFoundError as exc:
         return {"returncode": None, "stderr": str(exc)}
     return {"returncode": done.returncode, "stderr": done.stderr.strip()[-300:]}

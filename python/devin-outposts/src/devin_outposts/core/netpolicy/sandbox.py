@@ -109,7 +109,9 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     try:
         options = parser.parse_args(args)
     except SystemExit as exc:
-        return SandboxExit.BAD_USAGE if exc.code else 0
+        if exc.code == 0:  # --help
+            return 0
+        return SandboxExit.BAD_USAGE
     argv = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
     if not argv:
         return _refuse(SandboxExit.BAD_USAGE, "no command to run after --")
