@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import sys
 import threading
 from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from devin_outposts.core.netpolicy.probe import probe_host
+
+IN_CI = os.environ.get("CI", "") in ("true", "TRUE", "True", "1", "yes")
 
 
 class Upstream:
-    """A TCP server on 127.0.0.1 that records each connection's first bytes and answers ``<name>:`` and
-    them."""
+    """A TCP server on ``host`` (127.0.0.1 by default) that records each connection's first bytes and answers
+    ``<name>:`` and them."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, host: str = "127.0.0.1") -> None:
         self.name = name
+        self.host = host
         self.received: list[bytes] = []
         self._lock = threading.Lock()
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = socket.create_server((host, 0))
         self.port = self._server.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -154,3 +164,26 @@ class UDPListener:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def why_not() -> Optional[str]:
+    """Why sessions cannot be confined here (None: they can): the prerequisites, then a trial run."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux's"
+    if os.geteuid() != 0:
+        return "the sandbox tests run as root (as CI does), and once as nobody"
+    for tool, package in (("unshare", "util-linux"), ("ip", "iproute2"), ("nft", "nftables")):
+        if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
+            return f"{tool} is not installed (Debian package {package})"
+    return probe_host()
+
+
+WHY_NOT = why_not()
+
+
+def cannot_run(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: the sandbox tests must run in CI)", pytrace=False)
+    pytest.skip(reason)
+
+

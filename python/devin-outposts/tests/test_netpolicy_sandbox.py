@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from netpolicy_harness import ConnectServer, UDPListener, Upstream
 
 from devin_outposts.core.netpolicy import namespace, stubdns
 from devin_outposts.core.netpolicy.policy import Policy
@@ -39,10 +38,11 @@ from devin_outposts.core.netpolicy.sandbox import (
     write_policy_file,
 )
 
+from netpolicy_harness import WHY_NOT, ConnectServer, UDPListener, Upstream, cannot_run
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 CHECKS = HERE / "netpolicy_session_checks.py"
-IN_CI = os.environ.get("CI", "") in ("true", "TRUE", "True", "1", "yes")
 #: The unprivileged user of the one run that proves no privilege is needed, and a python3 it can run.
 UNPRIVILEGED = "nobody"
 NFT = shutil.which("nft", path="/usr/sbin:/sbin:/usr/bin") or "/usr/sbin/nft"
@@ -52,26 +52,6 @@ POLICY = {
     "allow": [{"hostname": "allowed.test"}, {"hostname": None, "ipv4": "203.0.113.0/24"}],
 }
 RUN_SECONDS = 90
-
-
-def _why_not() -> Optional[str]:
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are Linux's"
-    if os.geteuid() != 0:
-        return "the sandbox tests run as root (as CI does), and once as nobody"
-    for tool, package in (("unshare", "util-linux"), ("ip", "iproute2"), ("nft", "nftables")):
-        if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
-            return f"{tool} is not installed (Debian package {package})"
-    return probe_host()
-
-
-WHY_NOT = _why_not()
-
-
-def cannot_run(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: the sandbox tests must run in CI)", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

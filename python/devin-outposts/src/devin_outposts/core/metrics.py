@@ -33,6 +33,8 @@ COUNTERS = {
     "binary_downloads": "devin-remote binaries downloaded and verified",
     "binary_verification_failures": "devin-remote binaries refused because their sha256 did not match",
     "api_errors": "Fleet API errors in the main loop (retried with backoff)",
+    "network_policy_refusals": "Sessions released because their network policy could not be enforced here",
+    "network_policy_unenforced": "Sessions run without their enabled network policy (--network-policy ignore)",
 }
 GAUGES = {
     "active_sessions": "Sessions being served now",

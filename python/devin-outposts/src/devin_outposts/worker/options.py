@@ -33,6 +33,7 @@ from devin_outposts.core.config import (
     add_table_arguments,
     boolean,
     check_table,
+    choice,
     number,
     resolve_table,
     shared_option,
@@ -41,6 +42,7 @@ from devin_outposts.core.config import (
     url,
     workdir,
 )
+from devin_outposts.core.netpolicy.confinement import EnforcementMode
 from devin_outposts.core.tokenfile import ENV_DIRECT_TOKEN, ENV_TOKEN, ENV_TOKEN_FD, ENV_TOKEN_FILE
 
 ENV_GATEWAY = "DEVIN_OUTPOST_GATEWAY_URL"
@@ -50,6 +52,8 @@ ENV_PREFIX = Program.WORKER.env_prefix
 
 _N = number
 _W = Program.WORKER
+ENFORCEMENT_MODES = tuple(mode.value for mode in EnforcementMode)
+_mode = choice(*ENFORCEMENT_MODES)
 OPTIONS: tuple[Option, ...] = (
     # Options of `devin worker start` (same names, variables and defaults).
     shared_option("outpost", "official", _W),
@@ -81,6 +85,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("drain_timeout", ("--drain-timeout",), "seconds running sessions may finish after SIGTERM before "
            "they are stopped and released (default {default})", "ours", env="DEVIN_WORKER_DRAIN_TIMEOUT",
            parse=_N(float, 0), default=30.0),
+    Option("network_policy", ("--network-policy",), "sessions with an enabled network policy: enforce it "
+           "(the default; a host that cannot releases them) or ignore it and run them unfiltered with a "
+           "warning (unsafe)", "ours", env="DEVIN_WORKER_NETWORK_POLICY",
+           parse=lambda name, raw: EnforcementMode(_mode(name, raw)), default=EnforcementMode.ENFORCE,
+           choices=ENFORCEMENT_MODES),
     shared_option("metrics_addr", "ours", _W),
     shared_option("log_format", "ours", _W),
     shared_option("log_level", "ours", _W),
@@ -130,6 +139,7 @@ class WorkerConfig:
     #: the oldest row first, as every worker did before; kept for comparison and as an escape hatch).
     claim_spread: bool = _DEFAULT["claim_spread"]
     drain_timeout: float = _DEFAULT["drain_timeout"]
+    network_policy: EnforcementMode = _DEFAULT["network_policy"]
     metrics_addr: Optional[MetricsAddr] = None
     log_format: str = _DEFAULT["log_format"]
     log_level: str = _DEFAULT["log_level"]

@@ -8,8 +8,11 @@ watching, restarts and release are there) whose launches are local ``devin-remot
    directory are prepared, and a remote left behind by a killed predecessor is stopped;
 2. the ``devin-remote`` SHA is resolved and the verified binary fetched; a checksum mismatch is refused,
    reported and the claim released so another worker can try;
-3. each launch runs ``devin-remote serve`` with exactly the spawn-contract environment;
-4. a session that is over for good (terminated, or its entry gone) has its state dir removed; a
+3. a session whose network policy is enabled is confined to it (:mod:`devin_outposts.core.netpolicy`):
+   refused and released when this host cannot confine sessions (unless ``--network-policy ignore``), else
+   each launch gets its egress proxy and runs inside the sandbox launcher;
+4. each launch runs ``devin-remote serve`` with exactly the spawn-contract environment;
+5. a session that is over for good (terminated, or its entry gone) has its state dir removed; a
    suspended one keeps it for a resume.
 
 :class:`WorkerHost` is the worker's :class:`~devin_outposts.core.claiming.SessionHost`: in queue mode the
@@ -30,6 +33,7 @@ from typing import Callable, Optional
 from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.core.claiming import KeepOverCap, keep_none
 from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.netpolicy.confinement import Confinement
 from devin_outposts.core.paths import child_dir, make_private_dir
 from devin_outposts.core.platform import host_os
 from devin_outposts.core.processes import reap_stale_remote
@@ -101,6 +105,7 @@ class SessionServer(ClaimedSession):
         self.cwd = cwd
         self.state_dir: Optional[Path] = None
         self.binary: Optional[Path] = None
+        self.confinement: Optional[Confinement] = None
 
     @property
     def remote(self) -> Optional[RemoteProcess]:
@@ -112,6 +117,9 @@ class SessionServer(ClaimedSession):
         self.state_dir = make_private_dir(child_dir(self.config.sessions_dir, self.session_id))
         self.cwd.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(reap_stale_remote, self.state_dir)
+        refusal = await self._confine(self.state_dir)
+        if refusal is not None:
+            return refusal
         try:
             spec_sha = self.claim.spec.remote_binary_sha if self.claim else None
             sha, source = await self.binaries.resolve_sha(spec_sha, self.config.remote_binary_sha)
@@ -145,13 +153,42 @@ class SessionServer(ClaimedSession):
             chrome_path=self.config.chrome_path,
             desktop=self.config.desktop,
         )
+        wrap = None
+        if self.confinement is not None:
+            await self.confinement.start(gateway_url)
+            wrap = self.confinement.wrap
         return await RemoteProcess.start(
-            self.binary, cwd=self.cwd, env=env, state_dir=self.state_dir, session_id=self.session_id
+            self.binary, cwd=self.cwd, env=env, state_dir=self.state_dir, session_id=self.session_id, wrap=wrap
         )
 
     async def finish(self, result: SessionResult) -> None:
+        if self.confinement is not None:
+            await self.confinement.close()
+            self.metrics.forget_egress(self.session_id)
         if result.finished and self.state_dir is not None:  # a suspended session keeps its state
             shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    async def _confine(self, state_dir: Path) -> Optional[SessionResult]:
+        """Read the claim's network policy; a refusal when it is enabled and cannot be enforced here."""
+        spec = self.claim.spec if self.claim is not None else None
+        if spec is None or spec.network_policy is None:
+            return None
+        outpost_id = self.claim.metadata.outpost_id if self.claim is not None else None
+        self.confinement = Confinement(
+            session_id=self.session_id,
+            outpost_id=outpost_id or self.config.outpost or "",
+            session_dir=state_dir,
+            network_policy=spec.network_policy,
+            mode=self.config.network_policy,
+            observer=self.metrics.count_egress,
+        )
+        if self.confinement.enabled and not self.confinement.confined:
+            self.metrics.inc("network_policy_unenforced")
+        refusal = await self.confinement.refusal()
+        if refusal is None:
+            return None
+        self.metrics.inc("network_policy_refusals")
+        return SessionResult(self.session_id, FAILED, refusal)
 
 
 class WorkerHost:

@@ -30,7 +30,7 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from devin_outposts.core import platform
 from devin_outposts.core.processes import forget_remote_record, write_remote_record
@@ -116,11 +116,21 @@ class RemoteProcess:
 
     @classmethod
     async def start(
-        cls, binary: Path, *, cwd: Path, env: Mapping[str, str], state_dir: Path, session_id: str
+        cls,
+        binary: Path,
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        state_dir: Path,
+        session_id: str,
+        wrap: Optional[Callable[[list[str]], list[str]]] = None,
     ) -> RemoteProcess:
-        """Start ``devin-remote serve``; its record is on disk before it runs (see the module docstring)."""
+        """Start ``devin-remote serve``; its record is on disk before it runs (see the module docstring).
+        ``wrap`` turns the command into the one to run (the network sandbox's launcher around it)."""
         host = platform.current()
         argv = [str(binary), "serve"]
+        if wrap is not None:
+            argv = wrap(argv)
         gated = host.gated_argv(argv)
         options: dict[str, Any] = {"cwd": str(cwd), "env": dict(env), **host.process_group_options()}
         if gated is None:  # no launcher (Windows): started at once, recorded just after

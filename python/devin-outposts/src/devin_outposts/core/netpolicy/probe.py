@@ -23,6 +23,7 @@ PROBE_TIMEOUT_SECONDS = 60.0
 
 
 @functools.cache
+@functools.lru_cache(maxsize=1)
 def probe() -> Optional[str]:
     """None when sessions can be confined here, else why not (one line). Run once per process: the answer
     depends on the host and on how this service was started, which do not change while it runs."""

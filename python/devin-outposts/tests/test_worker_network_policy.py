@@ -1,0 +1,156 @@
+"""The worker enforces each session's network policy, end to end: a real ``devin-outposts worker start``, the
+simulator's real stand-in ``devin-remote`` and a brain's commands that try every way out of the session.
+
+Upstreams on the host's loopback record every byte they get; the simulator's claim history, call results,
+the worker's log and its ``/metrics`` say what the worker did. Nothing leaves this machine: the addresses a
+session tries beyond the loopback are TEST-NET ones (192.0.2.0/24), which the sandbox sends to the egress
+proxy, and the proxy refuses.
+
+Needs what the sandbox needs (root here, as in CI; util-linux, iproute2, nftables): skipped without it,
+failed in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devin_outposts_sim.remote import tools
+
+from netpolicy_harness import WHY_NOT, Upstream, cannot_run
+from standin_harness import Harness
+from standin_harness import harness as harness  # the fixture
+
+CLIENT = Path(__file__).resolve().parent / "netpolicy_session_client.py"
+#: A host route nobody has: the sandbox's redirect catches it, the proxy judges it.
+TEST_NET = "192.0.2.1"
+
+
+@pytest.fixture
+def upstreams() -> Any:
+    allowed, denied = Upstream("allowed"), Upstream("denied", host="127.0.0.2")
+    try:
+        yield allowed, denied
+    finally:
+        allowed.close()
+        denied.close()
+
+
+@pytest.fixture
+def confinable() -> None:
+    if WHY_NOT:
+        cannot_run(f"sessions cannot be confined here: {WHY_NOT}")
+
+
+def attempts(harness: Harness, session_id: str, plan: list[list[Any]]) -> list[dict[str, Any]]:
+    """Run the session client with ``plan`` as the session's one command; its JSON lines."""
+    harness.sim.admin.add_calls(session_id, [tools.run([sys.executable, str(CLIENT), json.dumps(plan)])])
+    [call] = harness.calls_done(session_id)
+    assert call["result"]["exit_code"] == 0, call
+    return [json.loads(line) for line in call["result"]["stdout"].splitlines() if line.startswith("{")]
+
+
+def metrics_text(harness: Harness, worker_log: str) -> str:
+    """The worker's /metrics (its listening address is in its log)."""
+    marker = "serving /metrics and /healthz on "
+    line = next(line for line in worker_log.splitlines() if marker in line)
+    address = line.split(marker, 1)[1].split()[0].rstrip(".,")
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:  # noqa: S310
+        return str(reply.read().decode())
+
+
+def end(harness: Harness, session_id: str) -> None:
+    harness.sim.admin.set_status(session_id, "terminated")
+    harness.wait(lambda: harness.released(session_id), f"{session_id} to be released")
+
+
+def test_a_session_reaches_what_its_policy_allows_and_nothing_else(
+    confinable: None, harness: Harness, upstreams: tuple[Upstream, Upstream]
+) -> None:
+    allowed, denied = upstreams
+    h = harness
+    h.worker("w1", "--metrics-addr", "127.0.0.1:0")
+    policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "*.allowed.test"}]}
+    sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
+    results = attempts(
+        h,
+        sid,
+        [
+            ["proxy", "127.0.0.1", allowed.port],
+            ["proxy", "127.0.0.2", denied.port],
+            ["proxy", "denied.example", 443],
+            ["direct", TEST_NET, 80],
+            ["udp", TEST_NET, 53],
+            ["resolve", "denied.example"],
+        ],
+    )
+    by_kind = {(r["attempt"][0], r["attempt"][1]): r for r in results}
+    assert by_kind[("proxy", "127.0.0.1")]["status"] == 200, results
+    assert by_kind[("proxy", "127.0.0.1")]["reply"].startswith("allowed:GET /from-session"), results
+    assert by_kind[("proxy", "127.0.0.2")]["status"] == 403, results
+    assert by_kind[("proxy", "denied.example")]["status"] == 403, results
+    assert "error" in by_kind[("direct", TEST_NET)] or by_kind[("direct", TEST_NET)]["reply"] == "", results
+    assert "error" in by_kind[("udp", TEST_NET)], results
+    assert "error" in by_kind[("resolve", "denied.example")], results
+    # What the host side saw: the allowed upstream one request from the session, the denied one nothing.
+    assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"]
+    assert denied.received == []
+    # The session reached its gateway (it ran the command), and ends cleanly.
+    end(h, sid)
+    log = h.workers[0].log()
+    assert f"session {sid}" in log and "denied 127.0.0.2:" in log and "denied denied.example:443" in log, log
+    text = metrics_text(h, log)
+    assert 'verdict="denied"' in text or "egress_connections" in text, text
+
+
+def test_a_session_without_a_policy_is_not_confined(
+    confinable: None, harness: Harness, upstreams: tuple[Upstream, Upstream]
+) -> None:
+    allowed, dummy_denied = upstreams
+    h = harness
+    h.worker("w1")
+    sid = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+    [result] = attempts(h, sid, [["direct", "127.0.0.1", allowed.port]])
+    assert result["reply"].startswith("allowed:GET /direct"), result
+    assert len(allowed.received) == 1
+    end(h, sid)
+
+
+def test_a_worker_that_cannot_confine_releases_policy_sessions_and_serves_the_others(
+    harness: Harness,
+) -> None:
+    """A worker whose PATH has no ``unshare`` (a host without util-linux) cannot confine sessions: it
+    releases a session whose policy is enabled, with one line and a count, and serves one without a policy."""
+    h = harness
+    h.path = str(h.tmp / "no-such-bin")
+    worker = h.worker("w1", "--metrics-addr", "127.0.0.1:0")
+    policy = {"enabled": True, "allow": [{"hostname": "github.com"}]}
+    refused = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
+    h.wait(lambda: h.released(refused), f"{refused} to be released")
+    assert not h.sim.admin.connections(refused), "the refused session's remote must never start"
+    served = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+    h.connection(served)
+    end(h, served)
+    log = worker.log()
+    lines = [line for line in log.splitlines() if "cannot enforce it" in line]
+    assert len(lines) == 1 and refused in lines[0], log
+    assert "devin_outposts_worker_network_policy_refusals_total 1" in metrics_text(h, log)
+
+
+def test_with_network_policy_ignore_a_policy_session_runs_unfiltered_with_a_warning(
+    harness: Harness, upstreams: tuple[Upstream, Upstream]
+) -> None:
+    allowed, dummy_denied = upstreams
+    h = harness
+    worker = h.worker("w1", "--network-policy", "ignore")
+    policy = {"enabled": True, "allow": []}
+    sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
+    [result] = attempts(h, sid, [["direct", "127.0.0.1", allowed.port]])
+    assert result["reply"].startswith("allowed:GET /direct"), result
+    end(h, sid)
+    assert f"session {sid}: its network policy is NOT enforced" in worker.log()
