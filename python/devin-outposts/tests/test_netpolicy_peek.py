@@ -140,3 +140,24 @@ def test_split_host_port(text: str, default: Optional[int], expected: tuple[str,
 def test_split_host_port_refuses_bad_ports(text: str) -> None:
     with pytest.raises(PeekError, match="is not a port"):
         peek.split_host_port(text)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"", MORE),
+        (b"\x16", peek.Opening.TLS),
+        (b"G", MORE),
+        (b"GET /x HTTP/1.", MORE),
+        (b"GET /x HTTP/1.1\r\n", peek.Opening.HTTP),
+        (b"CONNECT a.example:443 HTTP/1.0\n", peek.Opening.HTTP),
+        (b"GET key\r\n", peek.Opening.RAW),  # Redis's inline command: capitals, but not an HTTP request line
+        (b"SSH-2.0-OpenSSH_9.2\r\n", peek.Opening.RAW),
+        (b"get / HTTP/1.1\r\n", peek.Opening.RAW),
+        (b"\x00\x00\x00\x08\x04\xd2\x16\x2f", peek.Opening.RAW),  # PostgreSQL's SSLRequest
+        (b"ABCDEFGHIJKLMNOPQ", peek.Opening.RAW),  # longer than any method
+        (b"PUT " + b"a" * peek.MAX_PEEK_BYTES, peek.Opening.RAW),  # no line end within the peek
+    ],
+)
+def test_opening(data: bytes, expected: object) -> None:
+    assert peek.opening(data) is expected
