@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import random
 import socket
 import ssl
 import stat
@@ -324,6 +326,65 @@ def test_ssh_like_raw_bytes_pass_to_an_allowed_host_whose_server_speaks_first(tm
             ]
             assert seen[0].got_eof
             writer.close()
+        await up.close()
+
+    run(scenario)
+
+
+def test_a_few_raw_bytes_then_the_end_pass(tmp_path: Path) -> None:
+    """Capitals that could begin an HTTP request line, then a half-close: raw bytes, not a refusal."""
+
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            writer.write(b"PING")
+            writer.write_eof()
+            assert await reader.read() == b"PING"
+            seen = await up.all_ended()
+            assert [(bytes(s.received), s.got_eof) for s in seen] == [(b"PING", True)]
+            assert harness.verdicts[-1][0].allowed
+        await up.close()
+
+    run(scenario)
+
+
+def test_megabytes_both_ways_arrive_whole_and_in_order(tmp_path: Path) -> None:
+    """More than relay.SPLICE_AFTER each way, so that both directions switch from copying to splice(2)."""
+
+    async def scenario() -> None:
+        up = await upstream()
+        payload = bytes(random.Random(7).getrandbits(8) for dummy in range(1 << 16)) * 64  # 4 MiB
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"{LOOPBACK}:{up.port}")
+
+            async def send() -> None:
+                for at in range(0, len(payload), 100_000):
+                    writer.write(payload[at : at + 100_000])
+                    await writer.drain()
+                writer.write_eof()
+
+            sender = asyncio.ensure_future(send())
+            echoed = await reader.read()
+            await sender
+            assert hashlib.sha256(echoed).hexdigest() == hashlib.sha256(payload).hexdigest()
+            seen = await up.all_ended()
+            assert len(seen) == 1 and bytes(seen[0].received) == payload and seen[0].got_eof
+        await up.close()
+
+    run(scenario)
+
+
+def test_a_client_that_ends_inside_its_client_hello_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            writer.write(client_hello("api.allowed.test")[:40])
+            writer.write_eof()
+            assert await read_all(reader) == b""
+            assert [bytes(s.received) for s in await up.all_ended()] == [b""]
+            assert harness.verdicts[-1][0].reason == "the client ended inside its tls head"
         await up.close()
 
     run(scenario)

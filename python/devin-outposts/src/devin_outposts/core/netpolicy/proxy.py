@@ -16,11 +16,16 @@ protocol on that socket is a plain HTTP proxy:
   protocol whose server speaks first works.
 * Absolute-form plain HTTP (``GET http://host[:port]/path HTTP/1.1``): the same checks on the URL's host
   (and its ``Host`` header, if any, must name the same host), then the request is sent on in origin-form,
-  without its ``Proxy-*`` headers and with ``Connection: close``, and the rest is relayed both ways.
+  without its ``Proxy-*`` headers and with ``Connection: close`` (:mod:`.request`), and the rest is relayed
+  both ways.
 
 Names are resolved here and only after :meth:`Policy.check_name` allowed them, so a query for a denied
 name is never sent; the proxy connects only to addresses :meth:`Policy.check_address` allows (the
 rebinding guard), in the resolver's order, never to an address the client gave for a name.
+
+Bytes move with backpressure and half-closes, by splice(2) once a direction carries more than a little
+(:mod:`.relay`). A client that sends no request head within ``head_timeout`` is dropped; a head is at most
+16 KiB, a peek at most :data:`peek.MAX_PEEK_BYTES <devin_outposts.core.netpolicy.peek.MAX_PEEK_BYTES>`.
 
 Each connection gets one verdict: a refusal (403, or a refused peek) is *denied*; a tunnel or a request
 sent on, or one the policy allowed but no upstream answered (502), is *allowed*. The verdict goes to
@@ -41,38 +46,39 @@ import socket
 import stat
 import sys
 from collections.abc import Awaitable, Sequence
-from typing import Callable, NamedTuple, Optional, Union
-from urllib.parse import urlsplit
+from typing import Callable, Optional, Union
 
-from devin_outposts.core.netpolicy import peek
-from devin_outposts.core.netpolicy.policy import Decision, IPAddress, Policy, ip_literal, normalise_host
+from devin_outposts.core.netpolicy import peek, relay
+from devin_outposts.core.netpolicy.policy import (
+    DEFAULT_DENY,
+    Decision,
+    IPAddress,
+    Policy,
+    ip_literal,
+    normalise_host,
+)
+from devin_outposts.core.netpolicy.request import (
+    MAX_HEAD_BYTES,
+    BadRequest,
+    Destination,
+    parse_request,
+    printable,
+)
+
+__all__ = ["Destination", "EgressProxy", "Observer", "ProxyError", "Resolver"]
 
 log = logging.getLogger(__name__)
 
-#: The longest request head (request line and headers) the proxy reads.
-MAX_HEAD_BYTES = 16 * 1024
-#: How much one read of a tunnel takes at most; the stream buffers hold a few of these before the
-#: reading side pauses (backpressure).
-CHUNK_BYTES = 256 * 1024
-#: The peek's own name in a decision.
+#: The rule a decision names when the first bytes of a tunnel ask for another host than its CONNECT.
 PEEK_RULE = "the CONNECT host"
-REQUEST_HOST_RULE = "the request's host"
+#: How long, and for how many bytes, a refused client's remaining request is read before the connection
+#: closes (closing on unread bytes would reset it, and the client could lose the answer).
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 64 * 1024
 
 Address = Union[str, IPAddress]
 #: ``resolve(host, port)``: the addresses of ``host``, in the order to try them.
 Resolver = Callable[[str, int], Awaitable[Sequence[Address]]]
-
-
-class Destination(NamedTuple):
-    """Where a client asked to go: a name or an IP literal (normalised), and a port."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
 #: ``observer(decision, destination, session_id, outpost_id)``: told each connection's verdict.
 Observer = Callable[[Decision, Destination, str, str], None]
 
@@ -120,6 +126,7 @@ class EgressProxy:
         self.socket_path = os.fspath(socket_path)
         self.resolve: Resolver = resolve or _getaddrinfo
         self.observer = observer
+        #: How long resolving a name, and then connecting to one address, may take.
         self.connect_timeout = connect_timeout
         #: How long a client may take to send its request head (then it is dropped without an answer).
         self.head_timeout = head_timeout
@@ -177,91 +184,82 @@ class EgressProxy:
                 os.unlink(self.socket_path)
 
     async def _accept(self, listener: socket.socket) -> None:
-        """Accept clients, each served by a task of its own (an accept loop of our own, not
+        """Accept clients, each served by a task of its own (an accept loop of our own rather than
         ``asyncio.start_unix_server``: close() then holds every accepted connection and can end it)."""
         loop = asyncio.get_running_loop()
         while True:
             try:
                 connection, dummy_address = await loop.sock_accept(listener)
             except OSError as exc:  # out of descriptors, say: wait instead of spinning
-                log.warning(
-                    "network policy: session %s: could not accept a connection: %s", self.session_id, exc
-                )
+                log.warning("network policy: session %s: could not accept: %s", self.session_id, exc)
                 await asyncio.sleep(0.5)
                 continue
+            connection.setblocking(False)
             handler = asyncio.ensure_future(self._handle(connection))
             self._handlers.add(handler)
             handler.add_done_callback(self._handlers.discard)
 
     # --- one client connection -------------------------------------------------------------------------
 
-    async def _handle(self, connection: socket.socket) -> None:
+    async def _handle(self, client: socket.socket) -> None:
+        opened = [client]  # closed when done, the upstream's socket too once connected
         try:
-            reader, writer = await asyncio.open_connection(sock=connection, limit=CHUNK_BYTES)
-        except OSError:
-            connection.close()
-            return
-        opened = [writer]  # the streams to close when done, the upstream's once connected
-        try:
-            head = await self._read_head(reader)
-            if head is None:
+            received = await self._read_head(client)
+            if received is None:
                 return
-            await self._serve_request(head, reader, writer, opened)
+            head, rest = received
+            try:
+                request = parse_request(head)
+            except BadRequest as exc:
+                raise _Answer("400 Bad Request", str(exc)) from exc
+            if request.refusal is not None:
+                raise _Answer("403 Forbidden", decision=request.refusal, destination=request.destination)
+            upstream, decision = await self._open(request.destination)
+            opened.append(upstream)
+            if request.tunnel:
+                await self._tunnel(request.destination, decision, client, upstream, rest)
+            else:
+                self._verdict(decision, request.destination)
+                await asyncio.get_running_loop().sock_sendall(upstream, request.forwarded + rest)
+                await _both_ways(client, upstream)
         except _Answer as answer:
             if answer.decision is not None and answer.destination is not None:
                 self._verdict(answer.decision, answer.destination)
-            await self._answer(writer, answer)
-        except (OSError, asyncio.IncompleteReadError):
-            pass  # the client went away: nothing to tell it
+            await _answer(client, answer)
+        except OSError:
+            pass  # a side went away: nothing to tell it
         finally:
-            for stream in opened:
-                stream.transport.abort()
+            for sock in opened:
+                sock.close()
 
-    async def _read_head(self, reader: asyncio.StreamReader) -> Optional[bytes]:
-        """The request head up to its blank line; None when the client sent nothing in time or closed."""
+    async def _read_head(self, client: socket.socket) -> Optional[tuple[bytes, bytes]]:
+        """The request head up to its blank line, and what came after it; None when the client sent
+        nothing in time or closed."""
+        loop = asyncio.get_running_loop()
+        data = b""
+
+        async def until_blank_line() -> Optional[tuple[bytes, bytes]]:
+            nonlocal data
+            while True:
+                end = data.find(b"\r\n\r\n")
+                if end >= 0:
+                    return data[: end + 4], data[end + 4 :]
+                if len(data) > MAX_HEAD_BYTES:
+                    raise _Answer(
+                        "400 Bad Request", f"the request head is longer than {MAX_HEAD_BYTES} bytes"
+                    )
+                more = await loop.sock_recv(client, MAX_HEAD_BYTES + 4 - len(data) + 1)
+                if not more:
+                    return None
+                data += more
+
         try:
-            return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.head_timeout)
+            return await asyncio.wait_for(until_blank_line(), self.head_timeout)
         except asyncio.TimeoutError:
             log.debug("network policy: session %s: a client sent no request in time", self.session_id)
             return None
-        except asyncio.IncompleteReadError:
-            return None
-        except asyncio.LimitOverrunError as exc:
-            raise _Answer(
-                "400 Bad Request", f"the request head is longer than {MAX_HEAD_BYTES} bytes"
-            ) from exc
 
-    async def _serve_request(
-        self,
-        head: bytes,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        opened: list[asyncio.StreamWriter],
-    ) -> None:
-        """Answer one request head (the upstream's stream, once connected, is added to ``opened``)."""
-        if len(head) > MAX_HEAD_BYTES:
-            raise _Answer("400 Bad Request", f"the request head is longer than {MAX_HEAD_BYTES} bytes")
-        request_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-        parts = request_line.split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _Answer("400 Bad Request", "the request line is not METHOD TARGET HTTP/1.x")
-        method, target, dummy_version = parts
-        if method == "CONNECT":
-            destination = _connect_destination(target)
-            up_reader, up_writer, decision = await self._open(destination, opened)
-            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            await self._tunnel(destination, decision, reader, writer, up_reader, up_writer)
-            return
-        destination, origin_form = _absolute_form(target)
-        forwarded = _forwarded_head(method, origin_form, header_lines, destination)
-        up_reader, up_writer, decision = await self._open(destination, opened)
-        self._verdict(decision, destination)
-        up_writer.write(forwarded)
-        await _relay_both(reader, writer, up_reader, up_writer)
-
-    async def _open(
-        self, destination: Destination, opened: list[asyncio.StreamWriter]
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Decision]:
+    async def _open(self, destination: Destination) -> tuple[socket.socket, Decision]:
         """Check the name, resolve it, connect to the first allowed address that answers."""
         host, port = destination
         decision = self.policy.check_name(host, port)
@@ -280,19 +278,17 @@ class EgressProxy:
         refusal: Optional[Decision] = None
         failures: list[str] = []
         for address in addresses:
-            verdict = self.policy.check_address(host, port, address)
+            try:
+                verdict = self.policy.check_address(host, port, address)
+            except ValueError:  # a resolver that answered something other than an address
+                verdict = Decision(False, DEFAULT_DENY, f"{printable(str(address))} is not an IP address")
             if not verdict.allowed:
                 refusal = refusal or verdict
                 continue
             try:
-                up_reader, up_writer = await asyncio.wait_for(
-                    asyncio.open_connection(str(address), port, limit=CHUNK_BYTES), self.connect_timeout
-                )
+                return await self._connect(str(address), port), verdict
             except (OSError, asyncio.TimeoutError) as exc:
                 failures.append(f"{address}: {exc or 'timed out'}")
-                continue
-            opened.append(up_writer)
-            return up_reader, up_writer, verdict
         if failures:
             detail = f"could not connect to {destination}: {'; '.join(failures)}"
             raise _Answer("502 Bad Gateway", detail, decision, destination)
@@ -300,37 +296,49 @@ class EgressProxy:
             raise _Answer("403 Forbidden", decision=refusal, destination=destination)
         raise _Answer("502 Bad Gateway", f"{host} has no address", decision, destination)
 
+    async def _connect(self, address: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        upstream = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            upstream.setblocking(False)
+            # The client's own writes decide when bytes go; the relay adds no Nagle delay of its own.
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            loop = asyncio.get_running_loop()
+            await asyncio.wait_for(loop.sock_connect(upstream, (address, port)), self.connect_timeout)
+        except BaseException:
+            upstream.close()
+            raise
+        return upstream
+
     async def _tunnel(
         self,
         destination: Destination,
         decision: Decision,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        up_reader: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
+        client: socket.socket,
+        upstream: socket.socket,
+        rest: bytes,
     ) -> None:
         """After the 200: the upstream's bytes flow at once; the client's wait for the peek's verdict."""
-        downstream = asyncio.ensure_future(_relay(up_reader, writer))
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
+        downstream = asyncio.ensure_future(relay.pipe(upstream, client))
         try:
-            first, refusal = await self._peek(destination, reader)
+            first, refusal = await self._peek(destination, client, rest)
             if refusal is not None:
                 self._verdict(refusal, destination)
                 return
             self._verdict(decision, destination)
             if first:
-                up_writer.write(first)
-                await _relay(reader, up_writer)
-            elif up_writer.can_write_eof():
-                up_writer.write_eof()  # the client ended without a byte
-            await downstream
+                await loop.sock_sendall(upstream, first)
+            await _both_ways(client, upstream, downstream)
         finally:
             downstream.cancel()
+            await asyncio.gather(downstream, return_exceptions=True)
 
     async def _peek(
-        self, destination: Destination, reader: asyncio.StreamReader
+        self, destination: Destination, client: socket.socket, data: bytes
     ) -> tuple[bytes, Optional[Decision]]:
         """The client's first bytes (empty: it ended without any), and a refusal if they name another host."""
-        data = b""
         while True:
             opening = peek.opening(data)
             if opening is peek.Opening.RAW:
@@ -345,28 +353,18 @@ class EgressProxy:
             except peek.PeekError as exc:
                 return data, Decision(False, PEEK_RULE, f"{exc}, in a tunnel to {destination}")
             if name is not peek.MORE:
-                return data, self._check_peeked(destination, opening, name)
+                return data, _check_peeked(destination, opening, name)
             if len(data) >= peek.MAX_PEEK_BYTES:
-                return data, Decision(
-                    False, PEEK_RULE, f"no name in the first {len(data)} bytes to {destination}"
-                )
-            more = await reader.read(peek.MAX_PEEK_BYTES - len(data))
+                reason = f"no name in the first {len(data)} bytes to {destination}"
+                return data, Decision(False, PEEK_RULE, reason)
+            more = await asyncio.get_running_loop().sock_recv(client, peek.MAX_PEEK_BYTES - len(data))
             if not more:
-                return data, (
-                    None if not data else Decision(False, PEEK_RULE, "the client ended mid-handshake")
-                )
+                if isinstance(opening, peek.Opening):  # a TLS or HTTP head begun and never finished
+                    return data, Decision(
+                        False, PEEK_RULE, f"the client ended inside its {opening.value} head"
+                    )
+                return data, None  # a few bytes that start nothing with a name in it ("PING")
             data += more
-
-    @staticmethod
-    def _check_peeked(destination: Destination, opening: object, name: object) -> Optional[Decision]:
-        what = "TLS server name" if opening is peek.Opening.TLS else "HTTP Host"
-        if name is None and ip_literal(destination.host) is not None:
-            return None  # TLS to an IP address carries no server name
-        if not isinstance(name, str) or normalise_host(name) != destination.host:
-            return Decision(False, PEEK_RULE, f"the {what} {_printable(str(name))} is not {destination.host}")
-        return None
-
-    # --- verdicts and answers --------------------------------------------------------------------------
 
     def _verdict(self, decision: Decision, destination: Destination) -> None:
         if decision.allowed:
@@ -376,29 +374,69 @@ class EgressProxy:
         else:
             self.denied += 1
             log.warning("network policy: session %s (outpost %s): denied %s by %s: %s", self.session_id,
-                        self.outpost_id, destination, decision.rule, _printable(decision.reason))  # fmt: skip
+                        self.outpost_id, destination, decision.rule, printable(decision.reason))  # fmt: skip
         if self.observer is not None:
             self.observer(decision, destination, self.session_id, self.outpost_id)
 
-    async def _answer(self, writer: asyncio.StreamWriter, answer: _Answer) -> None:
-        extra = ""
-        if answer.decision is not None and not answer.decision.allowed:
-            text = _printable(f"{answer.decision.rule}: {answer.decision.reason}")
-            extra = f"X-Devin-Egress-Denied: {text}\r\n"
-            body = f"network policy: denied by {text}\n"
-        else:
-            body = f"{_printable(answer.detail)}\n"
-        payload = body.encode("utf-8", "replace")
-        writer.write(
-            f"HTTP/1.1 {answer.status}\r\nContent-Type: text/plain; charset=utf-8\r\n{extra}"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode("utf-8", "replace")
-            + payload
-        )
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
-
 
 # --- the pieces ----------------------------------------------------------------------------------------
+
+
+def _check_peeked(destination: Destination, opening: object, name: object) -> Optional[Decision]:
+    what = "TLS server name" if opening is peek.Opening.TLS else "HTTP Host"
+    if name is None and ip_literal(destination.host) is not None:
+        return None  # TLS to an IP address carries no server name
+    if not isinstance(name, str) or normalise_host(name) != destination.host:
+        return Decision(False, PEEK_RULE, f"the {what} {printable(str(name))} is not {destination.host}")
+    return None
+
+
+async def _both_ways(
+    client: socket.socket, upstream: socket.socket, downstream: Optional[asyncio.Future[int]] = None
+) -> None:
+    """Relay both directions until both have ended (each end passed on as a half-close), or until one
+    side breaks (then both end: the caller closes the sockets)."""
+    directions = [
+        downstream or asyncio.ensure_future(relay.pipe(upstream, client)),
+        asyncio.ensure_future(relay.pipe(client, upstream)),
+    ]
+    try:
+        for finished in asyncio.as_completed(directions):
+            await finished
+    finally:
+        for direction in directions:
+            direction.cancel()
+        await asyncio.gather(*directions, return_exceptions=True)
+
+
+async def _answer(client: socket.socket, answer: _Answer) -> None:
+    """Send the answer, then read what the client still sends (for a while) before the caller closes."""
+    extra = ""
+    if answer.decision is not None and not answer.decision.allowed:
+        text = printable(f"{answer.decision.rule}: {answer.decision.reason}")
+        extra = f"X-Devin-Egress-Denied: {text}\r\n"
+        body = f"network policy: denied by {text}\n"
+    else:
+        body = f"{printable(answer.detail)}\n"
+    payload = body.encode("utf-8", "replace")
+    head = (
+        f"HTTP/1.1 {answer.status}\r\nContent-Type: text/plain; charset=utf-8\r\n{extra}"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(OSError, asyncio.TimeoutError):
+        await loop.sock_sendall(client, head.encode("utf-8", "replace") + payload)
+        client.shutdown(socket.SHUT_WR)
+        await asyncio.wait_for(_discard(client, LINGER_BYTES), LINGER_SECONDS)
+
+
+async def _discard(client: socket.socket, limit: int) -> None:
+    loop = asyncio.get_running_loop()
+    while limit > 0:
+        data = await loop.sock_recv(client, min(limit, 16384))
+        if not data:
+            return
+        limit -= len(data)
 
 
 async def _getaddrinfo(host: str, port: int) -> list[Address]:
@@ -430,90 +468,3 @@ def _remove_stale_socket(path: str) -> None:
         except OSError as exc:
             raise ProxyError(f"Could not listen on {path}: {exc}") from exc
     raise ProxyError(f"Could not listen on {path}: another process is listening on it")
-
-
-def _connect_destination(target: str) -> Destination:
-    try:
-        host, port = peek.split_host_port(target)
-    except peek.PeekError as exc:
-        raise _Answer("400 Bad Request", f"CONNECT {target}: {exc}") from exc
-    if not host or port is None:
-        raise _Answer("400 Bad Request", f"CONNECT {target}: the target must be host:port")
-    return Destination(normalise_host(host), port)
-
-
-def _absolute_form(target: str) -> tuple[Destination, str]:
-    """An absolute-form ``http://`` target: where it goes, and the target in origin-form."""
-    parts = urlsplit(target)
-    if parts.scheme.lower() != "http" or not parts.netloc or "@" in parts.netloc:
-        raise _Answer("400 Bad Request", "only CONNECT and absolute-form http:// requests are proxied")
-    try:
-        host, port = peek.split_host_port(parts.netloc, 80)
-    except peek.PeekError as exc:
-        raise _Answer("400 Bad Request", f"{target}: {exc}") from exc
-    origin_form = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Destination(normalise_host(host), port or 80), origin_form
-
-
-def _forwarded_head(
-    method: str, origin_form: str, header_lines: list[str], destination: Destination
-) -> bytes:
-    """The request head sent upstream; its Host header, if any, must name the URL's host."""
-    kept: list[str] = []
-    for line in header_lines:
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise _Answer("400 Bad Request", "a header line without a colon")
-        lowered = name.strip().lower()
-        if lowered == "host":
-            try:
-                named = normalise_host(peek.split_host_port(value)[0])
-            except peek.PeekError as exc:
-                raise _Answer("400 Bad Request", f"Host: {exc}") from exc
-            if named != destination.host:
-                reason = f"the Host header {_printable(named)} is not the URL's host {destination.host}"
-                refusal = Decision(False, REQUEST_HOST_RULE, reason)
-                raise _Answer("403 Forbidden", decision=refusal, destination=destination)
-        if lowered in ("connection", "keep-alive", "proxy-connection", "proxy-authorization", "host"):
-            continue
-        kept.append(line)
-    host = f"[{destination.host}]" if ":" in destination.host else destination.host
-    if destination.port != 80:
-        host += f":{destination.port}"
-    lines = [f"{method} {origin_form} HTTP/1.1", f"Host: {host}", *kept, "Connection: close", "", ""]
-    return "\r\n".join(lines).encode("latin-1")
-
-
-async def _relay(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    """Copy ``source`` to ``sink`` until ``source`` ends, then half-close ``sink``; waits on the sink's
-    buffer (drain) so that a slow reader slows the writer down instead of filling memory."""
-    try:
-        while True:
-            data = await source.read(CHUNK_BYTES)
-            if not data:
-                break
-            sink.write(data)
-            await sink.drain()
-        if sink.can_write_eof() and not sink.is_closing():
-            sink.write_eof()
-    except OSError:
-        sink.transport.abort()
-
-
-async def _relay_both(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-) -> None:
-    downstream = asyncio.ensure_future(_relay(up_reader, writer))
-    try:
-        await _relay(reader, up_writer)
-        await downstream
-    finally:
-        downstream.cancel()
-
-
-def _printable(text: str) -> str:
-    """``text`` on one line: control characters escaped (what a client sent must not forge a log line)."""
-    return "".join(char if char.isprintable() else f"\\x{ord(char):02x}" for char in text)
