@@ -140,7 +140,8 @@ class Policy:
             raise PolicyError(f"a network policy must be an object, not {type(spec).__name__}")
         if not spec.get("enabled"):
             return cls(enforced=False, gateway=gateway)
-        rules = spec.get("allow") or []
+        rules = spec.get("allow")
+        rules = [] if rules is None else rules
         if not isinstance(rules, list):
             raise PolicyError(f"a network policy's allow must be a list, not {type(rules).__name__}")
         hostnames, networks, ignored = _read_rules(rules)
