@@ -56,7 +56,7 @@ from typing import Any, Callable, Optional, TextIO
 from devin_outposts.core.netpolicy.policy import Policy
 from devin_outposts.core.netpolicy.proxy import EgressProxy
 
-from _harness import BenchError, percentile
+from _harness import BenchError, cpu_seconds_of, percentile
 
 TARGET_THROUGHPUT_RATIO = 0.80
 TARGET_ADDED_P50_S = 0.002
@@ -266,9 +266,12 @@ def measure(args: argparse.Namespace, say: Out) -> dict[str, Any]:
                 bulk, ping = upstream.ready["bulk"], upstream.ready["ping"]
                 say(f"... throughput: {args.megabytes} MB x {args.bulk_runs} per path")
                 seconds: dict[str, list[float]] = {"direct": [], "proxy": []}
+                proxy_cpu = 0.0
                 for dummy_run in range(args.bulk_runs):
                     for path in ("direct", "proxy"):
+                        cpu_before = cpu_seconds_of(proxy.process.pid)
                         seconds[path].append(bulk_once(path, socket_path, bulk, size))
+                        proxy_cpu += cpu_seconds_of(proxy.process.pid) - cpu_before
                 results["throughput"] = {
                     path: {
                         "mb_per_s": [size / 1e6 / s for s in runs],
@@ -276,16 +279,20 @@ def measure(args: argparse.Namespace, say: Out) -> dict[str, Any]:
                     }
                     for path, runs in seconds.items()
                 }
+                results["throughput"]["proxy_cpu_share"] = proxy_cpu / sum(seconds["proxy"])
                 say(f"... connect latency: {args.connections} connections per path")
                 latency: dict[str, list[float]] = {"direct": [], "proxy": []}
+                cpu_before = cpu_seconds_of(proxy.process.pid)
                 for dummy_index in range(args.connections):
                     for path in ("direct", "proxy"):
                         latency[path].append(ping_once(path, socket_path, ping))
+                cpu_per_connection = (cpu_seconds_of(proxy.process.pid) - cpu_before) / args.connections
                 results["latency"] = {
                     path: {"n": len(values), "p50": percentile(values, 0.5), "p95": percentile(values, 0.95),
                            "max": max(values)}
                     for path, values in latency.items()
                 }  # fmt: skip
+                results["latency"]["proxy_cpu_per_connection_s"] = cpu_per_connection
             finally:
                 results["proxy_counts"] = proxy.stop()
         say(f"... idle memory: {args.idle_proxies} proxies")
@@ -317,10 +324,12 @@ def report(results: dict[str, Any], say: Out) -> None:
     for path in ("direct", "proxy"):
         runs = ", ".join(f"{value:.0f}" for value in through[path]["mb_per_s"])
         say(f"throughput {path:6s} median {through[path]['median_mb_per_s']:7.0f} MB/s  (runs: {runs})")
+    say(f"  the proxy's process used {through['proxy_cpu_share'] * 100:.0f} % of a core during its transfers")
     for path in ("direct", "proxy"):
         fig = lat[path]
         say(f"connect+first byte {path:6s} p50 {fig['p50'] * 1000:.3f} ms  p95 {fig['p95'] * 1000:.3f} ms"
             f"  max {fig['max'] * 1000:.3f} ms  ({fig['n']} connections)")  # fmt: skip
+    say(f"  the proxy's process used {lat['proxy_cpu_per_connection_s'] * 1e6:.0f} us of CPU per connection")
     start_mib = idle["rss_before_kib"] / 1024
     say(f"idle: {idle['per_proxy_kib']:.1f} KiB per proxy, {idle['per_idle_tunnel_kib']:.1f} KiB per idle"
         f" tunnel ({idle['proxies']} of each; the process started at {start_mib:.1f} MiB)")  # fmt: skip

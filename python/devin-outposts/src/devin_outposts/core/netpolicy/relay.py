@@ -1,8 +1,9 @@
 """Moving a tunnel's bytes from one socket to another on the event loop: with backpressure, and with the
 end of one direction passed on as a half-close.
 
-A direction starts by copying through a buffer (``loop.sock_recv_into``, then ``loop.sock_sendall``, which
-waits while the other side is not reading: that is the backpressure). Once it has carried
+A direction starts by copying (``loop.sock_recv``, then ``loop.sock_sendall``, which waits while the other
+side is not reading: that is the backpressure; a buffer exists only while bytes are in flight, so an idle
+tunnel holds none). Once it has carried
 :data:`SPLICE_AFTER` bytes, on Linux with ``os.splice`` (Python 3.10 and later), it moves the rest with
 splice(2) through a pipe of its own: the bytes then go from one socket to the other inside the kernel and
 never through this process, which is what keeps a bulk transfer through the egress proxy as fast as a
@@ -21,7 +22,7 @@ from typing import Callable
 
 #: Bytes a direction copies before it switches to splice(2).
 SPLICE_AFTER = 1 << 20
-#: The copy buffer, and how much one splice(2) asks for (the pipe is made this big when the kernel lets it).
+#: The most one copy reads, and how much one splice(2) asks for (the pipe is made this big when the kernel lets it).
 COPY_BYTES = 64 * 1024
 SPLICE_BYTES = 1 << 20
 #: Whether this Python on this system can splice (Linux, Python 3.10 and later).
@@ -33,18 +34,16 @@ async def pipe(source: socket.socket, sink: socket.socket, *, splice: bool = CAN
     (half-close); the number of bytes moved. Both sockets are non-blocking. An :class:`OSError` means that
     one of them broke (reset, closed)."""
     loop = asyncio.get_running_loop()
-    buffer = bytearray(COPY_BYTES)
-    view = memoryview(buffer)
     moved = 0
     while True:
         if splice and moved >= SPLICE_AFTER:
             moved += await _splice_all(source, sink)
             break
-        count = await loop.sock_recv_into(source, buffer)
-        if not count:
+        data = await loop.sock_recv(source, COPY_BYTES)
+        if not data:
             break
-        await loop.sock_sendall(sink, view[:count])
-        moved += count
+        await loop.sock_sendall(sink, data)
+        moved += len(data)
     sink.shutdown(socket.SHUT_WR)
     return moved
 
