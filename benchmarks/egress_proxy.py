@@ -19,7 +19,7 @@ and the upstream elsewhere):
 Figures:
 
 1. **throughput**: ``--megabytes`` through one connection, from the bulk listener to the client (read into a
-   1 MiB buffer), ``--bulk-runs`` (5) times per path, alternating; the median MB/s of each path (1 MB =
+   1 MiB buffer), ``--bulk-runs`` (15) times per path, alternating; the median MB/s of each path (1 MB =
    10^6 bytes) and the ratio proxy / direct (target >= 80 %). The clock runs from the connect to the last
    byte, so the proxy's handshake is included (it is a few hundred microseconds of several seconds).
 2. **connect latency**: ``--connections`` (1,000) short connections per path, alternating one direct and
@@ -42,6 +42,8 @@ import asyncio
 import gc
 import json
 import logging
+import os
+import platform
 import socket
 import socketserver
 import statistics
@@ -362,7 +364,7 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--megabytes", type=int, default=100, help="MB through one connection (100)")
-    parser.add_argument("--bulk-runs", type=int, default=5, help="bulk transfers per path (5)")
+    parser.add_argument("--bulk-runs", type=int, default=15, help="bulk transfers per path (15)")
     parser.add_argument("--connections", type=int, default=1000, help="short connections per path (1000)")
     parser.add_argument(
         "--idle-proxies", type=int, default=100, help="idle proxies for the memory figure (100)"
@@ -392,6 +394,7 @@ def main() -> int:
         print(line, file=stream, flush=True)
 
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     try:
         results = measure(args, say)
     except (BenchError, OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -400,7 +403,10 @@ def main() -> int:
     results["targets"] = {"throughput_ratio": TARGET_THROUGHPUT_RATIO, "added_p50_s": TARGET_ADDED_P50_S}
     report(results, say)
     results["wall_s"] = time.monotonic() - started
-    say(f"wall time: {results['wall_s']:.1f} s")
+    results["load_average"] = {"before": load_before, "after": os.getloadavg()[0]}
+    load_after, python = results["load_average"]["after"], platform.python_version()
+    say(f"wall time: {results['wall_s']:.1f} s; load average (1 min) {load_before:.2f} before, "
+        f"{load_after:.2f} after; {os.cpu_count()} CPUs, Python {python}")  # fmt: skip
     if args.json:
         text = json.dumps(results, indent=2)
         if args.json == "-":

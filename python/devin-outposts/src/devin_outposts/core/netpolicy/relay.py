@@ -22,7 +22,7 @@ from typing import Callable
 
 #: Bytes a direction copies before it switches to splice(2).
 SPLICE_AFTER = 1 << 20
-#: The most one copy reads, and how much one splice(2) asks for (the pipe is made this big when the kernel lets it).
+#: The most one copy reads; how much one splice(2) asks for (the pipe is made this big if the kernel lets it).
 COPY_BYTES = 64 * 1024
 SPLICE_BYTES = 1 << 20
 #: Whether this Python on this system can splice (Linux, Python 3.10 and later).
