@@ -75,7 +75,7 @@ def test_a_client_hello_that_lies_about_its_lengths() -> None:
 def test_garbage_after_a_handshake_header_never_crashes(seed: int) -> None:
     """Random bodies: a name, None or a PeekError, never another exception."""
     rng = random.Random(seed)
-    body = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+    body = bytes(rng.randrange(256) for dummy in range(rng.randrange(1, 300)))
     data = b"\x16\x03\x01" + struct.pack("!H", len(body)) + body
     try:
         result = peek.tls_server_name(data)

@@ -127,7 +127,7 @@ def split_host_port(text: str, default_port: Optional[int] = None) -> tuple[str,
     """
     text = text.strip()
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
+        host, dummy, rest = text[1:].partition("]")
         port_text = rest[1:] if rest.startswith(":") else ""
     elif text.count(":") == 1:
         host, port_text = text.split(":")
