@@ -245,10 +245,9 @@ class EgressProxy:
         """The request head up to its blank line, and what came after it; None when the client sent
         nothing in time or closed."""
         loop = asyncio.get_running_loop()
-        data = b""
 
         async def until_blank_line() -> Optional[tuple[bytes, bytes]]:
-            nonlocal data
+            data = b""
             while True:
                 end = data.find(b"\r\n\r\n")
                 if end >= 0:
