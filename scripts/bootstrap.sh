@@ -24,7 +24,8 @@ PYTHON="${OUTPOSTS_PYTHON:-python3.11}"
 # runc and catatonit by name: apt would pick crun for podman's "crun | runc", and catatonit (podman
 # --init, which the podman driver uses) is only a recommendation.
 # openjdk-17-jre-headless: ansible-rulebook (the eda stage) runs its rules engine, Drools, on Java 17.
-APT_PACKAGES=(git rsync python3-venv shellcheck podman runc catatonit openjdk-17-jre-headless)
+# nftables, iproute2, util-linux: the network-policy sandbox (nft, ip, unshare) and its tests.
+APT_PACKAGES=(git rsync python3-venv shellcheck podman runc catatonit openjdk-17-jre-headless nftables iproute2 util-linux)
 # shared/reference/test-hosts.md, Recipe A: podman's default ulimits exceed the hard limits of our machines
 # (setrlimit fails), and crun refuses their hybrid cgroup layout. A drop-in, so that a containers.conf of
 # the machine's own stays as it is; podman reads containers.conf.d since 4.x.

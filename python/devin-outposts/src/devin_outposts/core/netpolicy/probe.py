@@ -1,0 +1,125 @@
+"""Can this host confine sessions to their network policy? :func:`probe` runs the real thing once (the
+launcher of :mod:`.sandbox` around ``true``) and says why not, in one line, or None when it can.
+
+A worker that gets a reason does not serve sessions whose policy is enforced (it releases them so that a
+worker that can enforce takes them), unless it runs with ``--network-policy ignore``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from .sandbox import SandboxExit, sandbox_argv, write_policy_file
+
+#: A cold interpreter, ``ip`` and ``nft``: well under a second on an idle host.
+PROBE_TIMEOUT_SECONDS = 60.0
+
+
+@functools.cache
+def probe() -> Optional[str]:
+    """None when sessions can be confined here, else why not (one line). Run once per process: the answer
+    depends on the host and on how this service was started, which do not change while it runs."""
+    return probe_host()
+
+
+def probe_host(
+    *, unshare: Optional[str] = None, python: Optional[str] = None, timeout: float = PROBE_TIMEOUT_SECONDS
+) -> Optional[str]:
+    """:func:`probe` without the cache, with the programs to use (tests give others)."""
+    system = sys.platform  # (a plain value: mypy's other platform runs check the rest)
+    if not system.startswith("linux"):
+        return f"sessions can only be confined on Linux (this is {system})"
+    unshare = unshare or shutil.which("unshare")
+    if unshare is None or not os.access(unshare, os.X_OK):
+        return "util-linux's unshare is not installed (Debian package util-linux)"
+    true = shutil.which("true") or "/bin/true"
+    with tempfile.TemporaryDirectory(prefix="devin-outposts-probe-") as directory:
+        policy_file = write_policy_file(Path(directory) / "policy.json", {"enabled": True, "allow": []}, None)
+        socket_path = Path(directory) / "egress.sock"
+        argv = sandbox_argv([true], socket_path, policy_file, python=python, unshare=unshare)
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)  # noqa: S603
+        except OSError as exc:
+            return f"cannot run {unshare}: {exc}"
+        except subprocess.TimeoutExpired:
+            return f"a trial session did not finish within {timeout:.0f} s"
+    if result.returncode == 0:
+        return None
+    said = _last_line(result.stderr)
+    if result.returncode in {int(code) for code in SandboxExit}:
+        return _launcher_reason(SandboxExit(result.returncode), said)
+    return _namespace_reason(said, result.returncode)
+
+
+def _launcher_reason(code: SandboxExit, said: str) -> str:
+    if code is SandboxExit.SETUP_FAILED and "nft" in said and "not permitted" in said.lower():
+        return f"nft is refused inside a user namespace (a kernel without nftables there?): {said}"
+    return f"the trial session's launcher failed ({code.name}): {said}"
+
+
+def _namespace_reason(said: str, returncode: int) -> str:
+    """Why ``unshare --user --net`` failed: the first setting of this host that forbids it, else its words."""
+    unprivileged = _euid() != 0
+    settings = (
+        ("/proc/sys/user/max_user_namespaces", "0", True, "user namespaces are disabled"),
+        (
+            "/proc/sys/kernel/unprivileged_userns_clone",
+            "0",
+            unprivileged,
+            "unprivileged user namespaces are disabled",
+        ),
+        (
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1",
+            unprivileged,
+            "AppArmor restricts unprivileged user namespaces",
+        ),
+    )
+    for path, forbidding, applies, meaning in settings:
+        if applies and _read(path) == forbidding:
+            sysctl = path[len("/proc/sys/") :].replace("/", ".")
+            return f"{meaning} ({sysctl} = {forbidding}): {said}"
+    if _read_status("Seccomp") not in ("", "0"):
+        return (
+            "cannot create a user and network namespace under a seccomp filter (systemd "
+            f"RestrictNamespaces= or SystemCallFilter= on this service?): {said}"
+        )
+    return f"cannot create a user and network namespace (unshare exited {returncode}): {said}"
+
+
+if sys.platform == "win32":
+
+    def _euid() -> int:
+        return -1
+
+else:
+
+    def _euid() -> int:
+        return os.geteuid()
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    last = lines[-1] if lines else "(nothing on stderr)"
+    return last.removeprefix("devin-outposts sandbox: ")
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _read_status(field: str) -> str:
+    for line in _read("/proc/self/status").splitlines():
+        if line.startswith(f"{field}:"):
+            return line.split(":", 1)[1].strip()
+    return ""
