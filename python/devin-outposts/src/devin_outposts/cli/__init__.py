@@ -4,7 +4,8 @@ Each verb group lives in its own module and registers itself through ``add_parse
 
 * ``outpost`` (create/delete/list) mirrors ``devin worker outpost ...``;
 * ``worker`` mirrors ``devin worker start`` and ``devin worker outpost ...``;
-* ``orchestrate`` claims sessions and runs each on a fresh machine through a driver.
+* ``orchestrate`` claims sessions and runs each on a fresh machine through a driver;
+* ``network-policy check`` explains what a session's network policy decides for a destination.
 
 Only the module of the verb group being run is imported, so a long-running ``worker start`` never loads
 the outpost verbs' code. The simulator has its own command, ``devin-outposts-sim``.
@@ -34,6 +35,7 @@ _VERB_MODULES = {
     "outpost": "devin_outposts.cli.outpost",
     "worker": "devin_outposts.cli.worker",
     "orchestrate": "devin_outposts.cli.orchestrate",
+    "network-policy": "devin_outposts.cli.netpolicy",
 }
 
 

@@ -23,8 +23,9 @@ Modules, each one concern:
 * :mod:`.tokenfile`: the one reader of the account token: its variable, a file descriptor or a 0600 file;
 * :mod:`.platform`: everything that differs per operating system (:mod:`~.platform.posix`,
   :mod:`~.platform.windows`);
-* :mod:`.netpolicy`: each session's ``spec.network_policy``: what it allows, and confining a session to it;
-* :mod:`.metrics`: ``/metrics`` and ``/healthz``;
+* :mod:`.netpolicy`: each session's ``spec.network_policy``: what it allows, the egress proxy that enforces
+  it, and confining a session to it;
+* :mod:`.metrics`: ``/metrics`` and ``/healthz`` (and the egress proxies' verdicts, by session);
 * :mod:`.logs`: text or JSON logs with secrets redacted;
 * :mod:`.exits`: the exit codes (:class:`~.exits.ExitCode`) and :class:`~.exits.ProgramExit`.
 """

@@ -36,6 +36,13 @@ COUNTERS = {
     "network_policy_refusals": "Sessions released because their network policy could not be enforced here",
     "network_policy_unenforced": "Sessions run without their enabled network policy (--network-policy ignore)",
 }
+#: Counters with labels of their own, on top of the process's: name -> (help, label names).
+LABELLED_COUNTERS = {
+    "egress_connections": (
+        "Connections through the sessions' egress proxies, by outpost, session and the policy's verdict",
+        ("outpost", "session", "verdict"),
+    ),
+}
 GAUGES = {
     "active_sessions": "Sessions being served now",
     "max_sessions": "Configured concurrent session slots",
@@ -71,6 +78,14 @@ class MetricsAddrLike(Protocol):
         """The port (0: any free one)."""
 
 
+class VerdictLike(Protocol):
+    """A network policy's decision (core/netpolicy/policy.py's ``Decision``), as far as it is counted."""
+
+    @property
+    def allowed(self) -> bool:
+        """Whether the connection was allowed."""
+
+
 class Histogram:
     """Cumulative buckets, a sum and a count: the Prometheus histogram."""
 
@@ -100,8 +115,10 @@ class Metrics:
         counters: Optional[Mapping[str, str]] = None,
         gauges: Optional[Mapping[str, str]] = None,
         histograms: Optional[Mapping[str, tuple[str, Sequence[float]]]] = None,
+        labelled_counters: Optional[Mapping[str, tuple[str, Sequence[str]]]] = None,
     ) -> None:
         counters = COUNTERS if counters is None else counters
+        labelled_counters = LABELLED_COUNTERS if labelled_counters is None else labelled_counters
         gauges = GAUGES if gauges is None else gauges
         self.prefix = prefix
         self.counter_help = dict(counters)
@@ -110,6 +127,10 @@ class Metrics:
         self.counters = dict.fromkeys(counters, 0)
         self.gauges = dict.fromkeys(gauges, 0.0)
         self.histograms = {name: Histogram(spec[1]) for name, spec in (histograms or {}).items()}
+        self.labelled_help = {name: spec[0] for name, spec in labelled_counters.items()}
+        self.label_names = {name: tuple(spec[1]) for name, spec in labelled_counters.items()}
+        #: name -> label values (in the order of its label names) -> count.
+        self.labelled: dict[str, dict[tuple[str, ...], int]] = {name: {} for name in labelled_counters}
         self.labels = dict(labels or {})
 
     def inc(self, name: str, value: int = 1) -> None:
@@ -121,10 +142,34 @@ class Metrics:
     def observe(self, name: str, value: float) -> None:
         self.histograms[name].observe(value)
 
-    def _label_text(self) -> str:
-        if not self.labels:
+    def inc_labelled(self, name: str, values: Sequence[str], value: int = 1) -> None:
+        """Count ``value`` on the series of ``name`` with these label ``values`` (in its names' order)."""
+        series = self.labelled.setdefault(name, {})
+        key = tuple(values)
+        series[key] = series.get(key, 0) + value
+
+    def count_egress(
+        self, decision: VerdictLike, destination: object, session_id: str, outpost_id: str
+    ) -> None:
+        """An egress proxy's observer (core/netpolicy/proxy.py): count one connection by its verdict."""
+        del destination  # not a label: one series per destination would grow without bound
+        verdict = "allowed" if decision.allowed else "denied"
+        self.inc_labelled("egress_connections", (outpost_id, session_id, verdict))
+
+    def forget_egress(self, session_id: str) -> None:
+        """Drop an ended session's egress series, so that a long-lived worker's /metrics stays bounded."""
+        series = self.labelled.get("egress_connections", {})
+        names = self.label_names.get("egress_connections", ())
+        position = names.index("session") if "session" in names else -1
+        for key in [key for key in series if position >= 0 and key[position] == session_id]:
+            del series[key]
+
+    def _label_text(self, extra: Optional[Mapping[str, str]] = None) -> str:
+        """The process's labels, with ``extra`` (a series' own, which win over them) added."""
+        labels = {**self.labels, **(extra or {})}
+        if not labels:
             return ""
-        body = ",".join(f'{key}="{value}"'.replace("\n", " ") for key, value in sorted(self.labels.items()))
+        body = ",".join(f'{key}="{_label_value(value)}"' for key, value in sorted(labels.items()))
         return "{" + body + "}"
 
     def _with_le(self, bound: str) -> str:
@@ -143,6 +188,11 @@ class Metrics:
                 f"# TYPE {full} counter",
                 f"{full}{labels} {self.counters[name]}",
             ]
+        for name, help_text in self.labelled_help.items():
+            full = f"{self.prefix}{name}_total"
+            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} counter"]
+            for values, count in sorted(self.labelled[name].items()):
+                lines.append(f"{full}{self._label_text(dict(zip(self.label_names[name], values)))} {count}")
         for name, help_text in self.gauge_help.items():
             full = f"{self.prefix}{name}"
             lines += [
@@ -161,6 +211,11 @@ class Metrics:
                 f"{full}_count{labels} {histogram.count}",
             ]
         return "\n".join(lines) + "\n"
+
+
+def _label_value(value: str) -> str:
+    """A label value as the text format escapes it (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class MetricsServer:

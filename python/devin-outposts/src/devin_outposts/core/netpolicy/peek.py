@@ -1,6 +1,7 @@
 """The name a connection asks for in its first bytes: the server name (SNI) of a TLS ClientHello, or the
-``Host`` of a plain HTTP request. The egress proxy checks it against the CONNECT host; the transparent
-redirect inside a session's namespace learns from it which name a proxy-unaware client meant.
+``Host`` of a plain HTTP request (:func:`opening` tells which, if either, the bytes start). The egress
+proxy checks it against the CONNECT host; the transparent redirect inside a session's namespace learns
+from it which name a proxy-unaware client meant.
 
 Only reads: nothing here answers the client or changes the bytes. A reader gets the bytes received so far
 and says :data:`MORE` while it cannot tell yet.
@@ -8,6 +9,8 @@ and says :data:`MORE` while it cannot tell yet.
 
 from __future__ import annotations
 
+import enum
+import re
 import struct
 from typing import Optional, Union
 
@@ -30,9 +33,42 @@ class PeekError(ValueError):
 Peeked = Union[Optional[str], object]
 
 
+class Opening(enum.Enum):
+    """What a connection's first bytes start: which reader can tell the name it asks for, if any."""
+
+    TLS = "tls"  # a TLS handshake record: :func:`tls_server_name`
+    HTTP = "http"  # an HTTP/1 request line: :func:`http_host`
+    RAW = "raw"  # anything else (SSH, a database protocol...): no name in it
+
+
+#: An HTTP/1 request line (RFC 9112: method SP request-target SP HTTP-version), CR optional.
+_REQUEST_LINE = re.compile(rb"[A-Z]{1,16} [!-~]+ HTTP/1\.[01]\r?")
+_UPPER = re.compile(rb"[A-Z]*")
+
+
 def looks_like_tls(data: bytes) -> bool:
     """Whether a connection that sent ``data`` first (at least one byte) is starting a TLS handshake."""
     return data[:1] == bytes([_HANDSHAKE])
+
+
+def opening(data: bytes) -> Union[Opening, object]:
+    """What ``data``, a connection's first bytes, start (:class:`Opening`), or :data:`MORE` while that cannot
+    be told yet. HTTP needs its whole first line, so that a raw protocol whose first word happens to be in
+    capitals (an inline ``GET key`` of Redis) is not taken for HTTP."""
+    if not data:
+        return MORE
+    if looks_like_tls(data):
+        return Opening.TLS
+    method = _UPPER.match(data)
+    size = method.end() if method else 0
+    if size == len(data):
+        return MORE if size <= 16 else Opening.RAW
+    if size == 0 or data[size : size + 1] != b" ":
+        return Opening.RAW
+    line_end = data.find(b"\n")
+    if line_end < 0:
+        return MORE if len(data) < MAX_PEEK_BYTES else Opening.RAW
+    return Opening.HTTP if _REQUEST_LINE.fullmatch(data[:line_end]) else Opening.RAW
 
 
 def tls_server_name(data: bytes) -> Peeked:

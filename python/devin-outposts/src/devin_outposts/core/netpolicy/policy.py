@@ -7,16 +7,23 @@ The rules (docs/network-policy.md, "What a policy allows"):
 * ``enabled: true``: everything is denied but what a rule allows, on any port (the contract names no ports);
 * ``{"hostname": glob}``: case-insensitive, a trailing dot ignored. A leading ``*.`` matches one or more
   labels in front of the rest, never the apex (``*.example.com`` matches ``a.b.example.com``, not
-  ``example.com``); any other ``*`` matches one or more characters inside one label, never a dot; a glob of
-  ``*`` alone matches every name. Only ``*`` is special. A hostname rule never matches an IP literal;
+  ``example.com``); any other ``*`` matches one or more characters inside one label, never a dot
+  (``api-*.example.com``, ``*.eu-*.example.com``); a glob of ``*`` alone matches every name. Only ``*``
+  is special. A hostname rule never matches an IP literal (a rule that spells one is ignored: write it as
+  ipv4/ipv6);
+* only a host name (labels of letters, digits, ``-`` and ``_``, at most 63 characters each and 253 in all)
+  or an IP literal is ever allowed: anything else a client asks for is denied before any rule is read;
 * ``{"ipv4": addr/CIDR}``, ``{"ipv6": addr/CIDR}``: the address actually connected to; a bare address is
   /32 or /128; host bits are ignored (``10.0.0.1/8`` is ``10.0.0.0/8``). An IPv4-mapped IPv6 address is
-  judged as the IPv4 address it carries;
+  judged as the IPv4 address it carries, and an ipv6 rule inside ``::ffff:0:0/96`` is read as the IPv4
+  network it carries;
 * the claim's gateway (host and port of ``gateway_url``) is always allowed, whatever the list says and
   whatever address it resolves to;
 * a name allowed by a hostname rule may still only be reached at a public address: a loopback,
-  link-local, private, shared (CGNAT), ULA, multicast or otherwise non-global address is refused unless an
-  ipv4/ipv6 rule covers it (the rebinding guard);
+  link-local, private, shared (CGNAT), ULA, multicast, reserved or otherwise non-global address is
+  refused unless an ipv4/ipv6 rule covers it (the rebinding guard). The list is this module's own
+  (:data:`NOT_PUBLIC`, on top of :attr:`ipaddress.IPv4Address.is_global`), so that it does not change with
+  the Python version; a 6to4 or NAT64 address is judged by the IPv4 address it carries too;
 * a rule this reading cannot use (no key or two, an unknown key, an empty glob, a bad address) allows
   nothing; it is kept in :attr:`Policy.ignored` so that it is logged, and the other rules still apply.
 
@@ -37,6 +44,21 @@ IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 RULE_KEYS = ("hostname", "ipv4", "ipv6")
+#: Never reached by a hostname rule without an ipv4/ipv6 rule, whatever :attr:`is_global` says in this
+#: Python version (its list has changed between versions): this-network, private, shared (CGNAT),
+#: loopback, link-local, IETF protocol assignments, benchmarking, multicast, reserved and broadcast;
+#: unspecified, loopback, IPv4-compatible, local-use NAT64, ULA, link-local, site-local and multicast.
+NOT_PUBLIC: tuple[IPNetwork, ...] = tuple(
+    ipaddress.ip_network(network)
+    for network in (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+        "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
+        "::/96", "::1/128", "64:ff9b:1::/48", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
+    )
+)  # fmt: skip
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_HOST_LABEL = re.compile(r"[a-z0-9_-]{1,63}")
+_GLOB_LABEL = re.compile(r"[a-z0-9_*-]{1,63}")
 GATEWAY_RULE = "the session's gateway"
 DEFAULT_DENY = "default deny"
 NOT_ENFORCED = "no policy enforced"
@@ -70,15 +92,15 @@ class HostnameRule:
         return f"hostname {self.glob}"
 
     def matches(self, name: str) -> bool:
+        """Whether ``name`` (normalised, a valid host name) is one this glob allows."""
         if self.glob == "*":
             return True
-        if self.glob.startswith("*."):
-            suffix = self.glob[2:]
-            if not name.endswith("." + suffix):
-                return False
-            head = name[: -len(suffix) - 1]
-            return bool(head) and all(head.split("."))
-        return _labels_match(self.glob.split("."), name.split("."))
+        pattern, labels = self.glob.split("."), name.split(".")
+        if pattern[0] == "*":
+            # "*." then the rest: at least one label in front of labels that match the rest.
+            rest = pattern[1:]
+            return len(labels) > len(rest) and _labels_match(rest, labels[-len(rest) :])
+        return _labels_match(pattern, labels)
 
 
 @dataclass(frozen=True)
@@ -86,11 +108,8 @@ class NetworkRule:
     """One ``ipv4``/``ipv6`` rule as a network."""
 
     network: IPNetwork
-    written: str
-
-    @property
-    def label(self) -> str:
-        return f"ipv{self.network.version} {self.written}"
+    #: The rule as the policy wrote it (its key, then its value).
+    label: str
 
     def covers(self, address: IPAddress) -> bool:
         return address.version == self.network.version and address in self.network
@@ -121,7 +140,8 @@ class Policy:
             raise PolicyError(f"a network policy must be an object, not {type(spec).__name__}")
         if not spec.get("enabled"):
             return cls(enforced=False, gateway=gateway)
-        rules = spec.get("allow") or []
+        rules = spec.get("allow")
+        rules = [] if rules is None else rules
         if not isinstance(rules, list):
             raise PolicyError(f"a network policy's allow must be a list, not {type(rules).__name__}")
         hostnames, networks, ignored = _read_rules(rules)
@@ -140,6 +160,8 @@ class Policy:
         literal = ip_literal(name)
         if literal is not None:
             return self._check_literal(literal)
+        if not is_host_name(name):
+            return Decision(False, DEFAULT_DENY, f"{name!r} is neither a host name nor an IP address")
         for rule in self.hostnames:
             if rule.matches(name):
                 return Decision(True, rule.label, f"{name} matches {rule.glob}")
@@ -161,7 +183,7 @@ class Policy:
             return Decision(True, covering.label, f"{ip} is in {covering.network}")
         if ip_literal(name) is not None:
             return Decision(False, DEFAULT_DENY, f"no ipv{ip.version} rule covers {ip}")
-        if not ip.is_global or ip.is_multicast:
+        if not is_public(ip):
             return Decision(
                 False,
                 REBINDING_GUARD,
@@ -207,10 +229,40 @@ def ip_literal(host: str) -> Optional[IPAddress]:
         return None
 
 
+def is_host_name(name: str) -> bool:
+    """Whether ``name`` (normalised) is a DNS host name: labels of letters, digits, ``-`` and ``_``."""
+    return len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def is_public(ip: IPAddress) -> bool:
+    """Whether a name allowed by a hostname rule may be reached at ``ip`` without an ipv4/ipv6 rule (the
+    rebinding guard): a global unicast address in none of :data:`NOT_PUBLIC`, nor a 6to4 or NAT64 address
+    that carries such an IPv4 address."""
+    ip = _unmapped(ip)
+    if not ip.is_global or ip.is_multicast or any(ip in network for network in NOT_PUBLIC):
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        carried = ip.sixtofour
+        if carried is None and ip in _NAT64:
+            carried = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if carried is not None:
+            return is_public(carried)
+    return True
+
+
 def _unmapped(ip: IPAddress) -> IPAddress:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
     return ip
+
+
+def _unmapped_network(network: IPNetwork) -> IPNetwork:
+    """An IPv6 network inside ``::ffff:0:0/96`` as the IPv4 network it carries (addresses are judged so)."""
+    if isinstance(network, ipaddress.IPv6Network) and network.prefixlen >= 96:
+        carried = network.network_address.ipv4_mapped
+        if carried is not None:
+            return ipaddress.IPv4Network((carried, network.prefixlen - 96))
+    return network
 
 
 def _labels_match(pattern: list[str], labels: list[str]) -> bool:
@@ -221,7 +273,9 @@ def _labels_match(pattern: list[str], labels: list[str]) -> bool:
 
 
 def _label_matches(pattern: str, label: str) -> bool:
-    return re.fullmatch("[^.]+".join(map(re.escape, pattern.split("*"))), label) is not None
+    if "*" not in pattern:
+        return pattern == label
+    return re.fullmatch("[^.]+".join(map(re.escape, re.split(r"\*+", pattern))), label) is not None
 
 
 def _read_rules(rules: Iterable[Any]) -> tuple[list[HostnameRule], list[NetworkRule], list[str]]:
@@ -245,7 +299,7 @@ def _read_rules(rules: Iterable[Any]) -> tuple[list[HostnameRule], list[NetworkR
         if f"ipv{network.version}" != key:
             ignored.append(f"rule {index} ({rule!r}): {value} is not an IPv{key[-1]} address")
             continue
-        networks.append(NetworkRule(network, value.strip()))
+        networks.append(NetworkRule(_unmapped_network(network), f"{key} {value.strip()}"))
     return hostnames, networks, ignored
 
 
@@ -263,6 +317,8 @@ def _rule_problem(rule: Any) -> Optional[str]:
         return "the value must be a non-empty string"
     if "hostname" in present:
         glob = normalise_host(value)
-        if not glob or any(not label for label in glob.split(".")) or any(c.isspace() for c in glob):
+        if ip_literal(glob) is not None:
+            return f"{value!r} is an IP address, which a hostname rule never matches: write it as ipv4/ipv6"
+        if len(glob) > 253 or not all(_GLOB_LABEL.fullmatch(label) for label in glob.split(".")):
             return f"{value!r} is not a hostname glob"
     return None

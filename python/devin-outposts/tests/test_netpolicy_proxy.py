@@ -1,0 +1,691 @@
+"""The egress proxy (core/netpolicy/proxy.py) with real sockets: a client on its Unix socket, upstreams on
+127.0.0.1 that record every connection and every byte they receive. Each test asserts on what the client
+got and what the upstreams saw, never on what the proxy says it did (its counters are checked on top).
+
+Names are ``*.test`` and resolved by a map the test gives (it records every question); the policy and its
+rebinding guard judge what the map answers, as they judge the system resolver's answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import random
+import socket
+import ssl
+import stat
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.netpolicy.policy import Decision, Policy
+from devin_outposts.core.netpolicy.proxy import Destination, EgressProxy, ProxyError
+
+LOOPBACK = "127.0.0.1"
+SESSION, OUTPOST = "devin-s1", "outpost_env-o1"
+
+
+# --- upstreams ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """One connection an upstream accepted: the bytes it received, and whether it has ended."""
+
+    received: bytearray = field(default_factory=bytearray)
+    got_eof: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Upstream:
+    """A TCP server on 127.0.0.1 that records what it receives. ``mode``: ``echo`` sends every byte back;
+    ``http`` reads one request head and answers 200 with the head in the body, then closes; ``banner``
+    speaks first (as an SSH server does), then echoes."""
+
+    def __init__(self, mode: str = "echo") -> None:
+        self.mode = mode
+        self.seen: list[Seen] = []
+        self.port = 0
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    async def start(self) -> Upstream:
+        self._server = await asyncio.start_server(self._handle, LOOPBACK, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def all_ended(self) -> list[Seen]:
+        """Every connection, once each has ended (the test's timeout guards a hang)."""
+        for seen in self.seen:
+            await seen.ended.wait()
+        return self.seen
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen = Seen()
+        self.seen.append(seen)
+        try:
+            if self.mode == "banner":
+                writer.write(b"SSH-2.0-upstream\r\n")
+            if self.mode == "http":
+                head = await reader.readuntil(b"\r\n\r\n")
+                seen.received += head
+                body = bytes(head)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+                )
+                writer.write(body)
+                await writer.drain()
+                return
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    seen.got_eof = True
+                    break
+                seen.received += data
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            seen.ended.set()
+
+
+# --- the proxy and its client ----------------------------------------------------------------------------
+
+
+class MapResolver:
+    """Names to addresses, recording every name it was asked about."""
+
+    def __init__(self, names: dict[str, Sequence[str]]) -> None:
+        self.names = names
+        self.asked: list[str] = []
+
+    async def __call__(self, host: str, port: int) -> Sequence[str]:
+        self.asked.append(host)
+        if host not in self.names:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return self.names[host]
+
+
+@dataclass
+class Harness:
+    proxy: EgressProxy
+    resolver: MapResolver
+    verdicts: list[tuple[Decision, Destination, str, str]]
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(self.proxy.socket_path)
+
+    async def request(
+        self, head: str
+    ) -> tuple[str, dict[str, str], asyncio.StreamReader, asyncio.StreamWriter]:
+        """Send a request head; the status line, the response headers, and the open streams."""
+        reader, writer = await self.connect()
+        writer.write(head.encode("latin-1"))
+        response = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        headers = dict(line.split(": ", 1) for line in response[1:] if line)
+        return response[0], headers, reader, writer
+
+    async def connect_tunnel(
+        self, target: str
+    ) -> tuple[str, dict[str, str], asyncio.StreamReader, asyncio.StreamWriter]:
+        return await self.request(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n")
+
+
+@contextlib.asynccontextmanager
+async def proxy_for(
+    tmp_path: Path,
+    spec: Optional[dict[str, Any]],
+    names: Optional[dict[str, Sequence[str]]] = None,
+    gateway_url: Optional[str] = None,
+    observer: Optional[Callable[[Decision, Destination, str, str], None]] = None,
+    **options: Any,
+) -> AsyncIterator[Harness]:
+    verdicts: list[tuple[Decision, Destination, str, str]] = []
+    resolver = MapResolver(names or {})
+
+    def record(decision: Decision, destination: Destination, session_id: str, outpost_id: str) -> None:
+        verdicts.append((decision, destination, session_id, outpost_id))
+        if observer is not None:
+            observer(decision, destination, session_id, outpost_id)
+
+    proxy = EgressProxy(
+        Policy.from_spec(spec, gateway_url),
+        session_id=SESSION,
+        outpost_id=OUTPOST,
+        socket_path=tmp_path / "egress.sock",
+        resolve=resolver,
+        observer=record,
+        **options,
+    )
+    await proxy.start()
+    try:
+        yield Harness(proxy, resolver, verdicts)
+    finally:
+        await proxy.close()
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())  # type: ignore[arg-type]
+
+
+async def upstream(mode: str = "echo") -> Upstream:
+    return await Upstream(mode).start()
+
+
+async def read_all(reader: asyncio.StreamReader) -> bytes:
+    """Everything until the proxy ends the connection (a reset counts as an end)."""
+    try:
+        return await reader.read()
+    except ConnectionResetError:
+        return b""
+
+
+def client_hello(server_name: Optional[str]) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    tls = context.wrap_bio(ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname=server_name)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+ALLOWED = {"enabled": True, "allow": [{"hostname": "api.allowed.test"}, {"ipv4": "127.0.0.1/32"}]}
+NAMES = {"api.allowed.test": [LOOPBACK], "evil.test": [LOOPBACK]}
+
+
+# --- what is allowed is reachable -------------------------------------------------------------------------
+
+
+def test_an_allowed_cidr_is_reachable(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, {"enabled": True, "allow": [{"ipv4": "127.0.0.0/8"}]}) as harness:
+            status, dummy, reader, writer = await harness.connect_tunnel(f"{LOOPBACK}:{up.port}")
+            assert status == "HTTP/1.1 200 Connection established"
+            writer.write(b"\x00\x01raw bytes")
+            assert await reader.readexactly(11) == b"\x00\x01raw bytes"
+            writer.close()
+            assert [bytes(s.received) for s in await up.all_ended()] == [b"\x00\x01raw bytes"]
+            assert harness.resolver.asked == []  # an IP literal is never resolved
+            assert (harness.proxy.allowed, harness.proxy.denied) == (1, 0)
+            assert harness.verdicts[0][0].rule == "ipv4 127.0.0.0/8"
+        await up.close()
+
+    run(scenario)
+
+
+def test_an_allowed_hostname_is_reachable_with_an_ip_rule_for_its_loopback_address(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            assert status.startswith("HTTP/1.1 200")
+            request = b"GET / HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n"
+            writer.write(request)
+            assert await reader.readexactly(len(request)) == request
+            writer.close()
+            assert [bytes(s.received) for s in await up.all_ended()] == [request]
+            assert harness.resolver.asked == ["api.allowed.test"]
+            decision, destination, session_id, outpost_id = harness.verdicts[0]
+            assert (decision.allowed, decision.rule) == (True, "ipv4 127.0.0.1/32")
+            assert (str(destination), session_id, outpost_id) == (
+                f"api.allowed.test:{up.port}",
+                SESSION,
+                OUTPOST,
+            )
+        await up.close()
+
+    run(scenario)
+
+
+def test_the_rebinding_guard_refuses_a_name_that_resolves_to_loopback(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        spec = {"enabled": True, "allow": [{"hostname": "api.allowed.test"}]}
+        async with proxy_for(tmp_path, spec, NAMES) as harness:
+            status, headers, reader, dummy = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            assert status == "HTTP/1.1 403 Forbidden"
+            assert headers["X-Devin-Egress-Denied"].startswith(
+                "rebinding guard: api.allowed.test resolved to 127.0.0.1"
+            )
+            assert b"rebinding guard" in await read_all(reader)
+            assert harness.resolver.asked == ["api.allowed.test"]
+        assert up.seen == []
+        await up.close()
+
+    run(scenario)
+
+
+def test_the_gateway_is_always_reachable(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        names = {"gateway.devin.test": [LOOPBACK]}
+        gateway = f"wss://gateway.devin.test:{up.port}/ws"
+        async with proxy_for(tmp_path, {"enabled": True, "allow": []}, names, gateway) as harness:
+            status, dummy, reader, writer = await harness.connect_tunnel(f"gateway.devin.test:{up.port}")
+            assert status.startswith("HTTP/1.1 200")
+            hello = client_hello("gateway.devin.test")
+            writer.write(hello)
+            assert await reader.readexactly(len(hello)) == hello
+            writer.close()
+            assert [bytes(s.received) for s in await up.all_ended()] == [hello]
+            assert harness.verdicts[0][0].rule == "the session's gateway"
+        await up.close()
+
+    run(scenario)
+
+
+def test_a_tls_client_hello_naming_the_connect_host_passes_whole(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            hello = client_hello("api.allowed.test")
+            for at in range(0, len(hello), 7):  # in pieces: the peek waits for the whole record
+                writer.write(hello[at : at + 7])
+                await writer.drain()
+            assert await reader.readexactly(len(hello)) == hello
+            writer.close()
+            assert [bytes(s.received) for s in await up.all_ended()] == [hello]
+        await up.close()
+
+    run(scenario)
+
+
+def test_ssh_like_raw_bytes_pass_to_an_allowed_host_whose_server_speaks_first(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream("banner")
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            assert await reader.readuntil(b"\r\n") == b"SSH-2.0-upstream\r\n"  # before the client sent a byte
+            writer.write(b"SSH-2.0-OpenSSH_9.2\r\n\x00\x00\x01\x0c\x0a\x14binary")
+            assert (
+                await reader.readuntil(b"binary") == b"SSH-2.0-OpenSSH_9.2\r\n\x00\x00\x01\x0c\x0a\x14binary"
+            )
+            writer.write_eof()
+            assert (
+                await reader.read() == b""
+            )  # the upstream saw the end and closed: the half-close went through
+            seen = await up.all_ended()
+            assert [bytes(s.received) for s in seen] == [
+                b"SSH-2.0-OpenSSH_9.2\r\n\x00\x00\x01\x0c\x0a\x14binary"
+            ]
+            assert seen[0].got_eof
+            writer.close()
+        await up.close()
+
+    run(scenario)
+
+
+def test_a_few_raw_bytes_then_the_end_pass(tmp_path: Path) -> None:
+    """Capitals that could begin an HTTP request line, then a half-close: raw bytes, not a refusal."""
+
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            writer.write(b"PING")
+            writer.write_eof()
+            assert await reader.read() == b"PING"
+            seen = await up.all_ended()
+            assert [(bytes(s.received), s.got_eof) for s in seen] == [(b"PING", True)]
+            assert harness.verdicts[-1][0].allowed
+        await up.close()
+
+    run(scenario)
+
+
+def test_megabytes_both_ways_arrive_whole_and_in_order(tmp_path: Path) -> None:
+    """More than relay.SPLICE_AFTER each way, so that both directions switch from copying to splice(2)."""
+
+    async def scenario() -> None:
+        up = await upstream()
+        payload = bytes(random.Random(7).getrandbits(8) for dummy in range(1 << 16)) * 64  # 4 MiB
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"{LOOPBACK}:{up.port}")
+
+            async def send() -> None:
+                for at in range(0, len(payload), 100_000):
+                    writer.write(payload[at : at + 100_000])
+                    await writer.drain()
+                writer.write_eof()
+
+            sender = asyncio.ensure_future(send())
+            echoed = await reader.read()
+            await sender
+            assert hashlib.sha256(echoed).hexdigest() == hashlib.sha256(payload).hexdigest()
+            seen = await up.all_ended()
+            assert len(seen) == 1 and bytes(seen[0].received) == payload and seen[0].got_eof
+        await up.close()
+
+    run(scenario)
+
+
+def test_a_client_that_ends_inside_its_client_hello_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            writer.write(client_hello("api.allowed.test")[:40])
+            writer.write_eof()
+            assert await read_all(reader) == b""
+            assert [bytes(s.received) for s in await up.all_ended()] == [b""]
+            assert harness.verdicts[-1][0].reason == "the client ended inside its tls head"
+        await up.close()
+
+    run(scenario)
+
+
+def test_tls_without_a_server_name_passes_to_an_ip_address(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"{LOOPBACK}:{up.port}")
+            hello = client_hello(None)
+            writer.write(hello)
+            assert await reader.readexactly(len(hello)) == hello
+            writer.close()
+            assert [bytes(s.received) for s in await up.all_ended()] == [hello]
+        await up.close()
+
+    run(scenario)
+
+
+# --- what is denied never reaches anything ----------------------------------------------------------------
+
+
+def test_a_denied_hostname_is_never_resolved_nor_connected(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        metrics = Metrics(labels={"outpost": "ignored-by-the-series"})
+        caplog.set_level(logging.DEBUG, logger="devin_outposts.core.netpolicy.proxy")
+        async with proxy_for(tmp_path, ALLOWED, NAMES, observer=metrics.count_egress) as harness:
+            status, headers, reader, dummy = await harness.connect_tunnel(f"evil.test:{up.port}")
+            assert status == "HTTP/1.1 403 Forbidden"
+            assert headers["X-Devin-Egress-Denied"] == "default deny: no rule allows evil.test"
+            assert (
+                await read_all(reader)
+                == b"network policy: denied by default deny: no rule allows evil.test\n"
+            )
+            assert harness.resolver.asked == []
+            decision, destination, session_id, outpost_id = harness.verdicts[0]
+            assert (decision.allowed, destination, session_id, outpost_id) == (
+                False, Destination("evil.test", up.port), SESSION, OUTPOST)  # fmt: skip
+            assert (harness.proxy.allowed, harness.proxy.denied) == (0, 1)
+        assert up.seen == []
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warnings == [
+            f"network policy: session {SESSION} (outpost {OUTPOST}): denied evil.test:{up.port} "
+            "by default deny: no rule allows evil.test"
+        ]
+        series = f'egress_connections_total{{outpost="{OUTPOST}",session="{SESSION}",verdict="denied"}} 1'
+        assert series in metrics.render()
+        metrics.forget_egress(SESSION)
+        assert SESSION not in metrics.render()
+        await up.close()
+
+    run(scenario)
+
+
+def test_a_direct_ip_no_rule_covers_is_denied(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        spec = {"enabled": True, "allow": [{"hostname": "api.allowed.test"}, {"ipv4": "10.0.0.0/8"}]}
+        async with proxy_for(tmp_path, spec, NAMES) as harness:
+            status, headers, dummy_reader, dummy = await harness.connect_tunnel(f"{LOOPBACK}:{up.port}")
+            assert status == "HTTP/1.1 403 Forbidden"
+            assert headers["X-Devin-Egress-Denied"] == "default deny: no ipv4 rule covers 127.0.0.1"
+        assert up.seen == []
+        await up.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("server_name", ["evil.test", None])
+def test_a_client_hello_naming_another_host_closes_the_tunnel(
+    tmp_path: Path, server_name: Optional[str]
+) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            assert status.startswith("HTTP/1.1 200")
+            writer.write(client_hello(server_name))
+            assert await read_all(reader) == b""
+            seen = await up.all_ended()
+            assert [bytes(s.received) for s in seen] == [b""]  # connected once, and not one byte of the hello
+            decision = harness.verdicts[-1][0]
+            assert (decision.allowed, decision.rule) == (False, "the CONNECT host")
+            assert (harness.proxy.allowed, harness.proxy.denied) == (0, 1)
+        await up.close()
+
+    run(scenario)
+
+
+def test_an_http_host_other_than_the_connect_host_closes_the_tunnel(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
+            writer.write(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+            assert await read_all(reader) == b""
+            assert [bytes(s.received) for s in await up.all_ended()] == [b""]
+            assert "the HTTP Host evil.test is not api.allowed.test" in harness.verdicts[-1][0].reason
+        await up.close()
+
+    run(scenario)
+
+
+# --- absolute-form plain HTTP -----------------------------------------------------------------------------
+
+
+def test_plain_http_absolute_form_is_forwarded_in_origin_form(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream("http")
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            reader, writer = await harness.connect()
+            where = f"api.allowed.test:{up.port}"
+            writer.write(
+                f"GET http://{where}/path?q=1 HTTP/1.1\r\nHost: {where}\r\nProxy-Connection: keep-alive\r\n"
+                "Proxy-Authorization: Basic eA==\r\nAccept: */*\r\n\r\n".encode()
+            )
+            response = await read_all(reader)
+            assert response.startswith(b"HTTP/1.1 200 OK\r\n")
+            seen = await up.all_ended()
+            expected = (
+                f"GET /path?q=1 HTTP/1.1\r\nHost: api.allowed.test:{up.port}\r\nAccept: */*\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
+            assert [bytes(s.received) for s in seen] == [expected]
+            assert response.endswith(expected)
+        await up.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("target", "host", "denied_by"),
+    [
+        ("http://evil.test/", None, "default deny: no rule allows evil.test"),
+        ("http://api.allowed.test:{port}/", "evil.test", "the request's host: the Host header evil.test"),
+    ],
+)
+def test_plain_http_absolute_form_denied(
+    tmp_path: Path, target: str, host: Optional[str], denied_by: str
+) -> None:
+    async def scenario() -> None:
+        up = await upstream("http")
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            head = (
+                f"GET {target.format(port=up.port)} HTTP/1.1\r\n"
+                + (f"Host: {host}\r\n" if host else "")
+                + "\r\n"
+            )
+            status, headers, dummy_reader, dummy = await harness.request(head)
+            assert status == "HTTP/1.1 403 Forbidden"
+            assert headers["X-Devin-Egress-Denied"].startswith(denied_by)
+            assert harness.resolver.asked == []
+        assert up.seen == []
+        await up.close()
+
+    run(scenario)
+
+
+# --- malformed requests, unreachable upstreams, slow clients -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "HELLO\r\n\r\n",
+        "CONNECT api.allowed.test HTTP/1.1\r\n\r\n",
+        "CONNECT api.allowed.test:99999 HTTP/1.1\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n",
+        "GET https://api.allowed.test/ HTTP/1.1\r\n\r\n",
+        "GET http://api.allowed.test/ HTTP/1.1\r\nno colon here\r\n\r\n",
+    ],
+)
+def test_malformed_requests_are_answered_400(tmp_path: Path, head: str) -> None:
+    async def scenario() -> None:
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            status, dummy_headers, dummy_reader, dummy = await harness.request(head)
+            assert status == "HTTP/1.1 400 Bad Request"
+            assert harness.resolver.asked == []
+
+    run(scenario)
+
+
+def test_a_request_head_longer_than_16_kib_is_answered_400(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            head = "CONNECT api.allowed.test:443 HTTP/1.1\r\n" + "X-Pad: " + "a" * 20000 + "\r\n\r\n"
+            status, dummy_headers, dummy_reader, dummy = await harness.request(head)
+            assert status == "HTTP/1.1 400 Bad Request"
+
+    run(scenario)
+
+
+def test_an_allowed_destination_that_does_not_answer_is_502(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        with socket.socket() as probe:  # a port nothing listens on
+            probe.bind((LOOPBACK, 0))
+            port = probe.getsockname()[1]
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            status, dummy_headers, reader, dummy = await harness.connect_tunnel(f"{LOOPBACK}:{port}")
+            assert status == "HTTP/1.1 502 Bad Gateway"
+            assert b"could not connect" in await read_all(reader)
+            status, dummy_headers, reader, dummy = await harness.connect_tunnel("nowhere.allowed.test:443")
+            assert status == "HTTP/1.1 403 Forbidden"  # denied by name: never resolved
+            spec_names = {**NAMES, "api.allowed.test": []}
+            harness.resolver.names = spec_names
+            status, dummy_headers, reader, dummy = await harness.connect_tunnel("api.allowed.test:443")
+            assert status == "HTTP/1.1 502 Bad Gateway"
+
+    run(scenario)
+
+
+def test_a_client_that_sends_nothing_is_dropped(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with proxy_for(tmp_path, ALLOWED, NAMES, head_timeout=0.2) as harness:
+            reader, dummy = await harness.connect()
+            assert await read_all(reader) == b""
+
+    run(scenario)
+
+
+# --- the socket and its life ------------------------------------------------------------------------------
+
+
+def test_close_ends_open_tunnels_and_removes_the_socket(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            readers = []
+            for dummy_index in range(3):
+                dummy_status, dummy, reader, writer = await harness.connect_tunnel(
+                    f"api.allowed.test:{up.port}"
+                )
+                writer.write(b"hello")
+                assert await reader.readexactly(5) == b"hello"
+                readers.append(reader)
+            idle_reader, dummy_writer = await harness.connect()  # a client still to send its request
+            await harness.proxy.close()
+            for reader in [*readers, idle_reader]:
+                assert await read_all(reader) == b""
+            assert len(await up.all_ended()) == 3
+            assert sorted(os.listdir(tmp_path)) == []  # the socket is gone
+        await up.close()
+
+    run(scenario)
+
+
+def test_the_socket_is_0600(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with proxy_for(tmp_path, ALLOWED) as harness:
+            mode = os.stat(harness.proxy.socket_path).st_mode
+            assert stat.S_ISSOCK(mode)
+            assert stat.S_IMODE(mode) == 0o600
+            assert sorted(os.listdir(tmp_path)) == ["egress.sock"]  # no temporary name left behind
+
+    run(scenario)
+
+
+def test_start_refuses_a_path_that_is_not_a_stale_socket(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        path = tmp_path / "egress.sock"
+        path.write_text("not a socket")
+        proxy = EgressProxy(
+            Policy.from_spec(ALLOWED), session_id=SESSION, outpost_id=OUTPOST, socket_path=path
+        )
+        with pytest.raises(ProxyError, match="exists and is not a socket"):
+            await proxy.start()
+        assert path.read_text() == "not a socket"
+        path.unlink()
+        async with proxy_for(tmp_path, ALLOWED):  # a live socket: another proxy listens on it
+            with pytest.raises(ProxyError, match="another process is listening"):
+                await proxy.start()
+
+    run(scenario)
+
+
+def test_start_replaces_a_stale_socket(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        path = tmp_path / "egress.sock"
+        with socket.socket(socket.AF_UNIX) as dead:  # bound, never listening: what a killed process leaves
+            dead.bind(str(path))
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            status, dummy_headers, dummy_reader, dummy = await harness.connect_tunnel("evil.test:443")
+            assert status == "HTTP/1.1 403 Forbidden"
+
+    run(scenario)
+
+
+def test_a_proxy_without_policy_passes_everything(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, None, NAMES) as harness:
+            dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"evil.test:{up.port}")
+            writer.write(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+            assert len(await up.all_ended()) == 1
+            assert harness.verdicts[0][0].rule == "no policy enforced"
+        await up.close()
+
+    run(scenario)
