@@ -1127,9 +1127,11 @@ def test_terminated_notice_during_the_remote_start_is_not_lost(
     real_start = session_module.RemoteProcess.start
 
     async def start_and_hear_terminated(
-        binary: Path, *, cwd: Path, env: Any, state_dir: Path, session_id: str
+        binary: Path, *, cwd: Path, env: Any, state_dir: Path, session_id: str, wrap: Any = None
     ) -> Any:
-        started = await real_start(binary, cwd=cwd, env=env, state_dir=state_dir, session_id=session_id)
+        started = await real_start(
+            binary, cwd=cwd, env=env, state_dir=state_dir, session_id=session_id, wrap=wrap
+        )
         fleet.statuses["devin-1"] = "terminated"
         servers[0].notify(fleet.entry("devin-1"))  # the watch event, delivered while start was awaited
         return started

@@ -34,7 +34,9 @@ COUNTERS = {
     "binary_verification_failures": "devin-remote binaries refused because their sha256 did not match",
     "api_errors": "Fleet API errors in the main loop (retried with backoff)",
     "network_policy_refusals": "Sessions released because their network policy could not be enforced here",
-    "network_policy_unenforced": "Sessions run without their enabled network policy (--network-policy ignore)",
+    "network_policy_unenforced": (
+        "Sessions run unfiltered although their network policy is enabled (--network-policy ignore)"
+    ),
 }
 #: Counters with labels of their own, on top of the process's: name -> (help, label names).
 LABELLED_COUNTERS = {

@@ -158,7 +158,12 @@ class SessionServer(ClaimedSession):
             await self.confinement.start(gateway_url)
             wrap = self.confinement.wrap
         return await RemoteProcess.start(
-            self.binary, cwd=self.cwd, env=env, state_dir=self.state_dir, session_id=self.session_id, wrap=wrap
+            self.binary,
+            cwd=self.cwd,
+            env=env,
+            state_dir=self.state_dir,
+            session_id=self.session_id,
+            wrap=wrap,
         )
 
     async def finish(self, result: SessionResult) -> None:

@@ -143,11 +143,12 @@ class Confinement:
 
     def _socket_path(self) -> Path:
         """``<session dir>/egress.sock``, or, when that path is too long for a Unix socket, a socket in a
-        private directory of the temporary directory named after it."""
+        private (0700) directory of ``/tmp`` named after it. ``/tmp`` itself, not ``$TMPDIR``, which can be
+        as long; a worker with a private ``/tmp`` (systemd's ``PrivateTmp=``) shares it with its sessions."""
         preferred = self.session_dir / "egress.sock"
         if len(os.fsencode(preferred)) <= MAX_SOCKET_PATH:
             return preferred
         if self._socket_dir is None:
             digest = hashlib.sha256(os.fsencode(self.session_dir)).hexdigest()[:16]
-            self._socket_dir = Path(tempfile.mkdtemp(prefix=f"devin-egress-{digest}-"))
+            self._socket_dir = Path(tempfile.mkdtemp(prefix=f"devin-egress-{digest}-", dir="/tmp"))
         return self._socket_dir / "egress.sock"
