@@ -17,8 +17,8 @@ CACHE=${DEVIN_OUTPOSTS_TEST_HOSTS:-/var/tmp/devin-outposts-test-hosts}
 SUITES=("$@")
 [[ ${#SUITES[@]} -eq 0 ]] && SUITES=(bookworm trixie)
 # Bump when the recipe below changes: every cached root filesystem is then rebuilt.
-RECIPE_VERSION=1
-INCLUDE=systemd,systemd-sysv,dbus,python3,python3-apt,python3-venv,sudo,openssh-server,iproute2,ca-certificates,procps,libnss-myhostname,git
+RECIPE_VERSION=2
+INCLUDE=systemd,systemd-sysv,dbus,python3,python3-apt,python3-venv,sudo,openssh-server,iproute2,nftables,ca-certificates,procps,libnss-myhostname,git
 
 say() { printf 'build-images: %s\n' "$*"; }
 
