@@ -185,5 +185,3 @@ def cannot_run(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: the sandbox tests must run in CI)", pytrace=False)
     pytest.skip(reason)
-
-

@@ -3,20 +3,19 @@ harness of the tests that drive sessions as the brain (test_worker_standin.py, t
 
 A worker downloads the stand-in from the simulator's distribution (``--static-base-url``), verifies it and
 runs it for every claimed session; the stand-in connects to the simulator's gateway with the connect token
-and executes the tool calls a test scripts. The fixture stops every worker a test started and fails the
+and executes the tool calls a test scripts. The harness stops every worker a test started and fails the
 test if a stand-in outlived its worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
-
-import pytest
 
 from devin_outposts.api.models import Outpost
 from devin_outposts_sim.testing import SimHandle, run_sim
@@ -112,8 +111,10 @@ class Harness:
             raise AssertionError(f"{exc}\n{self.logs()}") from None
 
 
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
+@contextlib.contextmanager
+def running_harness(tmp_path: Path) -> Iterator[Harness]:
+    """A simulator with an outpost and a published stand-in; on the way out every worker is stopped, and it
+    fails if a stand-in outlived its worker. (Each test module's ``harness`` fixture is this.)"""
     # A claim TTL well above the renewal period: on a loaded machine a late renewal must not hand a live
     # session to another worker, which would make "served exactly once" a matter of luck.
     with run_sim(claim_ttl=15, watch_max_duration=5, keepalive_interval=0.5, sweep_interval=0.05) as sim:

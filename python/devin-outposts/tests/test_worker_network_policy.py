@@ -16,6 +16,7 @@ import json
 import re
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,17 @@ import pytest
 from devin_outposts_sim.remote import tools
 
 from netpolicy_harness import WHY_NOT, Upstream, cannot_run
-from standin_harness import Harness
-from standin_harness import harness as harness  # the fixture
+from standin_harness import Harness, running_harness
 
 CLIENT = Path(__file__).resolve().parent / "netpolicy_session_client.py"
 #: A host route nobody has: the sandbox's redirect catches it, the proxy judges it.
 TEST_NET = "192.0.2.1"
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    with running_harness(tmp_path) as h:
+        yield h
 
 
 @pytest.fixture

@@ -14,14 +14,22 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
+import pytest
+
 from devin_outposts_sim.remote import tools
 
-from standin_harness import CANARY, CHROME, PASSTHROUGH, REQUIRED, Harness
-from standin_harness import harness as harness  # the fixture
+from standin_harness import CANARY, CHROME, PASSTHROUGH, REQUIRED, Harness, running_harness
 from worker_fakes import alive, make_git_repo, pids_working_under
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    with running_harness(tmp_path) as h:
+        yield h
 
 
 def result_summary(calls: list[dict[str, Any]]) -> list[tuple[str, str, int, bool]]:
