@@ -11,6 +11,7 @@ the orchestrator's /metrics.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ from devin_outposts.orchestrator.drivers.process import ProcessDriver
 from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle, run_sim
 
+from netpolicy_harness import WHY_NOT, Upstream, cannot_run
 from worker_fakes import WorkerProcess, kill_pids_working_under, pids_working_under, wait_for
 
 ACCEPTOR = "orch-test-1"
@@ -282,3 +284,34 @@ def _value(metrics: str, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in /metrics:\n{metrics}")
+
+
+def test_a_session_with_a_network_policy_is_confined_on_its_machine(harness: Harness) -> None:
+    """The process driver's worker gets the session's policy (it never sees the claim) and confines the
+    session: what the policy allows is reached, the rest is refused, and the denied upstream sees nothing."""
+    if WHY_NOT:
+        cannot_run(f"sessions cannot be confined here: {WHY_NOT}")
+    h = harness
+    allowed, denied = Upstream("allowed"), Upstream("denied", host="127.0.0.2")
+    try:
+        h.orchestrator(max_concurrent=1)
+        policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}]}
+        sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
+        plan = [
+            ["proxy", "127.0.0.1", allowed.port],
+            ["proxy", "127.0.0.2", denied.port],
+            ["udp", "192.0.2.1", 53],
+        ]
+        client = Path(__file__).resolve().parent / "netpolicy_session_client.py"
+        h.sim.admin.add_calls(sid, [tools.run([sys.executable, str(client), json.dumps(plan)])])
+        [call] = h.sim.admin.wait_calls(sid, timeout=90)
+        results = [json.loads(line) for line in call["result"]["output"].splitlines() if line.startswith("{")]
+        assert [r.get("status") for r in results[:2]] == [200, 403], (results, h.logs())
+        assert "error" in results[2], results
+        assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"]
+        assert denied.received == []
+        h.sim.admin.set_status(sid, "terminated")
+        h.wait(lambda: h.released(sid), f"{sid} to be released")
+    finally:
+        allowed.close()
+        denied.close()

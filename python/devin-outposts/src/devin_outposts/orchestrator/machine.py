@@ -304,6 +304,7 @@ class MachineSession(ClaimedSession):
             static_base_url=self.config.static_base_url,
             cache_dir=self.config.cache_dir,
             log_format=self.config.log_format,
+            network_policy=self.spec.network_policy,
         )
 
     async def launch(self, token: str, gateway_url: str) -> MachineRun:

@@ -18,11 +18,12 @@ template is checked against the variables here.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from devin_outposts.core.config import (
     DEFAULT_CACHE_DIR,
@@ -42,12 +43,22 @@ from devin_outposts.core.config import (
     url,
     workdir,
 )
-from devin_outposts.core.netpolicy.confinement import EnforcementMode
+from devin_outposts.core.netpolicy.confinement import ENV_SESSION_NETWORK_POLICY, EnforcementMode
 from devin_outposts.core.tokenfile import ENV_DIRECT_TOKEN, ENV_TOKEN, ENV_TOKEN_FD, ENV_TOKEN_FILE
 
 ENV_GATEWAY = "DEVIN_OUTPOST_GATEWAY_URL"
 #: Our variables' prefix (the shared rows' ``{prefix}``).
 ENV_PREFIX = Program.WORKER.env_prefix
+
+
+def _json_object(name: str, raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 _N = number
@@ -105,6 +116,8 @@ OPTIONS: tuple[Option, ...] = (
            "env", env=ENV_DIRECT_TOKEN),
     Option("chrome_path", (), "a Chrome for the sessions' browser tools", "env", env="DEVIN_CHROME_PATH"),
     Option("desktop", (), "passed to every session", "env", env="DEVIN_OUTPOST_DESKTOP"),
+    Option("session_network_policy", (), "direct-serve mode: the session's spec.network_policy, as JSON (the "
+           "orchestrator sets it)", "env", env=ENV_SESSION_NETWORK_POLICY, parse=_json_object),
 )  # fmt: skip
 _GROUPS = {
     "official": "options of `devin worker start`",
@@ -153,6 +166,8 @@ class WorkerConfig:
     direct_token: Optional[str] = field(default=None, repr=False)
     chrome_path: Optional[str] = None
     desktop: Optional[str] = None
+    #: Direct-serve mode: the session's ``spec.network_policy`` (the orchestrator's machines get it so).
+    session_network_policy: Optional[dict[str, Any]] = None
 
     @property
     def data_dir(self) -> Path:

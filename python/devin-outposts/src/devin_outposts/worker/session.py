@@ -28,7 +28,7 @@ import logging
 import shutil
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.core.claiming import KeepOverCap, keep_none
@@ -175,15 +175,18 @@ class SessionServer(ClaimedSession):
 
     async def _confine(self, state_dir: Path) -> Optional[SessionResult]:
         """Read the claim's network policy; a refusal when it is enabled and cannot be enforced here."""
-        spec = self.claim.spec if self.claim is not None else None
-        if spec is None or spec.network_policy is None:
+        if self.claim is not None:
+            network_policy: Any = self.claim.spec.network_policy
+            outpost_id = self.claim.metadata.outpost_id
+        else:  # direct-serve mode: what the orchestrator passed on
+            network_policy, outpost_id = self.config.session_network_policy, None
+        if network_policy is None:
             return None
-        outpost_id = self.claim.metadata.outpost_id if self.claim is not None else None
         self.confinement = Confinement(
             session_id=self.session_id,
             outpost_id=outpost_id or self.config.outpost or "",
             session_dir=state_dir,
-            network_policy=spec.network_policy,
+            network_policy=network_policy,
             mode=self.config.network_policy,
             observer=self.metrics.count_egress,
         )

@@ -36,6 +36,9 @@ from .sandbox import sandbox_argv, write_policy_file
 
 log = logging.getLogger(__name__)
 
+#: Where a direct-serve worker (``worker start --session``, started by the orchestrator in a machine) finds
+#: its session's ``spec.network_policy``, as JSON: it never sees the claim.
+ENV_SESSION_NETWORK_POLICY = "DEVIN_WORKER_SESSION_NETWORK_POLICY"
 #: The longest Unix socket path the kernel takes is 107 bytes (108 with the NUL); leave room.
 MAX_SOCKET_PATH = 100
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, Protocol
 
 from devin_outposts.core.config import truth
+from devin_outposts.core.netpolicy.confinement import ENV_SESSION_NETWORK_POLICY
 
 #: Where a session machine's worker keeps its state, relative to the machine's root. Snapshots keep
 #: exactly these two: the worker data dir (per-session state dir, binary cache) and the repos workdir.
@@ -152,6 +153,9 @@ class WorkerLaunch:
     #: The worker's ``--cache-dir`` inside the machine; ``None``: the driver's own choice.
     cache_dir: Optional[str] = None
     log_format: str = "text"
+    #: The session's ``spec.network_policy`` (the wire dict), for the worker to enforce: a direct-serve
+    #: worker never sees the claim.
+    network_policy: Optional[Mapping[str, Any]] = None
 
     def environment(self) -> dict[str, str]:
         env = {
@@ -165,6 +169,8 @@ class WorkerLaunch:
             env["DEVIN_WORKER_STATIC_BASE_URL"] = self.static_base_url
         if self.cache_dir:
             env["DEVIN_WORKER_CACHE_DIR"] = self.cache_dir
+        if self.network_policy is not None:
+            env[ENV_SESSION_NETWORK_POLICY] = json.dumps(dict(self.network_policy), separators=(",", ":"))
         return env
 
     def arguments(self) -> list[str]:
