@@ -62,7 +62,8 @@ START = """
       ansible.builtin.copy:
         content: >-
           {{ {'session': devin_outposts_worker_session_id, 'gateway': devin_outposts_worker_gateway_url,
-              'host': inventory_hostname, 'outpost': devin_outposts_outpost_id} | to_json }}
+              'host': inventory_hostname, 'outpost': devin_outposts_outpost_id,
+              'policy': devin_outposts_worker_session_network_policy | default(None)} | to_json }}
         dest: "{{ out }}/start.json"
         mode: "0600"
 """
@@ -113,6 +114,7 @@ def _driver(tmp_path: Path, playbooks: dict[str, Path], **options: Any) -> Ansib
     return AnsibleDriver.from_options(DriverContext(state_dir=tmp_path / "state"), {**base, **options})
 
 
+POLICY = {"enabled": True, "allow": [{"hostname": "github.com"}]}
 SPEC = SessionSpec(
     session_id="devin-0a1b2c", outpost_id="outpost_env-1", acceptor_id="orch-1", platform="linux"
 )
@@ -265,7 +267,10 @@ def test_a_session_from_provision_to_teardown(
     driver = _driver(tmp_path, playbooks, keep_artifacts="true")
     out = playbooks["out"]
     launch = WorkerLaunch(
-        session_id=SPEC.session_id, connect_token=CONNECT_TOKEN, gateway_url="wss://gw.example"
+        session_id=SPEC.session_id,
+        connect_token=CONNECT_TOKEN,
+        gateway_url="wss://gw.example",
+        network_policy=POLICY,
     )
 
     async def scenario() -> tuple[Any, ...]:
@@ -289,6 +294,7 @@ def test_a_session_from_provision_to_teardown(
         "gateway": "wss://gw.example",
         "host": machine.name,
         "outpost": "outpost_env-1",
+        "policy": POLICY,
     }
     # The teardown got the host the provision reported, once.
     teardowns = list(out.glob("teardown-*.json"))

@@ -218,6 +218,8 @@ class AnsibleDriver(Driver):
         }
         if launch.static_base_url:
             extravars["devin_outposts_worker_static_base_url"] = launch.static_base_url
+        if launch.network_policy is not None:  # the worker on the host confines the session to it
+            extravars["devin_outposts_worker_session_network_policy"] = dict(launch.network_policy)
         secrets_dir = private_dir(self.root / "secrets")
         token_file = secrets_dir / f"{machine.name}.{secrets.token_hex(4)}.token"
         # 0600 from its creation on, outside the artifact and private data directories; the playbook reads it
