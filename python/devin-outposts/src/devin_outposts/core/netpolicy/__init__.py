@@ -12,5 +12,7 @@
 * :mod:`.namespace`: the session's network namespace: addresses, the nftables table, the preflight;
 * :mod:`.shim`: the listeners inside it that lead every TCP connection to the egress socket;
 * :mod:`.stubdns`: the stub DNS inside it (allowed names only, fake addresses, never forwards);
-* :mod:`.probe`: can this host confine sessions (:func:`~.probe.probe`).
+* :mod:`.probe`: can this host confine sessions (:func:`~.probe.probe`);
+* :mod:`.confinement`: one session's confinement as the worker uses it (may it run here, its proxy, its
+  command line; :class:`~.confinement.EnforcementMode`, the orchestrator's hand-over variable).
 """
