@@ -7,6 +7,7 @@ any of them, and checks that what the worker needs is there.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,9 +36,15 @@ NEEDED = (
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     build = tmp_path_factory.mktemp("build")
+    # From a copy, as the role and make build do: setuptools writes build/ beside the source, and another
+    # build of this checkout (a Molecule scenario's role, make build) may be running at the same time.
+    source = tmp_path_factory.mktemp("source") / "devin-outposts"
+    shutil.copytree(
+        PROJECT, source, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "tests")
+    )
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--no-input", "--wheel-dir", str(out), str(PROJECT)],
+         "--disable-pip-version-check", "--no-input", "--wheel-dir", str(out), str(source)],
         check=True, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(build)},
     )  # fmt: skip
     (found,) = out.glob("devin_outposts-*-py3-none-any.whl")
