@@ -5,14 +5,13 @@ with its defaults and private vars (no host needed); the Molecule ``orchestrator
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from local_play import run_local_play
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "orchestrator"
@@ -43,22 +42,8 @@ def render(tmp_path: Path, role_vars: dict[str, Any]) -> dict[str, str]:
         "tasks": [resolve_token, {"name": "Render", "no_log": True, "ansible.builtin.copy": {
             "content": content, "dest": str(tmp_path / "out.json"), "mode": "0600"}}],
     }]  # fmt: skip
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play), encoding="utf-8")
-    (tmp_path / "vars.json").write_text(json.dumps(role_vars), encoding="utf-8")
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("DEVIN_OUTPOSTS_TOKEN", "DEVIN_API_URL")},
-        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".cache" / "collections"),
-        "ANSIBLE_LOCALHOST_WARNING": "False",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
-    }
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
-         str(tmp_path / "play.yml")],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert TOKEN not in done.stdout + done.stderr
+    output = run_local_play(tmp_path, play, role_vars)
+    assert TOKEN not in output
     rendered: dict[str, str] = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
     return rendered
 
