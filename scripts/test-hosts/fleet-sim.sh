@@ -7,7 +7,9 @@
 #
 # The stand-in remote is a shell script published as the worker expects (latest_linux_x64,
 # devin-remote_<sha>_linux_x64 and its .sha256). When served it logs one line naming the session, writes
-# $DEVIN_REMOTE_STATE_DIR/served, and runs until the worker stops it.
+# $DEVIN_REMOTE_STATE_DIR/served, and runs until the worker stops it. The simulator's own stand-in (a Python
+# script that runs the brain's tool calls: `devin_outposts_sim call`) is published beside it, not as latest:
+# a session queued with --remote-binary-sha <sim.json's standin_sha> gets it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cmd=${1:?usage: fleet-sim.sh start|stop DIR}
@@ -32,6 +34,12 @@ SH
     cp "$dir/static/remote.sh" "$dir/static/devin-remote_${sha}_linux_x64"
     sha256sum "$dir/static/devin-remote_${sha}_linux_x64" | cut -d' ' -f1 >"$dir/static/devin-remote_${sha}_linux_x64.sha256"
     printf '%s\n' "$sha" >"$dir/static/latest_linux_x64"
+    "$PY" -c 'import sys; from devin_outposts_sim.state.dist import standin_bytes; sys.stdout.buffer.write(standin_bytes())' \
+        >"$dir/static/standin.py"
+    standin_sha=$(sha256sum "$dir/static/standin.py" | cut -c1-40)
+    cp "$dir/static/standin.py" "$dir/static/devin-remote_${standin_sha}_linux_x64"
+    sha256sum "$dir/static/devin-remote_${standin_sha}_linux_x64" | cut -d' ' -f1 \
+        >"$dir/static/devin-remote_${standin_sha}_linux_x64.sha256"
     rm -f "$dir/sim.port"
     setsid "$PY" -m devin_outposts_sim serve --db "$dir/sim.db" --port 0 --port-file "$dir/sim.port" \
         --admin-token-file "$dir/sim.admin-token" --claim-ttl 30 --no-access-log </dev/null >"$dir/sim.log" 2>&1 &
@@ -41,8 +49,9 @@ SH
     echo $! >"$dir/static.pid"
     for ((try = 0; try < 100; try++)); do [[ -s "$dir/sim.port" ]] && break; sleep 0.1; done
     [[ -s "$dir/sim.port" ]] || { cat "$dir/sim.log" >&2; exit 1; }
-    printf '{"url": "http://127.0.0.1:%s", "port": %s, "static_port": %s, "admin_token_file": "%s", "remote_sha": "%s"}\n' \
-        "$(cat "$dir/sim.port")" "$(cat "$dir/sim.port")" "$static_port" "$dir/sim.admin-token" "$sha" >"$dir/sim.json"
+    printf '{"url": "http://127.0.0.1:%s", "port": %s, "static_port": %s, "admin_token_file": "%s", "remote_sha": "%s", "standin_sha": "%s"}\n' \
+        "$(cat "$dir/sim.port")" "$(cat "$dir/sim.port")" "$static_port" "$dir/sim.admin-token" "$sha" "$standin_sha" \
+        >"$dir/sim.json"
     cat "$dir/sim.json"
     ;;
 stop)

@@ -47,6 +47,21 @@ def test_enqueue_set_status_tombstone_and_claims(sim: SimHandle, cli, outpost: O
     assert sim.admin.session("devin-cli1")["deleted"] is True
 
 
+def test_enqueue_with_a_network_policy(sim: SimHandle, cli, outpost: Outpost) -> None:
+    policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "*.example.com"}]}
+    result = cli("enqueue", "--outpost", outpost.outpost_id, "--network-policy", json.dumps(policy))
+    assert result.code == 0
+    stored = sim.admin.session(result.out.strip())["entry"]["spec"]["network_policy"]
+    assert stored["enabled"] is True
+    assert [{k: v for k, v in rule.items() if v is not None} for rule in stored["allow"]] == policy["allow"]
+    result = cli("enqueue", "--outpost", outpost.outpost_id, "--network-policy", "{not json")
+    assert result.code == 2
+    assert "--network-policy is not JSON" in result.err
+    result = cli("enqueue", "--outpost", outpost.outpost_id, "--network-policy", '{"enabled": "maybe"}')
+    assert result.code != 0
+    assert "network_policy" in result.err
+
+
 def test_org_create_and_list(sim: SimHandle, cli) -> None:
     result = cli("org", "create", "--account", "acct-orgs")
     org = result.out.strip()

@@ -12,6 +12,7 @@ The brain verbs (``call``, ``calls``, ``connections``, ``end``) and ``dist`` are
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -233,6 +234,12 @@ def _org_list(admin: SimAdmin, args: argparse.Namespace) -> int:
 
 
 def _enqueue(admin: SimAdmin, args: argparse.Namespace) -> int:
+    network_policy = None
+    if args.network_policy is not None:
+        try:
+            network_policy = json.loads(args.network_policy)
+        except ValueError as exc:
+            return fail(f"--network-policy is not JSON: {exc}", EXIT_USAGE)
     entry = admin.enqueue(
         args.outpost,
         session_id=args.session_id,
@@ -240,6 +247,7 @@ def _enqueue(admin: SimAdmin, args: argparse.Namespace) -> int:
         platform=args.platform,
         remote_binary_sha=args.remote_binary_sha,
         session_status=args.session_status,
+        network_policy=network_policy,
     )
     if args.json:
         print_json(entry.to_wire())
@@ -331,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--platform", default=None, help="default: the outpost's platform")
     enqueue.add_argument("--remote-binary-sha", default=None, help="pin a devin-remote build")
     enqueue.add_argument("--session-status", default=None, help="initial session_status (pending)")
+    enqueue.add_argument("--network-policy", default=None, metavar="JSON", help="spec.network_policy, as JSON")
 
     status = _admin_parser(verbs, "set-status", "set a session's session_status", _set_status)
     status.add_argument("session", help="session id")
