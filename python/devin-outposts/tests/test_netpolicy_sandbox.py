@@ -488,6 +488,29 @@ def test_probe_says_yes_here_and_why_not_elsewhere(prerequisites: None, tmp_path
     assert reason is not None and "Operation not permitted" in reason and "namespace" in reason
 
 
+def _fake_unshare(tmp_path: Path, body: str) -> str:
+    fake = tmp_path / "unshare"
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.mark.parametrize(
+    ("body", "names"),
+    [
+        # What a worker unit's hardening does to the trial session (seen under systemd on Debian 12 and 13).
+        ("kill -SYS $$", ["SIGSYS", "SystemCallFilter=", "@mount"]),
+        (
+            "echo 'OSError: [Errno 97] Address family not supported by protocol' >&2; exit 1",
+            ["RestrictAddressFamilies=", "AF_NETLINK", "Errno 97"],
+        ),
+    ],
+)
+def test_probe_names_the_systemd_directive_that_stops_it(tmp_path: Path, body: str, names: list[str]) -> None:
+    reason = str(probe_host(unshare=_fake_unshare(tmp_path, body)))
+    assert all(name in reason for name in names), reason
+
+
 # --- the pure parts -----------------------------------------------------------------------------------------
 
 

@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--platform", default=None, help="default: the outpost's platform")
     enqueue.add_argument("--remote-binary-sha", default=None, help="pin a devin-remote build")
     enqueue.add_argument("--session-status", default=None, help="initial session_status (pending)")
-    enqueue.add_argument("--network-policy", default=None, metavar="JSON", help="spec.network_policy, as JSON")
+    enqueue.add_argument("--network-policy", metavar="JSON", help="spec.network_policy, as JSON")
 
     status = _admin_parser(verbs, "set-status", "set a session's session_status", _set_status)
     status.add_argument("session", help="session id")

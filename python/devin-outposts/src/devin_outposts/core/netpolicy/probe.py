@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,7 +67,22 @@ def _launcher_reason(code: SandboxExit, said: str) -> str:
 
 
 def _namespace_reason(said: str, returncode: int) -> str:
-    """Why ``unshare --user --net`` failed: the first setting of this host that forbids it, else its words."""
+    """Why ``unshare --user --net`` failed: the first setting of this host that forbids it, else its words.
+    The systemd directives named are the ones a worker unit's hardening can break confinement with (each one
+    tried on Debian 12 and 13: docs/roles.md, "Hardening")."""
+    if returncode == -_SIGSYS:
+        # systemd's SystemCallFilter= kills (SIGSYS) by default: nothing is said on stderr.
+        return (
+            "a seccomp filter killed the trial session (SIGSYS: systemd SystemCallFilter= on this service "
+            "must allow @mount as well as @system-service)"
+        )
+    if returncode < 0:
+        return f"the trial session was killed by signal {-returncode}: {said}"
+    if "Address family not supported" in said:
+        return (
+            "netlink sockets are refused (systemd RestrictAddressFamilies= on this service must allow "
+            f"AF_NETLINK, which ip and nft use): {said}"
+        )
     unprivileged = _euid() != 0
     settings = (
         ("/proc/sys/user/max_user_namespaces", "0", True, "user namespaces are disabled"),
@@ -89,18 +105,20 @@ def _namespace_reason(said: str, returncode: int) -> str:
             return f"{meaning} ({sysctl} = {forbidding}): {said}"
     if _read_status("Seccomp") not in ("", "0"):
         return (
-            "cannot create a user and network namespace under a seccomp filter (systemd "
-            f"RestrictNamespaces= or SystemCallFilter= on this service?): {said}"
+            "cannot create a user and network namespace under a seccomp filter (systemd RestrictNamespaces= "
+            f"on this service must allow user, net and mnt, SystemCallFilter= unshare and @mount): {said}"
         )
     return f"cannot create a user and network namespace (unshare exited {returncode}): {said}"
 
 
 if sys.platform == "win32":
+    _SIGSYS = 0  # (no such signal there; Windows never gets this far)
 
     def _euid() -> int:
         return -1
 
 else:
+    _SIGSYS = int(signal.SIGSYS)
 
     def _euid() -> int:
         return os.geteuid()
