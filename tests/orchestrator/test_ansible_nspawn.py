@@ -3,6 +3,10 @@ systemd-nspawn host for a claimed session, the worker role's one-session mode se
 the host is destroyed. The session's connect token (and the account token in the orchestrator's environment)
 must appear in no runner artifact and no job event.
 
+The session's network policy is enabled, so its worker (devin-outposts-session@<id>.service, under the role's
+hardening) confines it: two upstreams in the host's network namespace record what reaches them, 127.0.0.1
+(allowed by the policy) and 127.0.0.2 (denied), and the session's command tries both (issue 26).
+
 Needs root, systemd-nspawn and the test-host images (scripts/test-hosts/build-images.sh):
 scripts/stages/molecule.sh runs this file right after it builds them. Without them the test is skipped, or
 fails when CI=true.
@@ -11,10 +15,13 @@ fails when CI=true.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +38,18 @@ from prerequisites import ROOT, cannot_run
 from prerequisites import TEST_HOSTS_CACHE as CACHE
 
 EXAMPLE = ROOT / "docs" / "examples" / "orchestrator"
+#: Run by the session: tries each way out and prints what happened (python/devin-outposts/tests).
+CLIENT = ROOT / "python" / "devin-outposts" / "tests" / "netpolicy_session_client.py"
+#: The upstreams, run in the host's network namespace (the Molecule scenarios copy it onto their hosts).
+UPSTREAMS = ROOT / "extensions" / "molecule" / "resources" / "files" / "recording_upstream.py"
+UPSTREAM_PORT = 18080
+POLICY = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}]}
+PLAN = [
+    ["proxy", "127.0.0.1", UPSTREAM_PORT],
+    ["proxy", "127.0.0.2", UPSTREAM_PORT],
+    ["direct", "127.0.0.2", UPSTREAM_PORT],
+    ["udp", "192.0.2.1", 53],
+]
 
 
 @pytest.fixture
@@ -102,6 +121,53 @@ def _on_host(host_dir: Path, sid: str) -> dict[str, str]:
     }
 
 
+def _start_upstreams(host_dir: Path, record_dir: Path) -> subprocess.Popen[bytes]:
+    """The recording upstreams on the host's 127.0.0.1 and 127.0.0.2 (its network namespace, this machine's
+    files: each records to ``record_dir/<address>_<port>.jsonl``), once both listen."""
+    leader = (host_dir / "leader.pid").read_text().strip()
+    process = subprocess.Popen(  # noqa: S603 - a fixed command
+        [
+            str(shutil.which("nsenter")),
+            "-t",
+            leader,
+            "-n",
+            sys.executable,
+            str(UPSTREAMS),
+            str(record_dir),
+            f"127.0.0.1:{UPSTREAM_PORT}",
+            f"127.0.0.2:{UPSTREAM_PORT}",
+        ]
+    )
+    records = [_record(record_dir, address) for address in ("127.0.0.1", "127.0.0.2")]
+    for dummy in range(300):  # a record file is made once its server listens
+        if all(record.exists() for record in records) or process.poll() is not None:
+            break
+        time.sleep(0.1)
+    if not all(record.exists() for record in records):
+        _stop(process)
+        pytest.fail(f"the upstreams did not start (exit {process.returncode})")
+    return process
+
+
+def _record(record_dir: Path, address: str) -> Path:
+    return record_dir / f"{address}_{UPSTREAM_PORT}.jsonl"
+
+
+def _received(record_dir: Path, address: str) -> list[str]:
+    """What each connection to an upstream sent, in order."""
+    lines = _record(record_dir, address).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["data"] for line in lines if line]
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def _files_containing(root: Path, needles: list[str]) -> list[str]:
     hits = []
     for path in root.rglob("*"):
@@ -127,7 +193,7 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
     # The orchestrator holds an account token in its environment; it must not reach any run.
     account_token = sim.create_token("orchestrator")
     monkeypatch.setenv("DEVIN_OUTPOSTS_TOKEN", account_token)
-    sid = sim.admin.enqueue(outpost.outpost_id).session_id
+    sid = sim.admin.enqueue(outpost.outpost_id, network_policy=POLICY).session_id
     acceptor = f"orch-test-{secrets.token_hex(4)}"
     claimed = claim_session(sim.url, machine_token, sid, acceptor)
     connect_token = claimed.connect_token_value()
@@ -163,13 +229,17 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
         link.symlink_to(ROOT)
     state_dir = tmp_path / "state"
     driver = AnsibleDriver.from_options(DriverContext(state_dir=state_dir), options)
-    spec = SessionSpec(session_id=sid, outpost_id=outpost.outpost_id, acceptor_id=acceptor, platform="linux")
+    spec = SessionSpec(
+        session_id=sid, outpost_id=outpost.outpost_id, acceptor_id=acceptor, platform="linux", network_policy=POLICY
+    )
     launch = WorkerLaunch(
         session_id=sid,
         connect_token=connect_token,
         gateway_url=claimed.status.gateway_url,
         static_base_url=sim.static_base_url,
+        network_policy=POLICY,
     )
+    record_dir = tmp_path / "upstreams"
 
     async def serve() -> tuple[str, dict[str, Any], dict[str, str], list[Any], Any, Any, list[Any]]:
         await driver.check()
@@ -179,6 +249,8 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
             assert _leader_processes(machine.name), (
                 "the provision playbook reported a host that is not running"
             )
+            upstreams = _start_upstreams(run_dir / machine.name, record_dir)
+            request.addfinalizer(lambda: _stop(upstreams))
             await driver.start(machine, launch)
             try:
                 connection = await asyncio.to_thread(sim.admin.wait_connection, sid, timeout=120)
@@ -186,8 +258,17 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
                 pytest.fail(f"no remote connection: {exc}\n{_journal(run_dir / machine.name, sid)}")
             running = await driver.status(machine)
             on_host = _on_host(run_dir / machine.name, sid)
-            sim.admin.add_calls(sid, [tools.run("hostname; pwd")])
+            sim.admin.add_calls(
+                sid,
+                [
+                    tools.run("hostname; pwd"),
+                    tools.write(CLIENT.name, CLIENT.read_text(encoding="utf-8")),
+                    tools.run(["python3", CLIENT.name, json.dumps(PLAN)]),
+                ],
+            )
             calls = await asyncio.to_thread(sim.admin.wait_calls, sid, 60)
+            # The denial is logged by the session's worker, in its unit's journal.
+            on_host["session journal"] = _on_host(run_dir / machine.name, sid)["journal"]
             sim.admin.end_session(sid)
             for dummy in range(60):
                 ended = await driver.status(machine)
@@ -216,6 +297,25 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
     assert calls[0]["state"] == "done", calls
     output = calls[0]["result"]["output"].split()
     assert output == [name, f"/srv/devin-outposts/session-{sid}"], calls[0]["result"]
+    # Confined to its policy by the session unit's worker: through the proxy, the allowed upstream got the one
+    # request and the denied one nothing (not even from a direct connection); UDP does not leave; the denial is
+    # in the journal with its rule.
+    assert [call["state"] for call in calls] == ["done"] * 3, calls
+    assert calls[2]["result"]["exit_code"] == 0, calls[2]
+    attempts = {
+        " ".join(map(str, line["attempt"][:2])): line
+        for line in map(json.loads, calls[2]["result"]["output"].splitlines())
+    }
+    assert attempts["proxy 127.0.0.1"]["status"] == 200, attempts
+    assert attempts["proxy 127.0.0.2"]["status"] == 403, attempts
+    assert "error" in attempts["direct 127.0.0.2"], attempts
+    assert "error" in attempts["udp 192.0.2.1"], attempts
+    assert [data.split("\r\n", 1)[0] for data in _received(record_dir, "127.0.0.1")] == [
+        "GET /from-session HTTP/1.1"
+    ]
+    assert _received(record_dir, "127.0.0.2") == []
+    assert f"session {sid} (outpost " in on_host["session journal"]
+    assert f"denied 127.0.0.2:{UPSTREAM_PORT} by " in on_host["session journal"]
     assert running.state is WorkerState.RUNNING, running
     # On the host the token is in the 0600 root env file only: not in the unit, systemctl show, argv or the
     # journal.
