@@ -230,7 +230,11 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
     state_dir = tmp_path / "state"
     driver = AnsibleDriver.from_options(DriverContext(state_dir=state_dir), options)
     spec = SessionSpec(
-        session_id=sid, outpost_id=outpost.outpost_id, acceptor_id=acceptor, platform="linux", network_policy=POLICY
+        session_id=sid,
+        outpost_id=outpost.outpost_id,
+        acceptor_id=acceptor,
+        platform="linux",
+        network_policy=POLICY,
     )
     launch = WorkerLaunch(
         session_id=sid,
@@ -297,9 +301,9 @@ def test_the_example_playbooks_serve_a_session_on_an_nspawn_host(
     assert calls[0]["state"] == "done", calls
     output = calls[0]["result"]["output"].split()
     assert output == [name, f"/srv/devin-outposts/session-{sid}"], calls[0]["result"]
-    # Confined to its policy by the session unit's worker: through the proxy, the allowed upstream got the one
-    # request and the denied one nothing (not even from a direct connection); UDP does not leave; the denial is
-    # in the journal with its rule.
+    # Confined to its policy by the session unit's worker: through the proxy, the allowed upstream got the
+    # one request and the denied one nothing (not even from a direct connection); UDP does not leave; the
+    # denial is in the journal with its rule.
     assert [call["state"] for call in calls] == ["done"] * 3, calls
     assert calls[2]["result"]["exit_code"] == 0, calls[2]
     attempts = {

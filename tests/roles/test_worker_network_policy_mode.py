@@ -1,7 +1,8 @@
-"""``devin_outposts_worker_network_policy`` reaches the bundled worker as its ``--network-policy`` option: the
-role writes it to the instance's environment file (``DEVIN_WORKER_NETWORK_POLICY``, the option's variable), and
-the worker's own option table reads it back, through systemd's quoting, as the mode. The Molecule ``default``
-scenario runs a confined session with the default (enforce); ``ignore`` is checked here, without a host."""
+"""``devin_outposts_worker_network_policy`` reaches the bundled worker as its ``--network-policy`` option:
+the role writes it to the instance's environment file (``DEVIN_WORKER_NETWORK_POLICY``, the option's
+variable), and the worker's own option table reads it back, through systemd's quoting, as the mode. The
+Molecule ``default`` scenario runs a confined session with the default (enforce); ``ignore`` is checked
+here, without a host."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from devin_outposts.core.netpolicy.confinement import EnforcementMode
 from devin_outposts.worker.options import parse_start_args
+
 from test_worker_token_layout import TOKEN, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +37,11 @@ def environment(text: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("role_value", "mode"),
-    [(None, EnforcementMode.ENFORCE), ("enforce", EnforcementMode.ENFORCE), ("ignore", EnforcementMode.IGNORE)],
+    [
+        (None, EnforcementMode.ENFORCE),
+        ("enforce", EnforcementMode.ENFORCE),
+        ("ignore", EnforcementMode.IGNORE),
+    ],
 )
 def test_the_roles_network_policy_mode_is_the_workers(
     tmp_path: Path, role_value: str | None, mode: EnforcementMode

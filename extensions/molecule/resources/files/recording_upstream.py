@@ -8,6 +8,7 @@ an upstream, never what the session or the worker say. Python 3 standard library
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -32,10 +33,8 @@ def one(conn: socket.socket, peer: tuple[str, int], address: str, record: Path, 
         # Recorded before the answer: once a client has its reply, the file already says what arrived.
         with lock, record.open("a", encoding="utf-8") as out:
             out.write(json.dumps({"peer": peer[0], "data": data.decode("latin-1")}) + "\n")
-        try:
+        with contextlib.suppress(OSError):
             conn.sendall(address.encode() + b":" + data)
-        except OSError:
-            pass
 
 
 def main() -> int:
