@@ -476,7 +476,9 @@ def test_a_session_with_a_network_policy_is_confined_in_its_container(
     rest is refused, and the denied upstream records nothing."""
     allowed, denied = Upstream("allowed"), Upstream("denied", host="127.0.0.2")
     try:
-        policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}]}
+        # localhost: an allowed name the worker's proxy resolves in the container, to an address the ipv4
+        # rule allows (the host's loopback: the container shares the host's network here).
+        policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "localhost"}]}
         sid = pod.sim.admin.enqueue(pod.outpost.outpost_id, network_policy=policy).session_id
         launch = pod.claim(sid)
         assert launch.network_policy is not None and launch.network_policy["enabled"] is True
@@ -485,7 +487,9 @@ def test_a_session_with_a_network_policy_is_confined_in_its_container(
         pod.sim.admin.wait_connection(sid, timeout=90)
         plan = [
             ["proxy", "127.0.0.1", allowed.port],
+            ["proxy", "localhost", allowed.port],
             ["proxy", "127.0.0.2", denied.port],
+            ["proxy", "denied.example", 443],
             ["direct", TEST_NET, 80],
             ["udp", TEST_NET, 53],
             ["resolve", "denied.example"],
@@ -507,13 +511,15 @@ def test_a_session_with_a_network_policy_is_confined_in_its_container(
         }
         assert results[("proxy", "127.0.0.1")]["status"] == 200, output
         assert results[("proxy", "127.0.0.1")]["reply"].startswith("allowed:GET /from-session"), output
+        assert results[("proxy", "localhost")]["status"] == 200, output
         assert results[("proxy", "127.0.0.2")]["status"] == 403, output
+        assert results[("proxy", "denied.example")]["status"] == 403, output
         assert "error" in results[("direct", TEST_NET)] or results[("direct", TEST_NET)]["reply"] == "", (
             output
         )
         assert "error" in results[("udp", TEST_NET)], output
         assert "error" in results[("resolve", "denied.example")], output
-        assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"]
+        assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
         assert denied.received == []
         # The denial is in the worker's log (the container's), with the rule that applied.
         logs = podman("logs", machine.name).stderr + podman("logs", machine.name).stdout

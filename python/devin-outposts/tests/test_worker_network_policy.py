@@ -70,13 +70,19 @@ def test_a_session_reaches_what_its_policy_allows_and_nothing_else(
     allowed, denied = upstreams
     h = harness
     h.worker("w1", "--metrics-addr", "127.0.0.1:0")
-    policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "*.allowed.test"}]}
+    # "localhost" is a name the proxy resolves with this host's own resolver, to loopback: allowed by its
+    # hostname rule, and its address by the ipv4 rule (without which the rebinding guard refuses it).
+    policy = {
+        "enabled": True,
+        "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "*.allowed.test"}, {"hostname": "localhost"}],
+    }
     sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
     results = attempts(
         h,
         sid,
         [
             ["proxy", "127.0.0.1", allowed.port],
+            ["proxy", "localhost", allowed.port],
             ["proxy", "127.0.0.2", denied.port],
             ["proxy", "denied.example", 443],
             ["direct", TEST_NET, 80],
@@ -87,13 +93,15 @@ def test_a_session_reaches_what_its_policy_allows_and_nothing_else(
     by_kind = {(r["attempt"][0], r["attempt"][1]): r for r in results}
     assert by_kind[("proxy", "127.0.0.1")]["status"] == 200, results
     assert by_kind[("proxy", "127.0.0.1")]["reply"].startswith("allowed:GET /from-session"), results
+    assert by_kind[("proxy", "localhost")]["status"] == 200, results
+    assert by_kind[("proxy", "localhost")]["reply"].startswith("allowed:GET /from-session"), results
     assert by_kind[("proxy", "127.0.0.2")]["status"] == 403, results
     assert by_kind[("proxy", "denied.example")]["status"] == 403, results
     assert "error" in by_kind[("direct", TEST_NET)] or by_kind[("direct", TEST_NET)]["reply"] == "", results
     assert "error" in by_kind[("udp", TEST_NET)], results
     assert "error" in by_kind[("resolve", "denied.example")], results
     # What the host side saw: the allowed upstream one request from the session, the denied one nothing.
-    assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"]
+    assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
     assert denied.received == []
     # Counted per session and verdict while it runs: the denials above (the direct connect to TEST-NET
     # reaches the proxy through the redirect), and what was allowed (the upstream, the gateway).
