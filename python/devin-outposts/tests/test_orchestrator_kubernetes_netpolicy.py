@@ -402,3 +402,23 @@ def test_the_fence_is_valid_kubernetes_offline(
     broken["spec"]["egress"][0]["ports"][0]["protocol"] = 53
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, SCHEMA_VERSIONS[-1], strict=True)
+
+
+def test_the_docs_pod_template_for_confinement_is_kept_and_valid() -> None:
+    """docs/orchestrator-kubernetes.md's example ``pod_template`` that lets the Pod confine sessions reaches
+    the Pod as written (the driver keeps the template's security contexts) and is valid Kubernetes."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    yaml = pytest.importorskip("yaml")
+    text = (Path(__file__).resolve().parents[3] / "docs" / "orchestrator-kubernetes.md").read_text()
+    section = text.split("### The worker in the Pod confines the session", 1)[1].split("\n### ", 1)[0]
+    [block] = [b for b in section.split("```yaml\n")[1:] if b.startswith("pod_template:")]
+    options = {"image": IMAGE, **yaml.safe_load(block.split("```", 1)[0])}
+    *others, pod = render_session_manifests(spec(), launch(policy=POLICY), options=options)
+    assert pod["kind"] == "Pod" and [o["kind"] for o in others] == ["Secret", "NetworkPolicy"]
+    template = options["pod_template"]["spec"]
+    assert pod["spec"]["securityContext"] == template["securityContext"]
+    assert pod["spec"]["securityContext"]["seccompProfile"]["type"] == "Localhost"
+    [worker] = pod["spec"]["containers"]
+    assert worker["securityContext"] == template["containers"][0]["securityContext"]
+    assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    kubernetes_validate.validate(pod, SCHEMA_VERSIONS[-1], strict=True)  # appArmorProfile: Kubernetes 1.30+
