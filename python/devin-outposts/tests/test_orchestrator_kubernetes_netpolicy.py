@@ -25,7 +25,9 @@ from k8s_fake import FakeKube, run_fake_kube
 from devin_outposts.core.netpolicy.policy import NOT_PUBLIC, Policy, is_public
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import (
+    LABEL_MANAGED_BY,
     LABEL_SESSION,
+    MANAGED_BY,
     DriverContext,
     DriverError,
     SessionSpec,
@@ -289,7 +291,10 @@ def test_a_policy_session_gets_its_fence_owned_by_its_pod_and_teardown_removes_i
             # It selects exactly this Pod, and reached the cluster whole (an empty namespaceSelector, which
             # means every namespace, is not dropped on the way).
             selector = fence["spec"]["podSelector"]["matchLabels"]
-            assert selector == {LABEL_SESSION: pod["metadata"]["labels"][LABEL_SESSION]}
+            assert selector == {
+                LABEL_MANAGED_BY: MANAGED_BY,
+                LABEL_SESSION: pod["metadata"]["labels"][LABEL_SESSION],
+            }
             assert fence["spec"]["egress"][0]["to"] == [DEFAULT_DNS_PEER]
             assert reachable(fence, "10.20.0.1", 443) and not reachable(fence, "10.30.0.1", 443)
         owned = await driver.list_owned("orch-1", "outpost_env-1")  # the fence is no machine
@@ -397,7 +402,7 @@ def test_the_fence_is_valid_kubernetes_offline(
     monkeypatch.setattr("socket.socket.connect", _no_network)
     for version in SCHEMA_VERSIONS:
         kubernetes_validate.validate(sent[0], version, strict=True)
-        kubernetes_validate.validate({k: v for k, v in stored.items()}, version, strict=True)
+        kubernetes_validate.validate(stored, version, strict=True)
     broken = json.loads(json.dumps(sent[0]))
     broken["spec"]["egress"][0]["ports"][0]["protocol"] = 53
     with pytest.raises(kubernetes_validate.ValidationError):

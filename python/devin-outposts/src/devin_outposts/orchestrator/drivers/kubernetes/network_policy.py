@@ -34,6 +34,7 @@ from devin_outposts.core.netpolicy.policy import (
     ip_literal,
 )
 from devin_outposts.orchestrator.drivers.base import (
+    LABEL_MANAGED_BY,
     LABEL_SESSION,
     SessionSpec,
     WorkerLaunch,
@@ -114,12 +115,13 @@ def render_network_policy(
     spec: SessionSpec,
     launch: WorkerLaunch,
     *,
-    dns_peer: Mapping[str, Any] = DEFAULT_DNS_PEER,
+    dns_peer: Optional[Mapping[str, Any]] = None,
     extra_cidrs: Iterable[IPNetwork] = (),
 ) -> Optional[dict[str, Any]]:
     """The session's NetworkPolicy, or None when its policy is not enabled (nothing to fence).
 
-    ``extra_cidrs`` (the ``network_policy_cidrs`` option) are allowed like ip rules: for a gateway or a
+    ``dns_peer`` is the ``network_policy_dns`` option (default :data:`DEFAULT_DNS_PEER`); ``extra_cidrs``
+    (the ``network_policy_cidrs`` option) are allowed like ip rules: for a gateway or a
     binary mirror at a private address, which a policy's hostname rules cannot reach past the fence.
     Its owner (the Pod) is added once the Pod exists, as the Secret's.
     """
@@ -129,7 +131,7 @@ def render_network_policy(
     tcp = [{"protocol": "TCP"}]
     egress: list[dict[str, Any]] = [
         {
-            "to": [copy.deepcopy(dict(dns_peer))],
+            "to": [copy.deepcopy(dict(dns_peer or DEFAULT_DNS_PEER))],
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         },
         {"to": public_peers(), "ports": tcp},
@@ -154,9 +156,11 @@ def render_network_policy(
             "annotations": identity_annotations(spec),
         },
         "spec": {
-            # The session label alone: the Pod's name is derived from the same id, and no other Pod of
-            # ours carries it (list_owned and the collection select on it too).
-            "podSelector": {"matchLabels": {LABEL_SESSION: spec.labels()[LABEL_SESSION]}},
+            # The session's Pod and no other: the session label (which no overrides can set) of this
+            # orchestrator's Pods (Cognition's operator labels its Pods with the same session label).
+            "podSelector": {
+                "matchLabels": {key: spec.labels()[key] for key in (LABEL_MANAGED_BY, LABEL_SESSION)}
+            },
             "policyTypes": ["Egress"],
             "egress": egress,
         },
