@@ -21,7 +21,9 @@ import pytest
 pytest.importorskip("lightkube", reason="the kubernetes extra (lightkube) is not installed")
 
 from k8s_fake import FakeKube, run_fake_kube
+from orchestrator_fakes import Running
 
+from devin_outposts.api.models import Outpost
 from devin_outposts.core.netpolicy.policy import NOT_PUBLIC, Policy, is_public
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import (
@@ -38,6 +40,11 @@ from devin_outposts.orchestrator.drivers.kubernetes.network_policy import (
     DEFAULT_DNS_PEER,
     render_network_policy,
 )
+from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.orchestrator.runner import Orchestrator
+from devin_outposts_sim.testing import SimHandle
+
+from worker_fakes import wait_for
 
 T = TypeVar("T")
 NS = "outposts"
@@ -373,6 +380,70 @@ def test_sweep_orphans_removes_the_fences_of_sessions_not_live(fake: FakeKube, t
     assert run(scenario()) == 2  # devin-gone's Secret and NetworkPolicy
     [fence] = fake.objects("NetworkPolicy", NS)
     assert "devin-live" in fence["metadata"]["name"]
+
+
+def test_a_pod_that_cannot_confine_gives_the_session_back_at_once(
+    sim: SimHandle, outpost: Outpost, fake: FakeKube, tmp_path: Path
+) -> None:
+    """The orchestrator's loop: a policy session's Pod gets its NetworkPolicy; its worker cannot confine (a
+    Pod whose seccomp profile forbids user namespaces) and exits 9, which the kubelet restarts in place; the
+    driver reports that exit, and the orchestrator releases the claim at once, without waiting for its
+    restart limit, and removes the Pod, the Secret and the NetworkPolicy."""
+    config = OrchestratorConfig(
+        outpost=outpost.name, driver="kubernetes", max_concurrent=1, state_dir=tmp_path / "orch",
+        acceptor_id="k8s-netpolicy", api_url=sim.url, token=sim.create_token("orchestrator"),
+        status_interval=0.05, poll_interval=0.2, confirm_interval=0.05, confirm_reads=2, gc_interval=0.3,
+        backoff_max=1.0, restart_limit=5,
+        driver_options={"kubeconfig": str(fake.kubeconfig(tmp_path / "kubeconfig", namespace=NS)),
+                        "namespace": NS, "image": IMAGE, "leader_election": False},
+    )  # fmt: skip
+    orchestrator = Running(Orchestrator(config))
+    try:
+        sid = sim.admin.enqueue(outpost.outpost_id, network_policy=POLICY).session_id
+        [fence] = wait_for(lambda: fake.objects("NetworkPolicy", NS), timeout=20, what="the NetworkPolicy")
+        [pod] = wait_for(lambda: fake.objects("Pod", NS), timeout=20, what="the session's Pod")
+        assert fence["metadata"]["annotations"]["outposts.devin.ai/session-id"] == sid
+        assert fence["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        assert reachable(fence, "10.20.0.1", 443) and not reachable(fence, "10.30.0.1", 443)
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        handed = json.loads(env["DEVIN_WORKER_SESSION_NETWORK_POLICY"])  # as the API model dumps it
+        assert Policy.from_spec(handed) == Policy.from_spec(POLICY)
+        # The worker runs (its probe takes a moment), then exits 9, and the kubelet restarts it in place.
+        running = {"name": "devin-worker", "restartCount": 0, "state": {"running": {}}}
+        fake.set_pod_status(NS, pod["metadata"]["name"], {"phase": "Running", "containerStatuses": [running]})
+        sessions = orchestrator.orchestrator.sessions
+        wait_for(lambda: sessions and sessions[0].running_now, timeout=20, what="the worker seen running")
+        fake.set_pod_status(
+            NS,
+            pod["metadata"]["name"],
+            {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "devin-worker",
+                        "restartCount": 1,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"exitCode": 9, "reason": "Error"}},
+                    }
+                ],
+            },
+        )
+        wait_for(
+            lambda: any(c["action"] == "release" for c in sim.admin.claims(session_id=sid)),
+            timeout=30,
+            what="the claim to be released",
+        )
+        wait_for(
+            lambda: not fake.objects("Pod", NS) and not fake.objects("NetworkPolicy", NS),
+            timeout=20,
+            what="the Pod and its NetworkPolicy gone",
+        )
+        assert fake.objects("Secret", NS) == []
+        counters = orchestrator.orchestrator.metrics.counters
+        assert counters["network_policy_refusals"] == 1
+        assert counters["worker_restarts"] == 0
+    finally:
+        orchestrator.stop()
 
 
 #: The oldest and newest schema sets kubernetes-validate ships (strict: unknown fields are errors too).

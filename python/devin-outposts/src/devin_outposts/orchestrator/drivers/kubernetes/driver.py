@@ -12,8 +12,8 @@ What each method does to the cluster:
   cluster's garbage collector may still be about to delete the old ones for the old Pod, and it deletes by
   uid. The NetworkPolicy exists before the Pod does, so the Pod never runs unfenced;
 * :meth:`status` reads the Pod: ``restartPolicy: OnFailure`` makes the kubelet restart a failed worker
-  in place (``restarts`` is the container's ``restartCount``); ``Succeeded`` is exit 0 and ``Failed``
-  the container's exit code;
+  in place (``restarts`` is the container's ``restartCount``, ``exit_code`` what its last run exited
+  with); ``Succeeded`` is exit 0 and ``Failed`` the container's exit code;
 * :meth:`snapshot` labels the PVC as kept; :meth:`teardown` deletes the Pod, the Secret, the
   NetworkPolicy and any PVC not kept; :meth:`restore` unlabels the kept PVC, which the new Pod then
   mounts (it has the same name). A kept PVC that is not restored before :meth:`start` is replaced by an
@@ -322,7 +322,17 @@ class KubernetesDriver(Driver):
                 detail=f"{phase} {reason}".strip(),
             )
         if phase == "Running" or phase == "Unknown":
-            return WorkerStatus(WorkerState.RUNNING, restarts=restarts, detail=f"{phase} {waiting}".strip())
+            # After a restart in place, the code the last run exited with: the orchestrator ends the session
+            # at once on some (9: this Pod cannot enforce the session's network policy) instead of waiting
+            # for the restart limit.
+            last = (ours.get("lastState") or {}).get("terminated") or {}
+            code = last.get("exitCode") if restarts else None
+            return WorkerStatus(
+                WorkerState.RUNNING,
+                exit_code=int(code) if code is not None else None,
+                restarts=restarts,
+                detail=f"{phase} {waiting}".strip(),
+            )
         return WorkerStatus(WorkerState.STARTING, restarts=restarts, detail=f"{phase} {waiting}".strip())
 
     async def teardown(self, machine: Machine) -> None:
