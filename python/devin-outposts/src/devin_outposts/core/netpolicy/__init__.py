@@ -10,6 +10,8 @@
 * :mod:`.launcher`: the confined session's first process (set up, preflight, shim, session, signals);
   :mod:`.launcher_exits` its exit codes;
 * :mod:`.namespace`: the session's network namespace: addresses, the nftables table, the preflight;
+* :mod:`.hostsfile`: the session's ``/etc/hosts`` (the machine's own names on loopback, every other name
+  through the stub DNS);
 * :mod:`.shim`: the listeners inside it that lead every TCP connection to the egress socket;
 * :mod:`.stubdns`: the stub DNS inside it (allowed names only, fake addresses, never forwards);
 * :mod:`.probe`: can this host confine sessions (:func:`~.probe.probe`);
