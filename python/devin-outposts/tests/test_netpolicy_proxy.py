@@ -234,8 +234,9 @@ def test_an_allowed_hostname_is_reachable_with_an_ip_rule_for_its_loopback_addre
         async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
             status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
             assert status.startswith("HTTP/1.1 200")
-            request = b"GET / HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n"
-            writer.write(request)
+            writer.write(b"GET / HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n")
+            # One plain HTTP request per connection: it goes on with Connection: close (http1.py).
+            request = b"GET / HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: close\r\n\r\n"
             assert await reader.readexactly(len(request)) == request
             writer.close()
             assert [bytes(s.received) for s in await up.all_ended()] == [request]
@@ -478,13 +479,19 @@ def test_a_client_hello_naming_another_host_closes_the_tunnel(
     run(scenario)
 
 
-def test_an_http_host_other_than_the_connect_host_closes_the_tunnel(tmp_path: Path) -> None:
+def test_an_http_host_other_than_the_connect_host_is_answered_403_in_the_tunnel(tmp_path: Path) -> None:
+    """A plain HTTP client gets an HTTP answer with the reason (a refused ClientHello cannot get one)."""
+
     async def scenario() -> None:
         up = await upstream()
         async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
             dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
             writer.write(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
-            assert await read_all(reader) == b""
+            answer = await read_all(reader)
+            assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
+            reason = "the CONNECT host: the HTTP Host evil.test is not api.allowed.test"
+            assert f"\r\nX-Devin-Egress-Denied: {reason}\r\n".encode() in answer
+            assert answer.endswith(f"network policy: denied by {reason}\n".encode())
             assert [bytes(s.received) for s in await up.all_ended()] == [b""]
             assert "the HTTP Host evil.test is not api.allowed.test" in harness.verdicts[-1][0].reason
         await up.close()

@@ -254,7 +254,7 @@ async def _serve_shim(
                 signal.sigtimedwait([signum], 0)
 
     loop.add_reader(consume, on_consume)
-    the_shim = shim.Shim(egress_socket, book, layout.loopback_gateway)
+    the_shim = shim.Shim(egress_socket, book, layout.loopback_gateway, policy=policy)
     tasks = [
         asyncio.ensure_future(shim.serve(the_shim, listeners.explicit, listeners.transparent)),
         asyncio.ensure_future(stubdns.serve(resolver, listeners.dns_udp, listeners.dns_tcp)),

@@ -48,7 +48,7 @@ import sys
 from collections.abc import Awaitable, Sequence
 from typing import Callable, Optional, Union
 
-from devin_outposts.core.netpolicy import peek, relay
+from devin_outposts.core.netpolicy import http1, peek, relay
 from devin_outposts.core.netpolicy.policy import (
     DEFAULT_DENY,
     Decision,
@@ -223,14 +223,17 @@ class EgressProxy:
                 raise _Answer("400 Bad Request", str(exc)) from exc
             if request.refusal is not None:
                 raise _Answer("403 Forbidden", decision=request.refusal, destination=request.destination)
+            if not request.tunnel:
+                http1.body_framing(request.forwarded)  # a body of unsure length is a 400 before connecting
             upstream, decision = await self._open(request.destination)
             opened.append(upstream)
             if request.tunnel:
                 await self._tunnel(request.destination, decision, client, upstream, rest)
             else:
                 self._verdict(decision, request.destination)
-                await asyncio.get_running_loop().sock_sendall(upstream, request.forwarded + rest)
-                await _both_ways(client, upstream)
+                await _one_request(client, upstream, request.forwarded, rest)
+        except BadRequest as exc:
+            await _answer(client, _Answer("400 Bad Request", str(exc)))
         except _Answer as answer:
             if answer.decision is not None and answer.destination is not None:
                 self._verdict(answer.decision, answer.destination)
@@ -326,14 +329,31 @@ class EgressProxy:
         upstream: socket.socket,
         rest: bytes,
     ) -> None:
-        """After the 200: the upstream's bytes flow at once; the client's wait for the peek's verdict."""
+        """After the 200: the upstream's bytes flow at once; the client's wait for the peek's verdict. A
+        refused plain HTTP request is answered 403 inside the tunnel (a refused ClientHello cannot be
+        answered: the connection closes); an allowed one goes on alone (:mod:`.http1`)."""
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
         downstream = asyncio.ensure_future(relay.pipe(upstream, client))
         try:
-            first, refusal = await self._peek(destination, client, rest)
+            first, opening, refusal = await self._peek(destination, client, rest)
             if refusal is not None:
                 self._verdict(refusal, destination)
+                if opening is peek.Opening.HTTP:
+                    await _stop(downstream)
+                    await _answer(client, _Answer("403 Forbidden", decision=refusal, destination=destination))
+                return
+            if opening is peek.Opening.HTTP:
+                end = first.index(b"\r\n\r\n") + 4  # the peek found the Host: the head is whole
+                try:
+                    head = http1.close_after(first[:end])
+                except BadRequest as exc:
+                    self._verdict(Decision(False, PEEK_RULE, str(exc)), destination)
+                    await _stop(downstream)
+                    await _answer(client, _Answer("400 Bad Request", str(exc)))
+                    return
+                self._verdict(decision, destination)
+                await http1.send_one(client, upstream, head, first[end:], downstream)
                 return
             self._verdict(decision, destination)
             if first:
@@ -345,12 +365,13 @@ class EgressProxy:
 
     async def _peek(
         self, destination: Destination, client: socket.socket, data: bytes
-    ) -> tuple[bytes, Optional[Decision]]:
-        """The client's first bytes (empty: it ended without any), and a refusal if they name another host."""
+    ) -> tuple[bytes, object, Optional[Decision]]:
+        """The client's first bytes (empty: it ended without any), what they start (:class:`peek.Opening`,
+        or :data:`peek.MORE` when they ended before it was clear), and a refusal if they name another host."""
         while True:
             opening = peek.opening(data)
             if opening is peek.Opening.RAW:
-                return data, None
+                return data, opening, None
             try:
                 if opening is peek.Opening.TLS:
                     name = peek.tls_server_name(data)
@@ -359,19 +380,19 @@ class EgressProxy:
                 else:
                     name = peek.MORE
             except peek.PeekError as exc:
-                return data, Decision(False, PEEK_RULE, f"{exc}, in a tunnel to {destination}")
+                return data, opening, Decision(False, PEEK_RULE, f"{exc}, in a tunnel to {destination}")
             if name is not peek.MORE:
-                return data, _check_peeked(destination, opening, name)
+                return data, opening, _check_peeked(destination, opening, name)
             if len(data) >= peek.MAX_PEEK_BYTES:
                 reason = f"no name in the first {len(data)} bytes to {destination}"
-                return data, Decision(False, PEEK_RULE, reason)
+                return data, opening, Decision(False, PEEK_RULE, reason)
             more = await asyncio.get_running_loop().sock_recv(client, peek.MAX_PEEK_BYTES - len(data))
             if not more:
                 if isinstance(opening, peek.Opening):  # a TLS or HTTP head begun and never finished
-                    return data, Decision(
+                    return data, opening, Decision(
                         False, PEEK_RULE, f"the client ended inside its {opening.value} head"
                     )
-                return data, None  # a few bytes that start nothing with a name in it ("PING")
+                return data, opening, None  # a few bytes that start nothing with a name in it ("PING")
             data += more
 
     def _verdict(self, decision: Decision, destination: Destination) -> None:
@@ -392,11 +413,27 @@ class EgressProxy:
 
 def _check_peeked(destination: Destination, opening: object, name: object) -> Optional[Decision]:
     what = "TLS server name" if opening is peek.Opening.TLS else "HTTP Host"
-    if name is None and ip_literal(destination.host) is not None:
-        return None  # TLS to an IP address carries no server name
+    if ip_literal(destination.host) is not None:
+        # A tunnel to an address was allowed for that address (an ipv4/ipv6 rule, or the gateway), and that
+        # address is where the bytes go, whatever name they carry; TLS to an address often carries none.
+        return None
     if not isinstance(name, str) or normalise_host(name) != destination.host:
         return Decision(False, PEEK_RULE, f"the {what} {printable(str(name))} is not {destination.host}")
     return None
+
+
+async def _one_request(client: socket.socket, upstream: socket.socket, head: bytes, rest: bytes) -> None:
+    """An absolute-form request: the head the proxy rewrote, its body, nothing after it (:mod:`.http1`)."""
+    downstream = asyncio.ensure_future(relay.pipe(upstream, client))
+    try:
+        await http1.send_one(client, upstream, head, rest, downstream)
+    finally:
+        await _stop(downstream)
+
+
+async def _stop(task: asyncio.Future[int]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _both_ways(
