@@ -9,15 +9,18 @@ protocol on that socket is a plain HTTP proxy:
   and the reason in the body and in an ``X-Devin-Egress-Denied`` header, one line each) when the policy
   denies it; ``502 Bad Gateway`` when it allows it but no allowed address answers; ``400 Bad Request`` for
   anything malformed. Once the tunnel is open, the client's first bytes are peeked before any of them is
-  sent on: a TLS ClientHello's server name must be the CONNECT host (no server name is accepted only when
-  the CONNECT host is an IP address), a plain HTTP request's ``Host`` must be it, and anything else (SSH,
-  a database protocol) passes as raw TCP. A refused peek closes both sides: the upstream has seen a
-  connection and none of the client's bytes. Bytes from the upstream reach the client at once, so a
-  protocol whose server speaks first works.
+  sent on: a TLS ClientHello's server name must be the CONNECT host, a plain HTTP request's ``Host`` must
+  be it (a tunnel to an IP address takes any name, or none: the rule that allowed it is about that address,
+  and that address is where the bytes go), and anything else (SSH, a database protocol) passes as raw TCP.
+  A refused peek ends the tunnel: the upstream has seen a connection and none of the client's bytes; a
+  refused plain HTTP request is answered ``403`` inside the tunnel first (a refused ClientHello cannot be
+  answered). Bytes from the upstream reach the client at once, so a protocol whose server speaks first
+  works. A plain HTTP request in a tunnel goes on alone (:mod:`.http1`: ``Connection: close``, its body,
+  nothing after it).
 * Absolute-form plain HTTP (``GET http://host[:port]/path HTTP/1.1``): the same checks on the URL's host
   (and its ``Host`` header, if any, must name the same host), then the request is sent on in origin-form,
-  without its ``Proxy-*`` headers and with ``Connection: close`` (:mod:`.request`), and the rest is relayed
-  both ways.
+  without its ``Proxy-*`` headers and with ``Connection: close`` (:mod:`.request`), with its body and
+  nothing after it (:mod:`.http1`); the upstream's answer is relayed back.
 
 Names are resolved here and only after :meth:`Policy.check_name` allowed them, so a query for a denied
 name is never sent; the proxy connects only to addresses :meth:`Policy.check_address` allows (the
@@ -389,8 +392,10 @@ class EgressProxy:
             more = await asyncio.get_running_loop().sock_recv(client, peek.MAX_PEEK_BYTES - len(data))
             if not more:
                 if isinstance(opening, peek.Opening):  # a TLS or HTTP head begun and never finished
-                    return data, opening, Decision(
-                        False, PEEK_RULE, f"the client ended inside its {opening.value} head"
+                    return (
+                        data,
+                        opening,
+                        Decision(False, PEEK_RULE, f"the client ended inside its {opening.value} head"),
                     )
                 return data, opening, None  # a few bytes that start nothing with a name in it ("PING")
             data += more
