@@ -422,6 +422,34 @@ def test_tls_without_a_server_name_passes_to_an_ip_address(tmp_path: Path) -> No
     run(scenario)
 
 
+@pytest.mark.parametrize(
+    "first_bytes",
+    [client_hello("any.name.test"), b"GET / HTTP/1.1\r\nHost: any.name.test\r\n\r\n"],
+    ids=["tls", "http"],
+)
+def test_a_tunnel_to_an_allowed_address_takes_any_name_in_its_first_bytes(
+    tmp_path: Path, first_bytes: bytes
+) -> None:
+    """The ipv4 rule allows the address, and the address is where the bytes go: the name a client puts in
+    them (``curl --resolve``, or the shim sending a redirected connection on as its address) is not the
+    policy's business. The first bytes reach the upstream."""
+
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}]}) as harness:
+            status, dummy, reader, writer = await harness.connect_tunnel(f"{LOOPBACK}:{up.port}")
+            assert status.startswith("HTTP/1.1 200")
+            writer.write(first_bytes)
+            await reader.readexactly(10)  # the echo has begun: the bytes went on
+            writer.close()
+            [seen] = await up.all_ended()
+            assert bytes(seen.received).startswith(first_bytes[:10])
+            assert (harness.proxy.allowed, harness.proxy.denied) == (1, 0)
+        await up.close()
+
+    run(scenario)
+
+
 # --- what is denied never reaches anything ----------------------------------------------------------------
 
 
