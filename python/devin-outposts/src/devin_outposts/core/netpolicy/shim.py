@@ -83,7 +83,7 @@ class Shim:
         loopback_gateway: Optional[tuple[str, int]] = None,
         limits: Limits = Limits(),
         policy: Optional[Policy] = None,
-        destination_of: Callable[[Any], tuple[IPAddress, int]] = lambda sock: original_destination(sock),
+        destination_of: Optional[Callable[[Any], tuple[IPAddress, int]]] = None,
     ) -> None:
         self.egress_socket = egress_socket
         self.book = book
@@ -93,7 +93,7 @@ class Shim:
         self.policy = policy
         #: Where a redirected connection was going (``SO_ORIGINAL_DST``; a test without a nat table gives
         #: its own).
-        self.destination_of = destination_of
+        self.destination_of = destination_of or original_destination
         self._slots = asyncio.Semaphore(limits.connections)
 
     async def explicit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -203,9 +203,13 @@ class Shim:
             body = await asyncio.wait_for(up_reader.read(CHUNK), self.limits.reply_seconds)
         except (asyncio.TimeoutError, OSError):
             body = b""
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
             writer.write(head + body)
             await writer.drain()
+            writer.write_eof()
+            # Read what the client still sends (its request's body) for a while: closing on unread bytes
+            # would reset the connection, and the client could lose the answer.
+            await asyncio.wait_for(_drop_until_end(reader), self.limits.first_bytes_seconds)
 
     async def _open_egress(
         self, client: asyncio.StreamWriter
@@ -281,6 +285,11 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> b
         return True
     except (ConnectionError, OSError):
         return False
+
+
+async def _drop_until_end(reader: asyncio.StreamReader) -> None:
+    while await reader.read(CHUNK):
+        pass
 
 
 def original_destination(sock: Any) -> tuple[IPAddress, int]:
