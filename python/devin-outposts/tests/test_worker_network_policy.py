@@ -97,7 +97,10 @@ def test_a_session_reaches_what_its_policy_allows_and_nothing_else(
     assert by_kind[("proxy", "localhost")]["reply"].startswith("allowed:GET /from-session"), results
     assert by_kind[("proxy", "127.0.0.2")]["status"] == 403, results
     assert by_kind[("proxy", "denied.example")]["status"] == 403, results
-    assert "error" in by_kind[("direct", TEST_NET)] or by_kind[("direct", TEST_NET)]["reply"] == "", results
+    # A plain HTTP client the redirect caught is answered as the explicit proxy answers (403, and why).
+    direct = by_kind[("direct", TEST_NET)]["reply"]
+    assert direct.startswith("HTTP/1.1 403 Forbidden\r\n"), results
+    assert f"X-Devin-Egress-Denied: default deny: no ipv4 rule covers {TEST_NET}\r\n" in direct, results
     assert "error" in by_kind[("udp", TEST_NET)], results
     assert "error" in by_kind[("resolve", "denied.example")], results
     # What the host side saw: the allowed upstream one request from the session, the denied one nothing.
