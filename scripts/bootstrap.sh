@@ -65,9 +65,14 @@ install_apt_packages() {
     log "installing Debian packages: ${missing[*]}"
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    if [[ " ${missing[*]} " == *" openssh-server "* ]] && command -v systemctl >/dev/null 2>&1; then
-        # Only the tests' own sshd should listen: no system sshd on port 22 because of this script.
-        "${sudo[@]}" systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+    if [[ " ${missing[*]} " == *" openssh-server "* ]]; then
+        # Only the tests' own sshd should listen: no system sshd on port 22 because of this script (with
+        # systemd as PID 1 through systemctl, else through the init script the package installed).
+        if [[ -d /run/systemd/system ]]; then
+            "${sudo[@]}" systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+        elif command -v service >/dev/null 2>&1; then
+            "${sudo[@]}" service ssh stop >/dev/null 2>&1 || true
+        fi
     fi
 }
 
