@@ -25,7 +25,10 @@ PYTHON="${OUTPOSTS_PYTHON:-python3.11}"
 # --init, which the podman driver uses) is only a recommendation.
 # openjdk-17-jre-headless: ansible-rulebook (the eda stage) runs its rules engine, Drools, on Java 17.
 # nftables, iproute2, util-linux: the network-policy sandbox (nft, ip, unshare) and its tests.
-APT_PACKAGES=(git rsync python3-venv shellcheck podman runc catatonit openjdk-17-jre-headless nftables iproute2 util-linux)
+# openssh-server, openssh-client: git over SSH through a confined session (the test starts its own sshd on
+# loopback; the system's ssh service that installing the package starts is stopped and disabled again).
+APT_PACKAGES=(git rsync python3-venv shellcheck podman runc catatonit openjdk-17-jre-headless nftables iproute2 util-linux
+    openssh-server openssh-client)
 # shared/reference/test-hosts.md, Recipe A: podman's default ulimits exceed the hard limits of our machines
 # (setrlimit fails), and crun refuses their hybrid cgroup layout. A drop-in, so that a containers.conf of
 # the machine's own stays as it is; podman reads containers.conf.d since 4.x.
@@ -62,6 +65,15 @@ install_apt_packages() {
     log "installing Debian packages: ${missing[*]}"
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [[ " ${missing[*]} " == *" openssh-server "* ]]; then
+        # Only the tests' own sshd should listen: no system sshd on port 22 because of this script (with
+        # systemd as PID 1 through systemctl, else through the init script the package installed).
+        if [[ -d /run/systemd/system ]]; then
+            "${sudo[@]}" systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+        elif command -v service >/dev/null 2>&1; then
+            "${sudo[@]}" service ssh stop >/dev/null 2>&1 || true
+        fi
+    fi
 }
 
 podman_config() {

@@ -153,14 +153,30 @@ def test_the_role_is_namespaced_and_least_privilege(default_render: tuple[Path, 
     # Exactly the kubernetes driver's needs (docs/orchestrator-kubernetes.md, "RBAC").
     assert granted_by(role) == {
         ("", "pods"): {"get", "list", "create", "delete"},
-        ("", "secrets"): {"get", "list", "create", "delete", "patch"},
+        ("", "secrets"): {"list", "create", "delete", "patch"},
         ("", "persistentvolumeclaims"): {"get", "list", "create", "delete", "patch"},
+        ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "delete", "patch"},
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},
     }
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "devin-outposts-orchestrator"}  # fmt: skip
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "devin-outposts-orchestrator",
                                     "namespace": "devin-outposts"}]  # fmt: skip
+
+
+def test_the_role_grants_exactly_what_the_driver_calls(default_render: tuple[Path, Any], tmp_path: Path) -> None:
+    """The driver, through every call it has against the package's fake API server (a process of its own: this
+    one has no sockets), needs each verb the Role grants, and no other."""
+    tmp_path_default, done = default_render
+    assert done.returncode == 0
+    calls = subprocess.run([sys.executable, str(Path(__file__).with_name("k8s_driver_calls.py")), str(tmp_path)],
+                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert calls.returncode == 0, calls.stderr
+    used: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verb in json.loads(calls.stdout):
+        used.setdefault((group, resource), set()).add(verb)
+    granted = granted_by(manifests(tmp_path_default)["20-role.yml"])
+    assert used == granted
 
 
 def granted_by(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:

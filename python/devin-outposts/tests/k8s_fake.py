@@ -1,11 +1,11 @@
 """A fake Kubernetes API server: exactly the endpoints the ``kubernetes`` driver uses, and no kubelet.
 
-Namespaced pods, secrets and persistentvolumeclaims (core/v1), leases (coordination.k8s.io/v1) and
-deployments (apps/v1, for the owner lookup): create, get, list with ``labelSelector``, replace (PUT),
-JSON merge patch, delete. Objects get ``metadata.uid``, ``resourceVersion`` (one counter for the whole
-server, as etcd's revision) and ``creationTimestamp``. Errors are Kubernetes ``Status`` objects: 404
-NotFound, 409 AlreadyExists on a create of an existing name, 409 Conflict on a replace carrying a stale
-``resourceVersion``.
+Namespaced pods, secrets and persistentvolumeclaims (core/v1), leases (coordination.k8s.io/v1),
+networkpolicies (networking.k8s.io/v1) and deployments (apps/v1, for the owner lookup): create, get,
+list with ``labelSelector``, replace (PUT), JSON merge patch, delete. Objects get ``metadata.uid``,
+``resourceVersion`` (one counter for the whole server, as etcd's revision) and ``creationTimestamp``.
+Errors are Kubernetes ``Status`` objects: 404 NotFound, 409 AlreadyExists on a create of an existing
+name, 409 Conflict on a replace carrying a stale ``resourceVersion``.
 
 Since no kubelet runs, a test sets a Pod's status itself (:meth:`FakeKube.set_pod_status`). There is no
 garbage collector either: owner references are stored, never acted on, so a test that finds a Secret
@@ -38,6 +38,7 @@ KINDS = {
     ("api/v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
     ("apis/coordination.k8s.io/v1", "leases"): "Lease",
     ("apis/apps/v1", "deployments"): "Deployment",
+    ("apis/networking.k8s.io/v1", "networkpolicies"): "NetworkPolicy",
 }
 _PATH = re.compile(r"^/(api/v1|apis/[^/]+/v1)/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$")
 

@@ -23,6 +23,11 @@ import pytest
 from devin_outposts.core.netpolicy.probe import probe_host
 
 IN_CI = os.environ.get("CI", "") in ("true", "TRUE", "True", "1", "yes")
+#: A TEST-NET-1 address (RFC 5737) nobody routes: inside a sandbox the redirect catches a connection to it
+#: and the proxy judges it; nothing can answer from it.
+TEST_NET = "192.0.2.1"
+#: What a session runs to try each way out (standard library only).
+SESSION_CLIENT = Path(__file__).resolve().parent / "netpolicy_session_client.py"
 
 
 class Upstream:

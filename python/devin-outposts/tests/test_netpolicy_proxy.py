@@ -46,8 +46,9 @@ class Seen:
 
 class Upstream:
     """A TCP server on 127.0.0.1 that records what it receives. ``mode``: ``echo`` sends every byte back;
-    ``http`` reads one request head and answers 200 with the head in the body, then closes; ``banner``
-    speaks first (as an SSH server does), then echoes."""
+    ``http`` reads one request head and answers 200 with the head in the body, then closes; ``keepalive``
+    answers every request on the connection (``served <Host>``), whatever its ``Connection`` says, as a
+    server that routes by ``Host`` would; ``banner`` speaks first (as an SSH server does), then echoes."""
 
     def __init__(self, mode: str = "echo") -> None:
         self.mode = mode
@@ -77,6 +78,21 @@ class Upstream:
         try:
             if self.mode == "banner":
                 writer.write(b"SSH-2.0-upstream\r\n")
+            if self.mode == "keepalive":
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    seen.received += head
+                    host = next(
+                        (
+                            line[5:].strip()
+                            for line in head.split(b"\r\n")
+                            if line.lower().startswith(b"host:")
+                        ),
+                        b"",
+                    )
+                    body = b"served " + host
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                    await writer.drain()
             if self.mode == "http":
                 head = await reader.readuntil(b"\r\n\r\n")
                 seen.received += head
@@ -234,8 +250,9 @@ def test_an_allowed_hostname_is_reachable_with_an_ip_rule_for_its_loopback_addre
         async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
             status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
             assert status.startswith("HTTP/1.1 200")
-            request = b"GET / HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n"
-            writer.write(request)
+            writer.write(b"GET / HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n")
+            # One plain HTTP request per connection: it goes on with Connection: close (http1.py).
+            request = b"GET / HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: close\r\n\r\n"
             assert await reader.readexactly(len(request)) == request
             writer.close()
             assert [bytes(s.received) for s in await up.all_ended()] == [request]
@@ -405,6 +422,34 @@ def test_tls_without_a_server_name_passes_to_an_ip_address(tmp_path: Path) -> No
     run(scenario)
 
 
+@pytest.mark.parametrize(
+    "first_bytes",
+    [client_hello("any.name.test"), b"GET / HTTP/1.1\r\nHost: any.name.test\r\n\r\n"],
+    ids=["tls", "http"],
+)
+def test_a_tunnel_to_an_allowed_address_takes_any_name_in_its_first_bytes(
+    tmp_path: Path, first_bytes: bytes
+) -> None:
+    """The ipv4 rule allows the address, and the address is where the bytes go: the name a client puts in
+    them (``curl --resolve``, or the shim sending a redirected connection on as its address) is not the
+    policy's business. The first bytes reach the upstream."""
+
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}]}) as harness:
+            status, dummy, reader, writer = await harness.connect_tunnel(f"{LOOPBACK}:{up.port}")
+            assert status.startswith("HTTP/1.1 200")
+            writer.write(first_bytes)
+            await reader.readexactly(10)  # the echo has begun: the bytes went on
+            writer.close()
+            [seen] = await up.all_ended()
+            assert bytes(seen.received).startswith(first_bytes[:10])
+            assert (harness.proxy.allowed, harness.proxy.denied) == (1, 0)
+        await up.close()
+
+    run(scenario)
+
+
 # --- what is denied never reaches anything ----------------------------------------------------------------
 
 
@@ -478,13 +523,19 @@ def test_a_client_hello_naming_another_host_closes_the_tunnel(
     run(scenario)
 
 
-def test_an_http_host_other_than_the_connect_host_closes_the_tunnel(tmp_path: Path) -> None:
+def test_an_http_host_other_than_the_connect_host_is_answered_403_in_the_tunnel(tmp_path: Path) -> None:
+    """A plain HTTP client gets an HTTP answer with the reason (a refused ClientHello cannot get one)."""
+
     async def scenario() -> None:
         up = await upstream()
         async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
             dummy_status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{up.port}")
             writer.write(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
-            assert await read_all(reader) == b""
+            answer = await read_all(reader)
+            assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
+            reason = "the CONNECT host: the HTTP Host evil.test is not api.allowed.test"
+            assert f"\r\nX-Devin-Egress-Denied: {reason}\r\n".encode() in answer
+            assert answer.endswith(f"network policy: denied by {reason}\n".encode())
             assert [bytes(s.received) for s in await up.all_ended()] == [b""]
             assert "the HTTP Host evil.test is not api.allowed.test" in harness.verdicts[-1][0].reason
         await up.close()
@@ -542,6 +593,113 @@ def test_plain_http_absolute_form_denied(
             assert headers["X-Devin-Egress-Denied"].startswith(denied_by)
             assert harness.resolver.asked == []
         assert up.seen == []
+        await up.close()
+
+    run(scenario)
+
+
+# --- one plain HTTP request per connection (http1.py) -------------------------------------------------------
+
+
+async def plain_http(
+    harness: Harness, form: str, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection on which the next bytes are a plain HTTP request to api.allowed.test: after a CONNECT
+    (``tunnel``, as the shim's transparent redirect sends) or not (``absolute``, whose first request line
+    :func:`first_line` writes in absolute-form)."""
+    if form == "tunnel":
+        status, dummy, reader, writer = await harness.connect_tunnel(f"api.allowed.test:{port}")
+        assert status.startswith("HTTP/1.1 200")
+        return reader, writer
+    return await harness.connect()
+
+
+def first_line(form: str, port: int, method: str = "GET") -> str:
+    target = f"http://api.allowed.test:{port}/first" if form == "absolute" else "/first"
+    return f"{method} {target} HTTP/1.1\r\nHost: api.allowed.test:{port}\r\n"
+
+
+@pytest.mark.parametrize("form", ["absolute", "tunnel"])
+def test_a_second_request_on_a_plain_http_connection_never_reaches_the_upstream(
+    tmp_path: Path, form: str
+) -> None:
+    """Only the first request of a connection is checked, so only it goes on: a second one naming another
+    host, which a server that routes by Host would serve, gets no answer, and the upstream never sees it."""
+
+    async def scenario() -> None:
+        up = await upstream("keepalive")
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            reader, writer = await plain_http(harness, form, up.port)
+            writer.write(f"{first_line(form, up.port)}Connection: keep-alive\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert await reader.readexactly(len(f"served api.allowed.test:{up.port}")) == (
+                f"served api.allowed.test:{up.port}".encode()
+            )
+            writer.write(b"GET /second HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+            writer.write_eof()
+            assert await read_all(reader) == b""  # no answer to the second request: the connection ends
+            seen = await up.all_ended()
+        assert len(seen) == 1
+        received = bytes(seen[0].received)
+        assert b"evil.test" not in received and b"/second" not in received, received
+        assert received.count(b"\r\n\r\n") == 1 and b"\r\nConnection: close\r\n" in received, received
+        await up.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("form", ["absolute", "tunnel"])
+@pytest.mark.parametrize(
+    ("framing", "body"),
+    [
+        ("Content-Length: 11\r\n", b"hello world"),
+        ("Transfer-Encoding: chunked\r\n", b"5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nTrailer: t\r\n\r\n"),
+    ],
+)
+def test_a_request_body_goes_on_whole_and_what_follows_it_does_not(
+    tmp_path: Path, form: str, framing: str, body: bytes
+) -> None:
+    async def scenario() -> None:
+        up = await upstream()  # echoes what it receives, until the end the proxy passes on
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            reader, writer = await plain_http(harness, form, up.port)
+            head = f"{first_line(form, up.port, 'POST')}{framing}\r\n".encode()
+            writer.write(head + body + b"GET /smuggled HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+            writer.write_eof()
+            echoed = await read_all(reader)
+            seen = await up.all_ended()
+        received = bytes(seen[0].received)
+        assert received.endswith(b"\r\nConnection: close\r\n\r\n" + body), received
+        assert b"smuggled" not in received and echoed == received
+        await up.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("form", ["absolute", "tunnel"])
+@pytest.mark.parametrize(
+    "framing",
+    [
+        "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+        "Transfer-Encoding: gzip\r\n",
+        "Content-Length: 5\r\nContent-Length: 6\r\n",
+    ],
+)
+def test_a_request_whose_body_length_is_not_sure_is_answered_400(
+    tmp_path: Path, form: str, framing: str
+) -> None:
+    """A proxy and a server that read a body's length differently are how requests are smuggled."""
+
+    async def scenario() -> None:
+        up = await upstream()
+        async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            reader, writer = await plain_http(harness, form, up.port)
+            writer.write(f"{first_line(form, up.port, 'POST')}{framing}\r\nhello".encode())
+            answer = await read_all(reader)
+            assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+            seen = await up.all_ended()
+        assert all(bytes(s.received) == b"" for s in seen)  # connected for a tunnel, never a byte sent
         await up.close()
 
     run(scenario)

@@ -32,6 +32,8 @@ from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle
 from devin_outposts_sim.testing.remote import claim_session
 
+from netpolicy_harness import SESSION_CLIENT, TEST_NET, Upstream
+
 PACKAGE = Path(__file__).resolve().parents[1]
 NAMESPACE = "outposts"
 NEVER = "Never"
@@ -98,15 +100,21 @@ class PodmanKube:
     played: list[Played] = field(default_factory=list)
     volumes: set[str] = field(default_factory=set)
 
-    def play(self, sid: str, acceptor: str, **options: Any) -> Played:
+    def play(
+        self, sid: str, acceptor: str, container: Optional[dict[str, Any]] = None, **options: Any
+    ) -> Played:
+        """Claim ``sid`` and play its Pod; ``container``: more of the worker container's template."""
         claim = claim_session(self.sim.url, self.token, sid, acceptor)
         assert claim.status.connect_token and claim.status.gateway_url
         spec = SessionSpec(session_id=sid, outpost_id=self.outpost.outpost_id, acceptor_id=acceptor)
+        policy = claim.spec.network_policy
         launch = WorkerLaunch(
             session_id=sid,
             connect_token=claim.status.connect_token.get_secret_value(),
             gateway_url=claim.status.gateway_url,
             static_base_url=self.sim.static_base_url,
+            # As the orchestrator hands it over (machine.py): the worker in the Pod enforces it.
+            network_policy=policy.model_dump(mode="json") if policy is not None else None,
         )
         objects = render_session_manifests(
             spec,
@@ -116,11 +124,17 @@ class PodmanKube:
                 "image": self.image,
                 # A local image: never pulled.
                 "pod_template": {
-                    "spec": {"containers": [{"name": "devin-worker", "imagePullPolicy": "Never"}]}
+                    "spec": {
+                        "containers": [
+                            {"name": "devin-worker", "imagePullPolicy": "Never", **(container or {})}
+                        ]
+                    }
                 },
                 **options,
             },
         )
+        # A policy session's NetworkPolicy (between the two) is not played: podman has no network plugin
+        # that enforces one, and the session is confined by the worker in the Pod all the same.
         secret, pod = objects[0], objects[-1]
         assert (secret["kind"], pod["kind"]) == ("Secret", "Pod")
         manifest = self.tmp / f"{pod['metadata']['name']}-{len(self.played)}.yaml"
@@ -256,3 +270,65 @@ def test_a_kept_state_volume_carries_the_repos_into_the_resumed_session_pod(
     kube.down(second)
     podman("volume", "rm", second.volume)  # what teardown does to a PVC that is not kept
     assert kube.leftovers(second) == {"pods": [], "containers": [], "secrets": [], "volumes": []}
+
+
+@pytest.mark.timeout(300)
+def test_the_rendered_pod_confines_a_policy_session_under_podman_kube_play(
+    sim: SimHandle, outpost: Outpost, kube: PodmanKube, wait_until: Callable[..., Any]
+) -> None:
+    """The worker in the rendered Pod confines a policy session as on a host, under a runtime whose default
+    seccomp profile allows user namespaces (podman's, as CRI-O's), with every capability dropped and no
+    privilege escalation (docs/orchestrator-kubernetes.md, "Network policy"): what the policy allows is
+    reached on the host's loopback, the rest is refused, and the denied upstream records nothing."""
+    allowed, denied = Upstream("allowed"), Upstream("denied", host="127.0.0.2")
+    try:
+        policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "localhost"}]}
+        sid = sim.admin.enqueue(outpost.outpost_id, network_policy=policy).session_id
+        locked_down = {
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        }
+        played = kube.play(sid, "k8s-podman-policy", container=locked_down)
+        worker = played.pod["spec"]["containers"][-1]
+        assert worker["securityContext"] == locked_down["securityContext"]
+        sim.admin.wait_connection(sid, timeout=90)
+        plan = [
+            ["proxy", "127.0.0.1", allowed.port],
+            ["proxy", "localhost", allowed.port],
+            ["proxy", "127.0.0.2", denied.port],
+            ["proxy", "denied.example", 443],
+            ["direct", TEST_NET, 80],
+            ["udp", TEST_NET, 53],
+            ["resolve", "denied.example"],
+        ]
+        sim.admin.add_calls(
+            sid,
+            [
+                tools.write("netpolicy_client.py", SESSION_CLIENT.read_text()),
+                tools.run(["python3", "netpolicy_client.py", json.dumps(plan)]),
+            ],
+        )
+        calls = sim.admin.wait_calls(sid, timeout=90)
+        assert [c["state"] for c in calls] == ["done", "done"], calls
+        output = calls[1]["result"]["output"]
+        results = {
+            (r["attempt"][0], r["attempt"][1]): r
+            for r in (json.loads(line) for line in output.splitlines() if line.startswith("{"))
+        }
+        assert results[("proxy", "127.0.0.1")]["status"] == 200, output
+        assert results[("proxy", "localhost")]["status"] == 200, output
+        assert results[("proxy", "127.0.0.2")]["status"] == 403, output
+        assert results[("proxy", "denied.example")]["status"] == 403, output
+        direct = results[("direct", TEST_NET)]
+        assert "error" in direct or direct["reply"] == "", output
+        assert "error" in results[("udp", TEST_NET)], output
+        assert "error" in results[("resolve", "denied.example")], output
+        assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
+        assert denied.received == []
+        # It still reaches its gateway, and ends cleanly.
+        sim.admin.end_session(sid, "terminated")
+        assert wait_until(lambda: kube.exit_state(played), timeout=60) == ["exited", "0"]
+        kube.down(played)
+        assert kube.leftovers(played) == {"pods": [], "containers": [], "secrets": [], "volumes": []}
+    finally:
+        allowed.close()
+        denied.close()

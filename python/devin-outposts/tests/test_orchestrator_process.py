@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -31,8 +32,14 @@ from devin_outposts.orchestrator.drivers.process import ProcessDriver
 from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle, run_sim
 
-from netpolicy_harness import WHY_NOT, Upstream, cannot_run
-from worker_fakes import WorkerProcess, kill_pids_working_under, pids_working_under, wait_for
+from netpolicy_harness import SESSION_CLIENT, WHY_NOT, Upstream, cannot_run
+from worker_fakes import (
+    WorkerProcess,
+    kill_pids_working_under,
+    metrics_from_log,
+    pids_working_under,
+    wait_for,
+)
 
 ACCEPTOR = "orch-test-1"
 
@@ -114,6 +121,19 @@ class Harness:
 
     def released(self, session_id: str) -> bool:
         return bool(self.claims(session_id, "release"))
+
+
+def path_without(directory: Path, program: str) -> str:
+    """A PATH of one directory with every program of this one but ``program`` (links to them)."""
+    directory.mkdir()
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if not entry or not os.path.isdir(entry):
+            continue
+        for name in os.listdir(entry):
+            link = directory / name
+            if name != program and not link.exists() and os.access(os.path.join(entry, name), os.X_OK):
+                link.symlink_to(os.path.join(entry, name))
+    return str(directory)
 
 
 @pytest.fixture
@@ -302,7 +322,7 @@ def test_a_session_with_a_network_policy_is_confined_on_its_machine(harness: Har
             ["proxy", "127.0.0.2", denied.port],
             ["udp", "192.0.2.1", 53],
         ]
-        client = Path(__file__).resolve().parent / "netpolicy_session_client.py"
+        client = SESSION_CLIENT
         h.sim.admin.add_calls(sid, [tools.run([sys.executable, str(client), json.dumps(plan)])])
         [call] = h.sim.admin.wait_calls(sid, timeout=90)
         results = [json.loads(line) for line in call["result"]["output"].splitlines() if line.startswith("{")]
@@ -315,3 +335,29 @@ def test_a_session_with_a_network_policy_is_confined_on_its_machine(harness: Har
     finally:
         allowed.close()
         denied.close()
+
+
+def test_a_machine_that_cannot_confine_gives_the_session_back_at_once(harness: Harness) -> None:
+    """A worker whose PATH has no ``unshare`` cannot confine: it exits 9 without starting the remote, and
+    the orchestrator releases the claim on that first exit (no restarts), counts it and serves the next
+    session, which has no policy, as usual."""
+    h = harness
+    orch = h.orchestrator(
+        "--metrics-addr", "127.0.0.1:0", "--restart-limit", "3", max_concurrent=1,
+        extra_env={"PATH": path_without(h.tmp / "bin", "unshare")},
+    )  # fmt: skip
+    policy = {"enabled": True, "allow": [{"hostname": "github.com"}]}
+    refused = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
+    h.wait(lambda: h.released(refused), f"{refused} to be released")
+    assert not h.connections(refused), "the refused session's remote must never start"
+    assert [c["action"] for c in h.claims(refused)][:1] == ["claim"]
+    served = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+    h.wait(lambda: h.connections(served), f"{served} to be served")
+    h.sim.admin.set_status(served, "terminated")
+    h.wait(lambda: h.released(served), f"{served} to be released")
+    log = orch.log()
+    assert log.count("cannot enforce the session's network policy") == 1, log
+    assert "restarting" not in log, log
+    text = metrics_from_log(orch.log())
+    assert re.search(r"^outposts_network_policy_refusals_total(\{[^}]*\})? 1$", text, re.M), text
+    assert re.search(r"^outposts_worker_restarts_total(\{[^}]*\})? 0$", text, re.M), text

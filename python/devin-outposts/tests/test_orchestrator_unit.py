@@ -102,6 +102,45 @@ def test_a_worker_failing_past_the_restart_limit_is_given_up_and_released(
     assert sid in driver.torn_down
 
 
+def test_a_worker_that_cannot_enforce_the_network_policy_is_released_at_once_without_restarts(
+    sim: SimHandle, outpost: Outpost, start: Callable[..., Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Exit 9 (the machine's worker cannot confine the session): a restart cannot help, so the claim goes
+    back on the first exit, counted, with one line naming the machine, and the machine is torn down."""
+    driver = ScriptedDriver(
+        lambda sid, starts: WorkerStatus(WorkerState.EXITED, exit_code=int(ExitCode.NETWORK_POLICY))
+    )
+    caplog.set_level(logging.WARNING)
+    orch = start(driver, restart_limit=3)
+    sid = sim.admin.enqueue(
+        outpost.outpost_id, network_policy={"enabled": True, "allow": [{"hostname": "github.com"}]}
+    ).session_id
+    wait_for(lambda: released(sim, sid), timeout=30, what="the release")
+    wait_for(lambda: sid in driver.torn_down, timeout=10, what="the teardown")
+    assert driver.starts(sid) == 1
+    [launch] = driver.launches[sid]
+    assert launch.network_policy == {
+        "enabled": True,
+        "allow": [{"hostname": "github.com", "ipv4": None, "ipv6": None}],
+    }
+    counters = orch.orchestrator.metrics.counters
+    assert (
+        counters["network_policy_refusals"],
+        counters["worker_restarts"],
+        counters["workers_given_up"],
+    ) == (
+        1,
+        0,
+        0,
+    )
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if "cannot enforce the session's network policy" in r.getMessage()
+    ]
+    assert len(lines) == 1 and sid in lines[0], lines
+
+
 def test_an_exit_0_while_the_session_is_live_restarts_the_worker_with_a_fresh_token(
     sim: SimHandle, outpost: Outpost, start: Callable[..., Running]
 ) -> None:

@@ -162,7 +162,7 @@ class Recorder:
 # --- the exit-code mapping -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("code", [2, 3, 4, 6])
+@pytest.mark.parametrize("code", [2, 3, 4, 6, 9])
 def test_the_linux_units_no_restart_codes_end_as_a_clean_stop_with_the_reason(code: int) -> None:
     outcome = ws.service_exit_for(code, stop_requested=False)
     assert (outcome.win32_exit_code, outcome.service_exit_code, outcome.failed) == (0, 0, False)

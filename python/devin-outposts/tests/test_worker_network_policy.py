@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,9 @@ import pytest
 
 from devin_outposts_sim.remote import tools
 
-from netpolicy_harness import WHY_NOT, Upstream, cannot_run
+from netpolicy_harness import SESSION_CLIENT, TEST_NET, WHY_NOT, Upstream, cannot_run
 from standin_harness import Harness, running_harness
-
-CLIENT = Path(__file__).resolve().parent / "netpolicy_session_client.py"
-#: A host route nobody has: the sandbox's redirect catches it, the proxy judges it.
-TEST_NET = "192.0.2.1"
+from worker_fakes import metrics_from_log
 
 
 @pytest.fixture
@@ -56,19 +52,11 @@ def confinable() -> None:
 
 def attempts(harness: Harness, session_id: str, plan: list[list[Any]]) -> list[dict[str, Any]]:
     """Run the session client with ``plan`` as the session's one command; its JSON lines."""
-    harness.sim.admin.add_calls(session_id, [tools.run([sys.executable, str(CLIENT), json.dumps(plan)])])
+    command = [sys.executable, str(SESSION_CLIENT), json.dumps(plan)]
+    harness.sim.admin.add_calls(session_id, [tools.run(command)])
     [call] = harness.calls_done(session_id)
     assert call["result"]["exit_code"] == 0, call
     return [json.loads(line) for line in call["result"]["output"].splitlines() if line.startswith("{")]
-
-
-def metrics_text(harness: Harness, worker_log: str) -> str:
-    """The worker's /metrics (its listening address is in its log)."""
-    marker = "serving /metrics and /healthz on "
-    line = next(line for line in worker_log.splitlines() if marker in line)
-    address = line.split(marker, 1)[1].split()[0].rstrip(".,")
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-        return str(reply.read().decode())
 
 
 def end(harness: Harness, session_id: str) -> None:
@@ -82,13 +70,19 @@ def test_a_session_reaches_what_its_policy_allows_and_nothing_else(
     allowed, denied = upstreams
     h = harness
     h.worker("w1", "--metrics-addr", "127.0.0.1:0")
-    policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "*.allowed.test"}]}
+    # "localhost" is a name the proxy resolves with this host's own resolver, to loopback: allowed by its
+    # hostname rule, and its address by the ipv4 rule (without which the rebinding guard refuses it).
+    policy = {
+        "enabled": True,
+        "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "*.allowed.test"}, {"hostname": "localhost"}],
+    }
     sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
     results = attempts(
         h,
         sid,
         [
             ["proxy", "127.0.0.1", allowed.port],
+            ["proxy", "localhost", allowed.port],
             ["proxy", "127.0.0.2", denied.port],
             ["proxy", "denied.example", 443],
             ["direct", TEST_NET, 80],
@@ -99,17 +93,22 @@ def test_a_session_reaches_what_its_policy_allows_and_nothing_else(
     by_kind = {(r["attempt"][0], r["attempt"][1]): r for r in results}
     assert by_kind[("proxy", "127.0.0.1")]["status"] == 200, results
     assert by_kind[("proxy", "127.0.0.1")]["reply"].startswith("allowed:GET /from-session"), results
+    assert by_kind[("proxy", "localhost")]["status"] == 200, results
+    assert by_kind[("proxy", "localhost")]["reply"].startswith("allowed:GET /from-session"), results
     assert by_kind[("proxy", "127.0.0.2")]["status"] == 403, results
     assert by_kind[("proxy", "denied.example")]["status"] == 403, results
-    assert "error" in by_kind[("direct", TEST_NET)] or by_kind[("direct", TEST_NET)]["reply"] == "", results
+    # A plain HTTP client the redirect caught is answered as the explicit proxy answers (403, and why).
+    direct = by_kind[("direct", TEST_NET)]["reply"]
+    assert direct.startswith("HTTP/1.1 403 Forbidden\r\n"), results
+    assert f"X-Devin-Egress-Denied: default deny: no ipv4 rule covers {TEST_NET}\r\n" in direct, results
     assert "error" in by_kind[("udp", TEST_NET)], results
     assert "error" in by_kind[("resolve", "denied.example")], results
     # What the host side saw: the allowed upstream one request from the session, the denied one nothing.
-    assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"]
+    assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
     assert denied.received == []
     # Counted per session and verdict while it runs: the denials above (the direct connect to TEST-NET
     # reaches the proxy through the redirect), and what was allowed (the upstream, the gateway).
-    text = metrics_text(h, h.workers[0].log())
+    text = metrics_from_log(h.workers[0].log())
     series = rf'^devin_outposts_worker_egress_connections_total\{{[^}}]*session="{sid}"'
     counts = {
         verdict: int(value)
@@ -120,7 +119,7 @@ def test_a_session_reaches_what_its_policy_allows_and_nothing_else(
     end(h, sid)
     log = h.workers[0].log()
     assert f"session {sid}" in log and "denied 127.0.0.2:" in log and "denied denied.example:443" in log, log
-    assert f'session="{sid}"' not in metrics_text(h, log)
+    assert f'session="{sid}"' not in metrics_from_log(log)
 
 
 def test_a_session_without_a_policy_is_not_confined(
@@ -154,7 +153,7 @@ def test_a_worker_that_cannot_confine_releases_policy_sessions_and_serves_the_ot
     log = worker.log()
     lines = [line for line in log.splitlines() if "cannot enforce it" in line]
     assert len(lines) == 1 and refused in lines[0], log
-    text = metrics_text(h, log)
+    text = metrics_from_log(log)
     assert re.search(r"^devin_outposts_worker_network_policy_refusals_total(\{[^}]*\})? 1$", text, re.M), text
 
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -429,3 +430,13 @@ def kill_pids_working_under(root: Path) -> list[int]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return pids
+
+
+def metrics_from_log(log: str) -> str:
+    """The /metrics of a worker or orchestrator started with ``--metrics-addr 127.0.0.1:0`` (the address
+    it listens on is in its log)."""
+    marker = "serving /metrics and /healthz on "
+    line = next(line for line in log.splitlines() if marker in line)
+    address = line.split(marker, 1)[1].split()[0].rstrip(".,")
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        return str(reply.read().decode())

@@ -9,6 +9,8 @@ ends a program with one line.
 * 7: the one session failed (remote failed past the restart limit, binary refused, claim lost);
 * 8: another worker (or orchestrator) holds the data directory, the working directory or the state
   directory;
+* 9: the one session's network policy is enabled and this machine cannot enforce it (its claim was
+  released, or, in direct-serve mode, is left to the orchestrator, which releases it at once);
 * 128+N: the one session was interrupted by signal N (its claim was released).
 """
 
@@ -29,6 +31,7 @@ class ExitCode(enum.IntEnum):
     PLATFORM = 6
     SESSION_FAILED = 7
     LOCKED = 8
+    NETWORK_POLICY = 9
 
     def __str__(self) -> str:
         return str(self.value)  # "3", as Python 3.11 prints an IntEnum, on 3.9 and 3.10 too

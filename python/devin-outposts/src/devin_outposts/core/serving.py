@@ -15,7 +15,8 @@ and the orchestrator's machine sessions share everything else:
 2. exit 0: ``suspended``/``terminated`` is confirmed by re-reading a few times, then the claim is
    released. Exit 0 while the session is still live, or a non-zero exit, launches again (with the
    freshest connect token) up to the restart limit; past it the claim is released and the session counts
-   as failed;
+   as failed. An exit that :meth:`~ClaimedSession.final_exit` names (the orchestrator's worker that cannot
+   enforce the session's network policy) ends the session at once, without restarts;
 3. a failure of what runs the session itself (:class:`LaunchError`: a machine that cannot be made or
    never comes up) releases the claim at once and counts as an infrastructure error.
 
@@ -110,6 +111,12 @@ class ClaimedSession(abc.ABC):
 
     async def finish(self, result: SessionResult) -> None:
         """Clean up after the session (before the claim is released); never raises."""
+        return None
+
+    def final_exit(self, code: int) -> Optional[SessionResult]:
+        """A result that ends the session at once, without restarts, when a launch exits with ``code``
+        (a restart could not help); ``None``: the usual rule (confirm, restart up to the limit)."""
+        del code
         return None
 
     # --- signals from outside ---------------------------------------------------------------------
@@ -249,6 +256,9 @@ class ClaimedSession(abc.ABC):
             except LaunchError as exc:  # it never came up, or its machine vanished
                 return SessionResult(self.session_id, FAILED, str(exc), infrastructure=True)
             log.info("%s exited with %d", self.WHAT, code, extra={**self._extra, "exit_code": code})
+            final = self.final_exit(code)
+            if final is not None:
+                return final
             finished = await self._confirm_finished(reads=self.settings.confirm_reads if code == 0 else 1)
             if finished is not None:
                 return finished

@@ -136,6 +136,8 @@ class SessionResult:
     detail: str
     session_status: Optional[SessionStatus] = None
     refused_binary: bool = False
+    #: The session's network policy is enabled and cannot be enforced where it was to run.
+    refused_policy: bool = False
     #: The session is over for good (terminated, or its entry gone): its state can go.
     finished: bool = False
     #: What runs the session failed (a machine not made, not booted): not the session's fault.

@@ -30,6 +30,7 @@ import time
 from typing import Callable, ClassVar, Optional
 
 from devin_outposts.api.models import QueueEntry, SessionKind, SessionStatus
+from devin_outposts.core.exits import ExitCode
 from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.serving import ClaimedSession
 from devin_outposts.core.sessions import FAILED, LaunchError, SessionFleet, SessionResult
@@ -349,6 +350,19 @@ class MachineSession(ClaimedSession):
                 return
             log.info("kept snapshot %s for the resume", snapshot.ref, extra=self._extra)
         await self.teardown()
+
+    def final_exit(self, code: int) -> Optional[SessionResult]:
+        """The worker in the machine cannot enforce the session's network policy (its exit 9): no restart
+        can change that, so the claim goes back at once, for a machine that can (docs/network-policy.md)."""
+        if code != ExitCode.NETWORK_POLICY:
+            return None
+        self.metrics.inc("network_policy_refusals")
+        where = self.machine.name if self.machine is not None else "its machine"
+        detail = (
+            f"the worker on {where} cannot enforce the session's network policy (exit {code}); "
+            "releasing the claim without restarts"
+        )
+        return SessionResult(self.session_id, FAILED, detail, refused_policy=True)
 
     async def teardown(self) -> None:
         if self.machine is None or self._torn_down:

@@ -26,6 +26,7 @@ COUNTERS = {
     "api_errors": "Fleet API errors in the claim loop (retried with backoff)",
     "machines_collected": "Machines removed by the sweep (session gone, over, elsewhere, never booted)",
     "snapshots_collected": "Snapshots removed by the sweep (session terminated or gone, TTL passed)",
+    "network_policy_refusals": "Sessions released because their machine could not enforce their policy",
 }
 GAUGES = {
     "active_workers": "Sessions with a machine now",

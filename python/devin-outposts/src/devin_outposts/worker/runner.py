@@ -222,6 +222,8 @@ class Worker:
             return ExitCode.OK
         if result.outcome == INTERRUPTED:
             return self._interrupted_code()
+        if result.refused_policy:  # the orchestrator that started us releases it at once, no restarts
+            return ExitCode.NETWORK_POLICY
         return ExitCode.SESSION_FAILED
 
     def _interrupted_code(self) -> int:

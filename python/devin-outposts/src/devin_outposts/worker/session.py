@@ -196,7 +196,7 @@ class SessionServer(ClaimedSession):
         if refusal is None:
             return None
         self.metrics.inc("network_policy_refusals")
-        return SessionResult(self.session_id, FAILED, refusal)
+        return SessionResult(self.session_id, FAILED, refusal, refused_policy=True)
 
 
 class WorkerHost:

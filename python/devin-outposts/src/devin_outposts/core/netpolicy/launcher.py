@@ -6,6 +6,8 @@ line on stderr):
 
 1. set the namespace up (:func:`.namespace.set_up`), refusing one that is not fresh, and cover the host's
    sockets that act outside it (:func:`.namespace.hide_host_services`) in the launcher's mount namespace;
+   then give the session an ``/etc/hosts`` of the host's loopback lines (:mod:`.hostsfile`; a failure there
+   is a warning, not a refusal: it confines nothing);
 2. bind the shim's and the stub DNS's sockets;
 3. the preflight (:func:`.namespace.preflight`): only ``lo``, the table, a UDP probe dropped, a TCP probe
    redirected;
@@ -49,7 +51,7 @@ from typing import Optional
 
 from devin_outposts import privacy
 
-from . import namespace, shim, stubdns
+from . import hostsfile, namespace, shim, stubdns
 from .launcher_exits import SandboxExit
 from .policy import Decision, Policy
 
@@ -91,8 +93,9 @@ class Listeners:
             sock.close()
 
 
-def run(egress_socket: str, policy: Policy, argv: Sequence[str]) -> int:
-    """Set up, check, start the shim and the session; the session's exit status (or a SandboxExit)."""
+def run(egress_socket: str, policy: Policy, argv: Sequence[str], session_dir: Optional[str] = None) -> int:
+    """Set up, check, start the shim and the session; the session's exit status (or a SandboxExit).
+    ``session_dir``: where the session's hosts file is written (default: the egress socket's directory)."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="devin-outposts sandbox: %(message)s")
     for ignored in policy.ignored:
         log.warning("policy rule ignored: %s", ignored)
@@ -103,6 +106,10 @@ def run(egress_socket: str, policy: Policy, argv: Sequence[str]) -> int:
         return _refuse(SandboxExit.MISSING_TOOL, str(exc))
     except namespace.SetupError as exc:
         return _refuse(SandboxExit.SETUP_FAILED, f"cannot set up the session's network namespace: {exc}")
+    try:
+        hostsfile.bind_session_hosts(session_dir or os.path.dirname(egress_socket))
+    except hostsfile.HostsFileError as exc:
+        log.warning("names in /etc/hosts resolve to their addresses, not through the stub DNS: %s", exc)
     try:
         listeners = bind_listeners(layout)
     except OSError as exc:
@@ -247,7 +254,7 @@ async def _serve_shim(
                 signal.sigtimedwait([signum], 0)
 
     loop.add_reader(consume, on_consume)
-    the_shim = shim.Shim(egress_socket, book, layout.loopback_gateway)
+    the_shim = shim.Shim(egress_socket, book, layout.loopback_gateway, policy=policy)
     tasks = [
         asyncio.ensure_future(shim.serve(the_shim, listeners.explicit, listeners.transparent)),
         asyncio.ensure_future(stubdns.serve(resolver, listeners.dns_udp, listeners.dns_tcp)),

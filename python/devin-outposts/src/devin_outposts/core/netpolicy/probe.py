@@ -23,7 +23,6 @@ from .sandbox import SandboxExit, sandbox_argv, write_policy_file
 PROBE_TIMEOUT_SECONDS = 60.0
 
 
-@functools.cache
 @functools.lru_cache(maxsize=1)
 def probe() -> Optional[str]:
     """None when sessions can be confined here, else why not (one line). Run once per process: the answer

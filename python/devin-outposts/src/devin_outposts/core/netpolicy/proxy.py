@@ -9,15 +9,18 @@ protocol on that socket is a plain HTTP proxy:
   and the reason in the body and in an ``X-Devin-Egress-Denied`` header, one line each) when the policy
   denies it; ``502 Bad Gateway`` when it allows it but no allowed address answers; ``400 Bad Request`` for
   anything malformed. Once the tunnel is open, the client's first bytes are peeked before any of them is
-  sent on: a TLS ClientHello's server name must be the CONNECT host (no server name is accepted only when
-  the CONNECT host is an IP address), a plain HTTP request's ``Host`` must be it, and anything else (SSH,
-  a database protocol) passes as raw TCP. A refused peek closes both sides: the upstream has seen a
-  connection and none of the client's bytes. Bytes from the upstream reach the client at once, so a
-  protocol whose server speaks first works.
+  sent on: a TLS ClientHello's server name must be the CONNECT host, a plain HTTP request's ``Host`` must
+  be it (a tunnel to an IP address takes any name, or none: the rule that allowed it is about that address,
+  and that address is where the bytes go), and anything else (SSH, a database protocol) passes as raw TCP.
+  A refused peek ends the tunnel: the upstream has seen a connection and none of the client's bytes; a
+  refused plain HTTP request is answered ``403`` inside the tunnel first (a refused ClientHello cannot be
+  answered). Bytes from the upstream reach the client at once, so a protocol whose server speaks first
+  works. A plain HTTP request in a tunnel goes on alone (:mod:`.http1`: ``Connection: close``, its body,
+  nothing after it).
 * Absolute-form plain HTTP (``GET http://host[:port]/path HTTP/1.1``): the same checks on the URL's host
   (and its ``Host`` header, if any, must name the same host), then the request is sent on in origin-form,
-  without its ``Proxy-*`` headers and with ``Connection: close`` (:mod:`.request`), and the rest is relayed
-  both ways.
+  without its ``Proxy-*`` headers and with ``Connection: close`` (:mod:`.request`), with its body and
+  nothing after it (:mod:`.http1`); the upstream's answer is relayed back.
 
 Names are resolved here and only after :meth:`Policy.check_name` allowed them, so a query for a denied
 name is never sent; the proxy connects only to addresses :meth:`Policy.check_address` allows (the
@@ -48,7 +51,7 @@ import sys
 from collections.abc import Awaitable, Sequence
 from typing import Callable, Optional, Union
 
-from devin_outposts.core.netpolicy import peek, relay
+from devin_outposts.core.netpolicy import http1, peek, relay
 from devin_outposts.core.netpolicy.policy import (
     DEFAULT_DENY,
     Decision,
@@ -223,14 +226,17 @@ class EgressProxy:
                 raise _Answer("400 Bad Request", str(exc)) from exc
             if request.refusal is not None:
                 raise _Answer("403 Forbidden", decision=request.refusal, destination=request.destination)
+            if not request.tunnel:
+                http1.body_framing(request.forwarded)  # a body of unsure length is a 400 before connecting
             upstream, decision = await self._open(request.destination)
             opened.append(upstream)
             if request.tunnel:
                 await self._tunnel(request.destination, decision, client, upstream, rest)
             else:
                 self._verdict(decision, request.destination)
-                await asyncio.get_running_loop().sock_sendall(upstream, request.forwarded + rest)
-                await _both_ways(client, upstream)
+                await _one_request(client, upstream, request.forwarded, rest)
+        except BadRequest as exc:
+            await _answer(client, _Answer("400 Bad Request", str(exc)))
         except _Answer as answer:
             if answer.decision is not None and answer.destination is not None:
                 self._verdict(answer.decision, answer.destination)
@@ -326,14 +332,31 @@ class EgressProxy:
         upstream: socket.socket,
         rest: bytes,
     ) -> None:
-        """After the 200: the upstream's bytes flow at once; the client's wait for the peek's verdict."""
+        """After the 200: the upstream's bytes flow at once; the client's wait for the peek's verdict. A
+        refused plain HTTP request is answered 403 inside the tunnel (a refused ClientHello cannot be
+        answered: the connection closes); an allowed one goes on alone (:mod:`.http1`)."""
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
         downstream = asyncio.ensure_future(relay.pipe(upstream, client))
         try:
-            first, refusal = await self._peek(destination, client, rest)
+            first, opening, refusal = await self._peek(destination, client, rest)
             if refusal is not None:
                 self._verdict(refusal, destination)
+                if opening is peek.Opening.HTTP:
+                    await _stop(downstream)
+                    await _answer(client, _Answer("403 Forbidden", decision=refusal, destination=destination))
+                return
+            if opening is peek.Opening.HTTP:
+                end = first.index(b"\r\n\r\n") + 4  # the peek found the Host: the head is whole
+                try:
+                    head = http1.close_after(first[:end])
+                except BadRequest as exc:
+                    self._verdict(Decision(False, PEEK_RULE, str(exc)), destination)
+                    await _stop(downstream)
+                    await _answer(client, _Answer("400 Bad Request", str(exc)))
+                    return
+                self._verdict(decision, destination)
+                await http1.send_one(client, upstream, head, first[end:], downstream)
                 return
             self._verdict(decision, destination)
             if first:
@@ -345,12 +368,13 @@ class EgressProxy:
 
     async def _peek(
         self, destination: Destination, client: socket.socket, data: bytes
-    ) -> tuple[bytes, Optional[Decision]]:
-        """The client's first bytes (empty: it ended without any), and a refusal if they name another host."""
+    ) -> tuple[bytes, object, Optional[Decision]]:
+        """The client's first bytes (empty: it ended without any), what they start (:class:`peek.Opening`,
+        or :data:`peek.MORE` when they ended before it was clear), and a refusal if they name another host."""
         while True:
             opening = peek.opening(data)
             if opening is peek.Opening.RAW:
-                return data, None
+                return data, opening, None
             try:
                 if opening is peek.Opening.TLS:
                     name = peek.tls_server_name(data)
@@ -359,19 +383,21 @@ class EgressProxy:
                 else:
                     name = peek.MORE
             except peek.PeekError as exc:
-                return data, Decision(False, PEEK_RULE, f"{exc}, in a tunnel to {destination}")
+                return data, opening, Decision(False, PEEK_RULE, f"{exc}, in a tunnel to {destination}")
             if name is not peek.MORE:
-                return data, _check_peeked(destination, opening, name)
+                return data, opening, _check_peeked(destination, opening, name)
             if len(data) >= peek.MAX_PEEK_BYTES:
                 reason = f"no name in the first {len(data)} bytes to {destination}"
-                return data, Decision(False, PEEK_RULE, reason)
+                return data, opening, Decision(False, PEEK_RULE, reason)
             more = await asyncio.get_running_loop().sock_recv(client, peek.MAX_PEEK_BYTES - len(data))
             if not more:
                 if isinstance(opening, peek.Opening):  # a TLS or HTTP head begun and never finished
-                    return data, Decision(
-                        False, PEEK_RULE, f"the client ended inside its {opening.value} head"
+                    return (
+                        data,
+                        opening,
+                        Decision(False, PEEK_RULE, f"the client ended inside its {opening.value} head"),
                     )
-                return data, None  # a few bytes that start nothing with a name in it ("PING")
+                return data, opening, None  # a few bytes that start nothing with a name in it ("PING")
             data += more
 
     def _verdict(self, decision: Decision, destination: Destination) -> None:
@@ -392,11 +418,27 @@ class EgressProxy:
 
 def _check_peeked(destination: Destination, opening: object, name: object) -> Optional[Decision]:
     what = "TLS server name" if opening is peek.Opening.TLS else "HTTP Host"
-    if name is None and ip_literal(destination.host) is not None:
-        return None  # TLS to an IP address carries no server name
+    if ip_literal(destination.host) is not None:
+        # A tunnel to an address was allowed for that address (an ipv4/ipv6 rule, or the gateway), and that
+        # address is where the bytes go, whatever name they carry; TLS to an address often carries none.
+        return None
     if not isinstance(name, str) or normalise_host(name) != destination.host:
         return Decision(False, PEEK_RULE, f"the {what} {printable(str(name))} is not {destination.host}")
     return None
+
+
+async def _one_request(client: socket.socket, upstream: socket.socket, head: bytes, rest: bytes) -> None:
+    """An absolute-form request: the head the proxy rewrote, its body, nothing after it (:mod:`.http1`)."""
+    downstream = asyncio.ensure_future(relay.pipe(upstream, client))
+    try:
+        await http1.send_one(client, upstream, head, rest, downstream)
+    finally:
+        await _stop(downstream)
+
+
+async def _stop(task: asyncio.Future[int]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _both_ways(

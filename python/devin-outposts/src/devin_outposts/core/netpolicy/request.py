@@ -3,8 +3,8 @@
 Two forms are proxied: ``CONNECT host:port HTTP/1.x`` (a tunnel) and absolute-form plain HTTP
 (``GET http://host[:port]/path HTTP/1.x``), which is sent on in origin-form, with ``Host`` set to the URL's
 host, without the hop-by-hop and ``Proxy-*`` headers and with ``Connection: close`` (one request per
-connection: a second request on it could not be checked before it reached the upstream). Anything else is
-a :class:`BadRequest` (400).
+connection: :mod:`.http1` sends its body on and nothing after it, since a second request could name another
+host). Anything else is a :class:`BadRequest` (400).
 """
 
 from __future__ import annotations

@@ -119,19 +119,19 @@ def main(args: Optional[Sequence[str]] = None) -> int:
         policy = read_policy_file(options.policy_file)
     except ValueError as exc:
         return _refuse(SandboxExit.BAD_USAGE, str(exc))
-    return _launch(options.socket, policy, argv)
+    return _launch(options.socket, policy, argv, os.path.dirname(os.path.abspath(options.policy_file)))
 
 
 if sys.platform == "linux":
 
-    def _launch(egress_socket: str, policy: Policy, argv: Sequence[str]) -> int:
+    def _launch(egress_socket: str, policy: Policy, argv: Sequence[str], session_dir: str) -> int:
         from . import launcher  # Linux only
 
-        return launcher.run(egress_socket, policy, argv)
+        return launcher.run(egress_socket, policy, argv, session_dir)
 
 else:
 
-    def _launch(egress_socket: str, policy: Policy, argv: Sequence[str]) -> int:
+    def _launch(egress_socket: str, policy: Policy, argv: Sequence[str], session_dir: str) -> int:
         return _refuse(SandboxExit.SETUP_FAILED, "network namespaces need Linux")
 
 

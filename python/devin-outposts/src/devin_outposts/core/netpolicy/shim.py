@@ -6,10 +6,14 @@ proxy's Unix socket, the only way out (docs/network-policy.md, "How a session is
   the client itself.
 * 127.0.0.1:3129 and [::1]:3129 (:data:`~.namespace.TRANSPARENT_PORT`), where the namespace's nat table
   redirects every other TCP connection: the shim learns where it was going (``SO_ORIGINAL_DST``), then which
-  name that was: the stub DNS's name for a fake address, the gateway for the host's loopback, else what the
-  first bytes ask for (TLS SNI, HTTP ``Host``), else the IP literal itself. It sends ``CONNECT name:port``
-  over the socket; on ``200`` it sends the bytes it read ahead and pipes, on anything else it closes the
-  client (the egress proxy logs why) and logs one line.
+  name that was: the stub DNS's name for a fake address, the gateway for the host's loopback, the IP
+  literal itself when the policy allows that address, else what the first bytes ask for (TLS SNI, HTTP
+  ``Host``), else the IP literal. Only that last case waits for the client's first bytes: a protocol whose
+  server speaks first (SSH, SMTP) starts at once wherever the destination is known. It sends ``CONNECT
+  name:port`` over the socket; on ``200`` it sends the bytes it read ahead and pipes. On anything else it
+  logs one line and, when the client started a plain HTTP request, answers it with the egress proxy's own
+  answer (``403 Forbidden`` with its ``X-Devin-Egress-Denied`` line); any other client is closed (no
+  answer is possible in TLS or an unknown protocol).
 
 Limits: at most :attr:`Limits.connections` connections at once (the next ones are closed at once), bounded
 waits for the first bytes and for the proxy's answer, and flow control both ways (a reader waits for its
@@ -27,10 +31,19 @@ import struct
 import sys
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from .peek import MAX_PEEK_BYTES, MORE, PeekError, http_host, looks_like_tls, tls_server_name
-from .policy import IPAddress
+from .peek import (
+    MAX_PEEK_BYTES,
+    MORE,
+    Opening,
+    PeekError,
+    http_host,
+    looks_like_tls,
+    opening,
+    tls_server_name,
+)
+from .policy import IPAddress, Policy
 from .stubdns import FakeAddressBook
 
 assert sys.platform == "linux"  # SO_ORIGINAL_DST is netfilter's (mypy skips the rest elsewhere)
@@ -49,8 +62,9 @@ _IPPROTO_IPV6 = 41
 class Limits:
     #: Connections (both listeners together) served at once.
     connections: int = 1024
-    #: How long a redirected connection to an IP literal waits for its first bytes before it is sent on as
-    #: that literal: a protocol where the server speaks first (SMTP, MySQL) sends nothing.
+    #: How long a redirected connection to an address the policy does not allow waits for its first bytes
+    #: (a name in them may be allowed) before it is sent on as that address (and refused); and how long a
+    #: refused one waits for them to tell whether it can be answered in HTTP.
     first_bytes_seconds: float = 1.0
     #: How long the rest of a ClientHello or an HTTP head may take once it started.
     peek_seconds: float = 10.0
@@ -68,11 +82,18 @@ class Shim:
         book: FakeAddressBook,
         loopback_gateway: Optional[tuple[str, int]] = None,
         limits: Limits = Limits(),
+        policy: Optional[Policy] = None,
+        destination_of: Optional[Callable[[Any], tuple[IPAddress, int]]] = None,
     ) -> None:
         self.egress_socket = egress_socket
         self.book = book
         self.loopback_gateway = loopback_gateway
         self.limits = limits
+        #: The session's policy: an address it allows is asked for as that address, without waiting.
+        self.policy = policy
+        #: Where a redirected connection was going (``SO_ORIGINAL_DST``; a test without a nat table gives
+        #: its own).
+        self.destination_of = destination_of or original_destination
         self._slots = asyncio.Semaphore(limits.connections)
 
     async def explicit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -90,7 +111,7 @@ class Shim:
             if not admitted:
                 return
             try:
-                address, port = original_destination(writer.get_extra_info("socket"))
+                address, port = self.destination_of(writer.get_extra_info("socket"))
             except OSError:
                 writer.close()  # a direct connection to this port, not a redirected one
                 return
@@ -104,9 +125,12 @@ class Shim:
                     )
                     return
                 await self._connect_and_pipe(target, port, b"", reader, writer)
-                return
-            ahead = await self._read_ahead(reader)
-            await self._connect_and_pipe(_peeked_name(ahead) or str(address), port, ahead, reader, writer)
+            elif self.policy is not None and self.policy.check_name(str(address), port).allowed:
+                await self._connect_and_pipe(str(address), port, b"", reader, writer)
+            else:
+                ahead = await self._read_ahead(reader)
+                name = _peeked_name(ahead) or str(address)
+                await self._connect_and_pipe(name, port, ahead, reader, writer)
 
     def _known_name(self, address: IPAddress) -> Optional[str]:
         """The name behind a fake address, or the gateway's for the host's loopback (the nat table redirects
@@ -154,11 +178,38 @@ class Shim:
         status, reason = _reply_status(head)
         if status != 200:
             log.warning("egress: CONNECT %s refused (%s)", authority, reason)
+            await self._answer_refused(head, ahead, reader, writer, up_reader)
             _close(writer, up_writer)
             return
         if ahead:
             up_writer.write(ahead)
         await pipe_both(reader, writer, up_reader, up_writer)
+
+    async def _answer_refused(
+        self,
+        head: bytes,
+        ahead: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+    ) -> None:
+        """Pass the egress proxy's answer on to a client that started a plain HTTP request (it was made for
+        an HTTP client: status, ``X-Devin-Egress-Denied``, a one-line body, ``Connection: close``)."""
+        if not ahead:
+            ahead = await self._read_ahead(reader)
+        if opening(ahead) is not Opening.HTTP:
+            return
+        try:
+            body = await asyncio.wait_for(up_reader.read(CHUNK), self.limits.reply_seconds)
+        except (asyncio.TimeoutError, OSError):
+            body = b""
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            writer.write(head + body)
+            await writer.drain()
+            writer.write_eof()
+            # Read what the client still sends (its request's body) for a while: closing on unread bytes
+            # would reset the connection, and the client could lose the answer.
+            await asyncio.wait_for(_drop_until_end(reader), self.limits.first_bytes_seconds)
 
     async def _open_egress(
         self, client: asyncio.StreamWriter
@@ -234,6 +285,11 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> b
         return True
     except (ConnectionError, OSError):
         return False
+
+
+async def _drop_until_end(reader: asyncio.StreamReader) -> None:
+    while await reader.read(CHUNK):
+        pass
 
 
 def original_destination(sock: Any) -> tuple[IPAddress, int]:

@@ -73,12 +73,13 @@ STOP_MARGIN = 15.0
 
 # --- the final status ---------------------------------------------------------------------------------
 
-#: The Linux unit's ``RestartPreventExitStatus=2 3 4 6``: a restart cannot help, a person must act.
+#: The Linux unit's ``RestartPreventExitStatus=2 3 4 6 9``: a restart cannot help, a person must act.
 NO_RESTART: dict[int, str] = {
     ExitCode.USAGE: "the configuration is unusable (usage)",
     ExitCode.AUTH: "the API token was refused",
     ExitCode.NOT_FOUND: "the outpost was not found",
     ExitCode.PLATFORM: "the outpost's platform is not this machine's",
+    ExitCode.NETWORK_POLICY: "the session's network policy cannot be enforced on this machine",
 }
 _MEANING: dict[int, str] = {
     ExitCode.ERROR: "unexpected error",
@@ -105,7 +106,7 @@ def service_exit_for(code: int, *, stop_requested: bool) -> ServiceExit:
     """How the worker's exit ``code`` ends the service (docs/windows-worker.md, "Exit codes").
 
     * 0, and a stop the SCM asked for that interrupted a session (128+N): a clean stop;
-    * 2, 3, 4 and 6 (the Linux unit's ``RestartPreventExitStatus``): a clean stop too, so that recovery
+    * 2, 3, 4, 6 and 9 (the Linux unit's ``RestartPreventExitStatus``): a clean stop too, so that recovery
       does not restart a worker that cannot work, with the reason in the event log and the log file;
     * anything else: ``ERROR_SERVICE_SPECIFIC_ERROR`` with the code, so that recovery restarts it.
     """

@@ -1,4 +1,5 @@
-"""The ``kubernetes`` driver: a Pod and a Secret per session, as Cognition's operator makes them.
+"""The ``kubernetes`` driver: a Pod and a Secret per session, as Cognition's operator makes them (and a
+NetworkPolicy for a session whose network policy is enabled).
 
 :mod:`.manifests` renders the objects and needs no client library, so :func:`render_session_manifests`
 works where ``lightkube`` (the ``kubernetes`` extra) is not installed; :class:`KubernetesDriver` and
@@ -6,6 +7,8 @@ works where ``lightkube`` (the ``kubernetes`` extra) is not installed; :class:`K
 
 * :mod:`.options`: the driver's option table and its checks (no client library);
 * :mod:`.manifests`: the Secret, PVC, Pod and Lease as plain mappings (no client library);
+* :mod:`.network_policy`: the session's NetworkPolicy, what of its network policy the API can say (no
+  client library);
 * :mod:`.render`: :func:`render_session_manifests`, for the role, docs examples and tests;
 * :mod:`.cluster`: the lightkube client in one namespace, its failures as one-line driver errors;
 * :mod:`.lease`: leader election through a Lease;

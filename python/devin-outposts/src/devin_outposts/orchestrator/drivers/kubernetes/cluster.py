@@ -143,15 +143,18 @@ class Cluster:
             raise self.fail("create", _what(kind, _name(body)), exc) from exc
         return created
 
-    async def create_if_missing(self, kind: Any, body: Mapping[str, Any]) -> None:
-        """Create the object ``body`` describes unless one of its name is there (``409 Conflict``)."""
+    async def create_if_missing(self, kind: Any, body: Mapping[str, Any]) -> bool:
+        """Create the object ``body`` describes unless one of its name is there (``409 Conflict``); True
+        when this call made it."""
         try:
             await self.client.create(load(kind, body))
         except ApiError as exc:
             if exc.status.code != 409:
                 raise self.fail("create", _what(kind, _name(body)), exc) from exc
+            return False
         except httpx.HTTPError as exc:
             raise self.fail("create", _what(kind, _name(body)), exc) from exc
+        return True
 
     async def merge_patch(
         self, kind: Any, name: str, patch: Mapping[str, Any], *, action: str, what: Optional[str] = None

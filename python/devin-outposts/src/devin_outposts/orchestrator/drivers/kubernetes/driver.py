@@ -1,21 +1,23 @@
-"""The ``kubernetes`` driver: a Pod and a Secret per session (and a PVC for the ``snapshot`` policy).
+"""The ``kubernetes`` driver: a Pod and a Secret per session (and a PVC for the ``snapshot`` policy, and a
+NetworkPolicy for a session whose network policy is enabled).
 
 What each method does to the cluster:
 
 * :meth:`provision` makes the state PVC (``state_volume``) and nothing else: the Pod needs the connect
   token, which only :meth:`start` gets;
 * :meth:`start` replaces the Pod: deletes one already there and waits until it is gone (the name is
-  deterministic, and a terminating Pod still holds it), recreates the Secret with the fresh token, creates
-  the Pod, then makes the Pod the Secret's owner. The Secret is recreated rather than updated so that it
-  has a new uid: the cluster's garbage collector may still be about to delete the old one for the old
-  Pod, and it deletes by uid;
+  deterministic, and a terminating Pod still holds it), recreates the Secret with the fresh token and the
+  NetworkPolicy (:mod:`.network_policy`; removed when the policy is not enabled), creates the Pod, then
+  makes the Pod their owner. Both are recreated rather than updated so that they have a new uid: the
+  cluster's garbage collector may still be about to delete the old ones for the old Pod, and it deletes by
+  uid. The NetworkPolicy exists before the Pod does, so the Pod never runs unfenced;
 * :meth:`status` reads the Pod: ``restartPolicy: OnFailure`` makes the kubelet restart a failed worker
-  in place (``restarts`` is the container's ``restartCount``); ``Succeeded`` is exit 0 and ``Failed``
-  the container's exit code;
-* :meth:`snapshot` labels the PVC as kept; :meth:`teardown` deletes the Pod, the Secret and any PVC not
-  kept; :meth:`restore` unlabels the kept PVC, which the new Pod then mounts (it has the same name).
-  A kept PVC that is not restored before :meth:`start` is replaced by an empty one: that session starts
-  fresh.
+  in place (``restarts`` is the container's ``restartCount``, ``exit_code`` what its last run exited
+  with); ``Succeeded`` is exit 0 and ``Failed`` the container's exit code;
+* :meth:`snapshot` labels the PVC as kept; :meth:`teardown` deletes the Pod, the Secret, the
+  NetworkPolicy and any PVC not kept; :meth:`restore` unlabels the kept PVC, which the new Pod then
+  mounts (it has the same name). A kept PVC that is not restored before :meth:`start` is replaced by an
+  empty one: that session starts fresh.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import httpx
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod, Secret
+from lightkube.resources.networking_v1 import NetworkPolicy
 
 from devin_outposts.orchestrator.drivers.base import (
     LABEL_ACCEPTOR,
@@ -70,6 +73,10 @@ from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     render_pvc,
     render_secret,
     secret_name,
+)
+from devin_outposts.orchestrator.drivers.kubernetes.network_policy import (
+    network_policy_name,
+    render_network_policy,
 )
 from devin_outposts.orchestrator.drivers.kubernetes.options import OPTIONS, KubernetesOptions, parse_options
 
@@ -227,27 +234,60 @@ class KubernetesDriver(Driver):
         restored = bool(machine.details.get("restored"))
         settings = self._settings()
         pod_body = render_pod(self.namespace, spec, launch, settings)
+        fence = render_network_policy(
+            self.namespace,
+            spec,
+            launch,
+            dns_peer=self.options.network_policy_dns,
+            extra_cidrs=self.options.network_policy_cidrs,
+        )
         await self.cluster.delete(Pod, machine.ref, wait=True)
         if settings.state_volume:
             await self._ensure_pvc(spec, fresh=not restored)
         secret = secret_name(spec.session_id)
         await self.cluster.delete(Secret, secret)
         await self.cluster.create(Secret, render_secret(self.namespace, spec, launch.connect_token))
+        dependents: list[tuple[Any, str]] = [(Secret, secret)]
+        fence_name = network_policy_name(spec.session_id)
+        await self.cluster.delete(NetworkPolicy, fence_name, wait=True)
+        if fence is not None:
+            await self._create_network_policy(spec, fence)
+            dependents.append((NetworkPolicy, fence_name))
         pod = await self.cluster.create(Pod, pod_body)
         assert pod.metadata is not None
         owner = {"apiVersion": "v1", "kind": "Pod", "name": machine.ref, "uid": str(pod.metadata.uid)}
-        try:
-            await self.cluster.merge_patch(
-                Secret,
-                secret,
-                {"metadata": {"ownerReferences": [owner_reference(owner)]}},
-                action="set the owner of",
-            )
-        except DriverError as exc:
-            # The Pod runs; the Secret is still deleted by teardown or swept by sweep_orphans.
-            log.warning("%s", exc)
+        for kind, name in dependents:
+            try:
+                await self.cluster.merge_patch(
+                    kind,
+                    name,
+                    {"metadata": {"ownerReferences": [owner_reference(owner)]}},
+                    action="set the owner of",
+                )
+            except DriverError as exc:
+                # The Pod runs; the object is still deleted by teardown or swept by sweep_orphans.
+                log.warning("%s", exc)
         machine.details["started"] = True
         machine.details["uid"] = str(pod.metadata.uid)
+
+    async def _create_network_policy(self, spec: SessionSpec, body: dict[str, Any]) -> None:
+        """Create the session's NetworkPolicy. One of its name already there (made between the delete and
+        this create, by an orchestrator racing this one) is read: this session's is given our rules,
+        another session's is never touched."""
+        if await self.cluster.create_if_missing(NetworkPolicy, body):
+            return
+        name = body["metadata"]["name"]
+        current = await self.cluster.get(NetworkPolicy, name)
+        if current is None:  # deleted again meanwhile
+            await self.cluster.create(NetworkPolicy, body)
+            return
+        holder = self._identity(current)
+        if holder is None:
+            raise DriverError(f"networkpolicy {name} exists and is not one of ours")
+        if holder.session_id != spec.session_id:
+            raise name_taken(f"networkpolicy {name}", holder.session_id)
+        # A merge patch replaces lists whole: the egress rules become exactly ours.
+        await self.cluster.merge_patch(NetworkPolicy, name, {"spec": body["spec"]}, action="update")
 
     async def status(self, machine: Machine) -> WorkerStatus:
         pod = await self.cluster.get(Pod, machine.ref)
@@ -282,12 +322,23 @@ class KubernetesDriver(Driver):
                 detail=f"{phase} {reason}".strip(),
             )
         if phase == "Running" or phase == "Unknown":
-            return WorkerStatus(WorkerState.RUNNING, restarts=restarts, detail=f"{phase} {waiting}".strip())
+            # After a restart in place, the code the last run exited with: the orchestrator ends the session
+            # at once on some (9: this Pod cannot enforce the session's network policy) instead of waiting
+            # for the restart limit.
+            last = (ours.get("lastState") or {}).get("terminated") or {}
+            code = last.get("exitCode") if restarts else None
+            return WorkerStatus(
+                WorkerState.RUNNING,
+                exit_code=int(code) if code is not None else None,
+                restarts=restarts,
+                detail=f"{phase} {waiting}".strip(),
+            )
         return WorkerStatus(WorkerState.STARTING, restarts=restarts, detail=f"{phase} {waiting}".strip())
 
     async def teardown(self, machine: Machine) -> None:
         await self.cluster.delete(Pod, machine.ref)
         await self.cluster.delete(Secret, secret_name(machine.session_id))
+        await self.cluster.delete(NetworkPolicy, network_policy_name(machine.session_id))
         pvc = await self.cluster.get(PersistentVolumeClaim, pvc_name(machine.session_id))
         if pvc is not None and (pvc.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) != "true":
             await self.cluster.delete(PersistentVolumeClaim, pvc_name(machine.session_id))
@@ -399,10 +450,10 @@ class KubernetesDriver(Driver):
             await self.cluster.delete(PersistentVolumeClaim, snapshot.ref)
 
     async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
-        """Token Secrets, and state PVCs that are not snapshots, of sessions not live."""
+        """Token Secrets, NetworkPolicies, and state PVCs that are not snapshots, of sessions not live."""
         removed = 0
         selector = self._selector(acceptor_id, outpost_id)
-        for kind in (Secret, PersistentVolumeClaim):
+        for kind in (Secret, NetworkPolicy, PersistentVolumeClaim):
             for obj in await self.cluster.list(kind, selector):
                 spec = self._identity(obj)
                 meta = obj["metadata"]

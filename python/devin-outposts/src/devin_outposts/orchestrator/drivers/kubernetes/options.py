@@ -7,10 +7,13 @@ and the identity labels they may not touch, an owner that outlives the orchestra
 
 from __future__ import annotations
 
+import copy
+import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from devin_outposts.core.netpolicy.policy import IPNetwork
 from devin_outposts.orchestrator.drivers.base import DriverOption, OptionKind, OptionProblem, OptionTable
 from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     DEFAULT_CONTAINER,
@@ -20,6 +23,10 @@ from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     OWNER_KEYS,
     PodSettings,
 )
+from devin_outposts.orchestrator.drivers.kubernetes.network_policy import DEFAULT_DNS_PEER
+
+#: What a NetworkPolicyPeer may hold (the API checks their contents).
+PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
 
 
 def _template(template: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -71,6 +78,28 @@ def _absolute(path: str) -> str:
     if not path.startswith("/"):
         raise OptionProblem("must be an absolute path")
     return path
+
+
+def _dns_peer(peer: Mapping[str, Any]) -> Mapping[str, Any]:
+    unknown = sorted(set(peer) - set(PEER_KEYS))
+    if unknown or not peer:
+        what = f"unknown key {unknown[0]}" if unknown else "is empty"
+        raise OptionProblem(f": {what} (a NetworkPolicyPeer: {', '.join(PEER_KEYS)})")
+    for key, value in peer.items():
+        if not isinstance(value, Mapping):
+            raise OptionProblem(f".{key} must be a mapping")
+    return peer
+
+
+def _cidrs(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
+    networks = []
+    for value in values:
+        try:
+            # As a policy's ip rules: a bare address is /32 or /128, host bits are ignored.
+            networks.append(ipaddress.ip_network(value, strict=False))
+        except ValueError:
+            raise OptionProblem(f"has {value!r}, which is not an IPv4 or IPv6 address or CIDR") from None
+    return tuple(networks)
 
 
 OPTIONS = OptionTable(
@@ -129,6 +158,21 @@ OPTIONS = OptionTable(
         parse=_owner,
     ),
     DriverOption(
+        "network_policy_dns", OptionKind.MAPPING,
+        "For sessions whose network policy is enabled: the cluster DNS their NetworkPolicy lets the Pod ask "
+        "(UDP and TCP 53), a NetworkPolicyPeer (`podSelector`, `namespaceSelector`, `ipBlock`), e.g. "
+        "`{ipBlock: {cidr: 169.254.20.10/32}}` for NodeLocal DNSCache. See "
+        "[Network policy](#network-policy).",
+        default=DEFAULT_DNS_PEER, parse=_dns_peer,
+    ),
+    DriverOption(
+        "network_policy_cidrs", OptionKind.NAMES,
+        "CIDRs that every such NetworkPolicy also allows (TCP, any port), as if the policy had ip rules for "
+        "them: a gateway, binary mirror or proxy at a private address, which hostname rules never reach "
+        "past the NetworkPolicy.",
+        default=(), parse=_cidrs,
+    ),
+    DriverOption(
         "leader_election", OptionKind.FLAG,
         "Take the Lease before acting; `false` returns no lock (single replica only).",
         default=True,
@@ -169,6 +213,8 @@ class KubernetesOptions:
     lease_renew_interval: float = 5.0
     delete_timeout: float = 120.0
     request_timeout: float = 30.0
+    network_policy_dns: Mapping[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_DNS_PEER))
+    network_policy_cidrs: tuple[IPNetwork, ...] = ()
 
 
 def parse_options(
@@ -201,6 +247,8 @@ def parse_options(
         lease_renew_interval=values["lease_renew_interval"],
         delete_timeout=values["delete_timeout"],
         request_timeout=values["request_timeout"],
+        network_policy_dns=values["network_policy_dns"],
+        network_policy_cidrs=values["network_policy_cidrs"],
     )
     if parsed.lease_renew_interval >= parsed.lease_duration:
         raise OPTIONS.error("lease_renew_interval", "must be shorter than lease_duration")
