@@ -634,6 +634,42 @@ def test_exit_codes_snapshots_and_orphans_without_a_session(
 
 
 @needs_podman
+def test_a_sweep_during_a_provision_keeps_the_new_state_volume(pod: Podman) -> None:
+    """A sweep whose list of live sessions was read before a claim runs while that claim's machine is being
+    made: the state volume exists, its container not yet. The sweep must leave the volume alone (it once
+    removed it, and the container create then failed: seen in a loaded suite run)."""
+    driver = pod.driver
+    spec = pod.spec("devin-podman-in-flight")
+    real_check = driver.cli.check
+
+    async def scenario() -> tuple[int, Machine]:
+        volume_made, go_on = asyncio.Event(), asyncio.Event()
+
+        async def held_check(*args: str, what: str, stdin: Optional[bytes] = None) -> Any:
+            if args and args[0] == "create":  # the container create: after the volume's
+                volume_made.set()
+                await go_on.wait()
+            return await real_check(*args, what=what, stdin=stdin)
+
+        driver.cli.check = held_check  # type: ignore[method-assign]
+        try:
+            provision = asyncio.ensure_future(driver.provision(spec))
+            await asyncio.wait_for(volume_made.wait(), timeout=60)
+            removed = await driver.sweep_orphans(pod.acceptor, pod.outpost.outpost_id, set())
+            go_on.set()
+            return removed, await provision
+        finally:
+            driver.cli.check = real_check  # type: ignore[method-assign]
+
+    removed, machine = run(scenario())
+    assert removed == 0
+    assert inspect_container(machine.name)["State"]["Status"] == "created"
+    assert exists("volume", machine.details["volume"])
+    run(driver.teardown(machine))
+    assert pod.leftovers() == {"containers": [], "volumes": [], "files": []}
+
+
+@needs_podman
 def test_start_replaces_a_running_worker_on_the_same_volume(pod: Podman) -> None:
     """A re-claim starts the worker again: the running one is stopped and replaced, the machine (its name,
     volume, creation time, labels) stays."""

@@ -82,6 +82,9 @@ class PodmanDriver(Driver):
         self.secrets = TokenSecrets(self.cli)
         #: Env files of ``podman create`` calls in progress (the sweep removes any other one).
         self._env_files_in_use: set[Path] = set()
+        #: Sessions whose state volume exists and whose container does not yet (a provision in flight):
+        #: the sweep must not take that volume for an interrupted provision's leftover.
+        self._provisioning: set[str] = set()
         #: The uid the image's worker runs as (the owner of the token file in the container), once known.
         self._uid: Optional[int] = None
 
@@ -202,17 +205,24 @@ class PodmanDriver(Driver):
         ids = ids_label(spec.session_id, spec.outpost_id, spec.acceptor_id)
         common = {**spec.labels(), LABEL_IDS: ids, LABEL_CREATED: f"{created:.3f}"}
         volume = f"{machine_name('outpost-state', spec.session_id, limit=54)}-{secrets.token_hex(4)}"
-        await self.volumes.create(volume, {**common, LABEL_KIND: KIND_STATE})
         labels = {**common, LABEL_KIND: KIND_MACHINE, LABEL_STATE_VOLUME: volume}
+        # Until the container names the volume, only this mark keeps a sweep that read its list of live
+        # sessions before our claim from removing it (seen under load: the container create then failed).
+        # Once the container exists, podman itself refuses to remove a volume in use.
+        self._provisioning.add(spec.session_id)
         try:
-            await self.cli.check(
-                *self._create_arguments(name, labels, volume, spec.session_id, None),
-                what=f"create container {name}",
-            )
-        except DriverError:
-            with contextlib.suppress(DriverError):
-                await self.volumes.remove(volume)
-            raise
+            await self.volumes.create(volume, {**common, LABEL_KIND: KIND_STATE})
+            try:
+                await self.cli.check(
+                    *self._create_arguments(name, labels, volume, spec.session_id, None),
+                    what=f"create container {name}",
+                )
+            except DriverError:
+                with contextlib.suppress(DriverError):
+                    await self.volumes.remove(volume)
+                raise
+        finally:
+            self._provisioning.discard(spec.session_id)
         return self._machine(name, labels)
 
     def _machine(self, name: str, labels: Mapping[str, str], image: Optional[str] = None) -> Machine:
@@ -429,7 +439,8 @@ class PodmanDriver(Driver):
             name = str(volume.get("Name", ""))
             if not name:
                 continue
-            if name in named or name in kept or ids_of(labels)["session_id"] in live_sessions:
+            session_id = ids_of(labels)["session_id"]
+            if name in named or name in kept or session_id in live_sessions | self._provisioning:
                 continue
             if await self.volumes.remove(name):
                 removed += 1
