@@ -76,19 +76,17 @@ def _leader_processes(name: str) -> list[int]:
     return found
 
 
+def _in_host(host_dir: Path, *args: str) -> list[str]:
+    """``nsenter`` into the nspawn host's namespaces (``-a``: all, ``-n``: its network), then ``args``."""
+    leader = (host_dir / "leader.pid").read_text().strip()
+    return [str(shutil.which("nsenter")), "-t", leader, *args]
+
+
 def _journal(host_dir: Path, sid: str) -> str:
     """The session unit's journal and state on the host, for a failure message."""
-    leader = (host_dir / "leader.pid").read_text().strip()
+    command = f"systemctl status --no-pager devin-outposts-session@{sid}.service; journalctl --no-pager -n 60"
     out = subprocess.run(  # noqa: S603 - a fixed command
-        [
-            str(shutil.which("nsenter")),
-            "-t",
-            leader,
-            "-a",
-            "sh",
-            "-c",
-            f"systemctl status --no-pager devin-outposts-session@{sid}.service; journalctl --no-pager -n 60",
-        ],
+        _in_host(host_dir, "-a", "sh", "-c", command),
         capture_output=True,
         text=True,
         timeout=30,
@@ -99,7 +97,6 @@ def _journal(host_dir: Path, sid: str) -> str:
 
 def _on_host(host_dir: Path, sid: str) -> dict[str, str]:
     """What the host shows of the session's worker, place by place (read as root through nsenter)."""
-    leader = (host_dir / "leader.pid").read_text().strip()
     unit = f"devin-outposts-session@{sid}.service"
     places = {
         "env file": f"cat /etc/devin-outposts/session-{sid}.env",
@@ -111,7 +108,7 @@ def _on_host(host_dir: Path, sid: str) -> dict[str, str]:
     }
     return {
         place: subprocess.run(  # noqa: S603 - a fixed command
-            [str(shutil.which("nsenter")), "-t", leader, "-a", "sh", "-c", command],
+            _in_host(host_dir, "-a", "sh", "-c", command),
             capture_output=True,
             text=True,
             timeout=60,
@@ -124,19 +121,16 @@ def _on_host(host_dir: Path, sid: str) -> dict[str, str]:
 def _start_upstreams(host_dir: Path, record_dir: Path) -> subprocess.Popen[bytes]:
     """The recording upstreams on the host's 127.0.0.1 and 127.0.0.2 (its network namespace, this machine's
     files: each records to ``record_dir/<address>_<port>.jsonl``), once both listen."""
-    leader = (host_dir / "leader.pid").read_text().strip()
     process = subprocess.Popen(  # noqa: S603 - a fixed command
-        [
-            str(shutil.which("nsenter")),
-            "-t",
-            leader,
+        _in_host(
+            host_dir,
             "-n",
             sys.executable,
             str(UPSTREAMS),
             str(record_dir),
             f"127.0.0.1:{UPSTREAM_PORT}",
             f"127.0.0.2:{UPSTREAM_PORT}",
-        ]
+        )
     )
     records = [_record(record_dir, address) for address in ("127.0.0.1", "127.0.0.2")]
     for dummy in range(300):  # a record file is made once its server listens

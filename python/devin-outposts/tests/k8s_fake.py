@@ -309,3 +309,14 @@ def run_fake_kube() -> Iterator[FakeKube]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+# -- validating what the driver sends against the Kubernetes schemas, offline -------------------------------
+
+#: The oldest and newest schema sets kubernetes-validate ships (strict: unknown fields are errors too).
+SCHEMA_VERSIONS = ("1.25.0", "1.37.0")
+
+
+def no_network(*args: Any, **kwargs: Any) -> None:
+    """Patched over ``socket.socket.connect`` while validating: the schemas must come from the package."""
+    raise AssertionError("schema validation tried to use the network")

@@ -10,17 +10,19 @@ not by the policy module: it is the egress proxy's stand-in, and the sandbox's p
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
 from devin_outposts.core.netpolicy.probe import probe_host
+from devin_outposts_sim.remote import tools
 
 IN_CI = os.environ.get("CI", "") in ("true", "TRUE", "True", "1", "yes")
 #: A TEST-NET-1 address (RFC 5737) nobody routes: inside a sandbox the redirect catches a connection to it
@@ -28,6 +30,13 @@ IN_CI = os.environ.get("CI", "") in ("true", "TRUE", "True", "1", "yes")
 TEST_NET = "192.0.2.1"
 #: What a session runs to try each way out (standard library only).
 SESSION_CLIENT = Path(__file__).resolve().parent / "netpolicy_session_client.py"
+#: The policy of the end-to-end confinement tests: the host's loopback address, and ``localhost``, a name
+#: the proxy resolves with its own resolver to that address (without the ipv4 rule the rebinding guard
+#: refuses it).
+LOOPBACK_POLICY: dict[str, Any] = {
+    "enabled": True,
+    "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "localhost"}],
+}
 
 
 class Upstream:
@@ -190,3 +199,52 @@ def cannot_run(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: the sandbox tests must run in CI)", pytrace=False)
     pytest.skip(reason)
+
+
+def confinement_plan(allowed: Upstream, denied: Upstream) -> list[list[Any]]:
+    """What a confined session tries (the session client's plan), for :data:`LOOPBACK_POLICY`: the allowed
+    upstream by address and by name, the denied one, a denied name, a direct connection and UDP to TEST-NET,
+    and DNS for the denied name."""
+    return [
+        ["proxy", "127.0.0.1", allowed.port],
+        ["proxy", "localhost", allowed.port],
+        ["proxy", "127.0.0.2", denied.port],
+        ["proxy", "denied.example", 443],
+        ["direct", TEST_NET, 80],
+        ["udp", TEST_NET, 53],
+        ["resolve", "denied.example"],
+    ]
+
+
+def client_calls_in_a_machine(plan: list[list[Any]]) -> list[dict[str, Any]]:
+    """The brain's tool calls that run the session client with ``plan`` in a machine that does not share
+    this checkout (a container, a Pod): write it into the session's working directory, run it there."""
+    return [
+        tools.write("netpolicy_client.py", SESSION_CLIENT.read_text()),
+        tools.run(["python3", "netpolicy_client.py", json.dumps(plan)]),
+    ]
+
+
+def attempts_by_kind(output: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """The session client's JSON lines in ``output``, by (kind, destination)."""
+    lines = (json.loads(line) for line in output.splitlines() if line.startswith("{"))
+    return {(r["attempt"][0], r["attempt"][1]): r for r in lines}
+
+
+def assert_confined(output: str, allowed: Upstream, denied: Upstream) -> None:
+    """What :func:`confinement_plan` must show from inside a confined session, and what the upstreams saw:
+    the allowed one the two requests, the denied one nothing."""
+    results = attempts_by_kind(output)
+    for destination in ("127.0.0.1", "localhost"):
+        assert results[("proxy", destination)]["status"] == 200, output
+        assert results[("proxy", destination)]["reply"].startswith("allowed:GET /from-session"), output
+    assert results[("proxy", "127.0.0.2")]["status"] == 403, output
+    assert results[("proxy", "denied.example")]["status"] == 403, output
+    # A plain HTTP client the redirect caught is answered as the explicit proxy answers (403, and why).
+    direct = results[("direct", TEST_NET)]["reply"]
+    assert direct.startswith("HTTP/1.1 403 Forbidden\r\n"), output
+    assert f"X-Devin-Egress-Denied: default deny: no ipv4 rule covers {TEST_NET}\r\n" in direct, output
+    assert "error" in results[("udp", TEST_NET)], output
+    assert "error" in results[("resolve", "denied.example")], output
+    assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
+    assert denied.received == []

@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("lightkube", reason="the kubernetes extra (lightkube) is not installed")
 
-from k8s_fake import FakeKube, run_fake_kube
+from k8s_fake import SCHEMA_VERSIONS, FakeKube, no_network, run_fake_kube
 
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import (
@@ -696,13 +696,6 @@ def test_rendering_needs_no_client_library() -> None:
 
 # -- every manifest against the Kubernetes schemas, offline ----------------------------------------------
 
-#: The oldest and newest schema sets kubernetes-validate ships (strict: unknown fields are errors too).
-SCHEMA_VERSIONS = ("1.25.0", "1.37.0")
-
-
-def _no_network(*args: Any, **kwargs: Any) -> None:
-    raise AssertionError("schema validation tried to use the network")
-
 
 def test_every_object_the_driver_sends_is_valid_offline(
     fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -744,7 +737,7 @@ def test_every_object_the_driver_sends_is_valid_offline(
     rendered = render_session_manifests(
         spec(LONG_ID), launch(LONG_ID), options={"image": IMAGE, "state_volume": True}
     )
-    monkeypatch.setattr("socket.socket.connect", _no_network)
+    monkeypatch.setattr("socket.socket.connect", no_network)
     for version in SCHEMA_VERSIONS:
         for body in [*sent, *rendered]:
             kubernetes_validate.validate(body, version, strict=True)

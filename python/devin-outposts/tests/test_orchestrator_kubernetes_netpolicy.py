@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("lightkube", reason="the kubernetes extra (lightkube) is not installed")
 
-from k8s_fake import FakeKube, run_fake_kube
+from k8s_fake import SCHEMA_VERSIONS, FakeKube, no_network, run_fake_kube
 from orchestrator_fakes import Running
 
 from devin_outposts.api.models import Outpost
@@ -446,14 +446,6 @@ def test_a_pod_that_cannot_confine_gives_the_session_back_at_once(
         orchestrator.stop()
 
 
-#: The oldest and newest schema sets kubernetes-validate ships (strict: unknown fields are errors too).
-SCHEMA_VERSIONS = ("1.25.0", "1.37.0")
-
-
-def _no_network(*args: Any, **kwargs: Any) -> None:
-    raise AssertionError("schema validation tried to use the network")
-
-
 def test_the_fence_is_valid_kubernetes_offline(
     fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -470,7 +462,7 @@ def test_the_fence_is_valid_kubernetes_offline(
     sent = [r.body for r in fake.requests if r.method in ("POST", "PATCH") and "networkpolicies" in r.path]
     assert [b["kind"] for b in sent if "kind" in b] == ["NetworkPolicy"]
     [stored] = fake.objects("NetworkPolicy", NS)
-    monkeypatch.setattr("socket.socket.connect", _no_network)
+    monkeypatch.setattr("socket.socket.connect", no_network)
     for version in SCHEMA_VERSIONS:
         kubernetes_validate.validate(sent[0], version, strict=True)
         kubernetes_validate.validate(stored, version, strict=True)

@@ -32,7 +32,13 @@ from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle
 from devin_outposts_sim.testing.remote import claim_session
 
-from netpolicy_harness import SESSION_CLIENT, TEST_NET, Upstream
+from netpolicy_harness import (
+    LOOPBACK_POLICY,
+    Upstream,
+    assert_confined,
+    client_calls_in_a_machine,
+    confinement_plan,
+)
 
 PACKAGE = Path(__file__).resolve().parents[1]
 NAMESPACE = "outposts"
@@ -282,7 +288,7 @@ def test_the_rendered_pod_confines_a_policy_session_under_podman_kube_play(
     reached on the host's loopback, the rest is refused, and the denied upstream records nothing."""
     allowed, denied = Upstream("allowed"), Upstream("denied", host="127.0.0.2")
     try:
-        policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "localhost"}]}
+        policy = LOOPBACK_POLICY
         sid = sim.admin.enqueue(outpost.outpost_id, network_policy=policy).session_id
         locked_down = {
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -291,39 +297,10 @@ def test_the_rendered_pod_confines_a_policy_session_under_podman_kube_play(
         worker = played.pod["spec"]["containers"][-1]
         assert worker["securityContext"] == locked_down["securityContext"]
         sim.admin.wait_connection(sid, timeout=90)
-        plan = [
-            ["proxy", "127.0.0.1", allowed.port],
-            ["proxy", "localhost", allowed.port],
-            ["proxy", "127.0.0.2", denied.port],
-            ["proxy", "denied.example", 443],
-            ["direct", TEST_NET, 80],
-            ["udp", TEST_NET, 53],
-            ["resolve", "denied.example"],
-        ]
-        sim.admin.add_calls(
-            sid,
-            [
-                tools.write("netpolicy_client.py", SESSION_CLIENT.read_text()),
-                tools.run(["python3", "netpolicy_client.py", json.dumps(plan)]),
-            ],
-        )
+        sim.admin.add_calls(sid, client_calls_in_a_machine(confinement_plan(allowed, denied)))
         calls = sim.admin.wait_calls(sid, timeout=90)
         assert [c["state"] for c in calls] == ["done", "done"], calls
-        output = calls[1]["result"]["output"]
-        results = {
-            (r["attempt"][0], r["attempt"][1]): r
-            for r in (json.loads(line) for line in output.splitlines() if line.startswith("{"))
-        }
-        assert results[("proxy", "127.0.0.1")]["status"] == 200, output
-        assert results[("proxy", "localhost")]["status"] == 200, output
-        assert results[("proxy", "127.0.0.2")]["status"] == 403, output
-        assert results[("proxy", "denied.example")]["status"] == 403, output
-        # A plain HTTP client the redirect caught is answered as the explicit proxy answers (403, and why).
-        assert results[("direct", TEST_NET)]["reply"].startswith("HTTP/1.1 403 Forbidden\r\n"), output
-        assert "error" in results[("udp", TEST_NET)], output
-        assert "error" in results[("resolve", "denied.example")], output
-        assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
-        assert denied.received == []
+        assert_confined(calls[1]["result"]["output"], allowed, denied)
         # It still reaches its gateway, and ends cleanly.
         sim.admin.end_session(sid, "terminated")
         assert wait_until(lambda: kube.exit_state(played), timeout=60) == ["exited", "0"]

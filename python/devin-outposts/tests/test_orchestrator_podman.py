@@ -49,7 +49,13 @@ from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle
 from devin_outposts_sim.testing.remote import claim_session
 
-from netpolicy_harness import SESSION_CLIENT, TEST_NET, Upstream
+from netpolicy_harness import (
+    LOOPBACK_POLICY,
+    Upstream,
+    assert_confined,
+    client_calls_in_a_machine,
+    confinement_plan,
+)
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
@@ -476,50 +482,19 @@ def test_a_session_with_a_network_policy_is_confined_in_its_container(
     rest is refused, and the denied upstream records nothing."""
     allowed, denied = Upstream("allowed"), Upstream("denied", host="127.0.0.2")
     try:
-        # localhost: an allowed name the worker's proxy resolves in the container, to an address the ipv4
-        # rule allows (the host's loopback: the container shares the host's network here).
-        policy = {"enabled": True, "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "localhost"}]}
+        # localhost: resolved by the worker's proxy in the container, to the host's loopback (the container
+        # shares the host's network here).
+        policy = LOOPBACK_POLICY
         sid = pod.sim.admin.enqueue(pod.outpost.outpost_id, network_policy=policy).session_id
         launch = pod.claim(sid)
         assert launch.network_policy is not None and launch.network_policy["enabled"] is True
         machine = run(pod.driver.provision(pod.spec(sid)))
         run(pod.driver.start(machine, launch))
         pod.sim.admin.wait_connection(sid, timeout=90)
-        plan = [
-            ["proxy", "127.0.0.1", allowed.port],
-            ["proxy", "localhost", allowed.port],
-            ["proxy", "127.0.0.2", denied.port],
-            ["proxy", "denied.example", 443],
-            ["direct", TEST_NET, 80],
-            ["udp", TEST_NET, 53],
-            ["resolve", "denied.example"],
-        ]
-        client = SESSION_CLIENT.read_text()
-        pod.sim.admin.add_calls(
-            sid,
-            [
-                tools.write("netpolicy_client.py", client),
-                tools.run(["python3", "netpolicy_client.py", json.dumps(plan)]),
-            ],
-        )
+        pod.sim.admin.add_calls(sid, client_calls_in_a_machine(confinement_plan(allowed, denied)))
         calls = pod.sim.admin.wait_calls(sid, timeout=90)
         assert [c["state"] for c in calls] == ["done", "done"], calls
-        output = calls[1]["result"]["output"]
-        results = {
-            (r["attempt"][0], r["attempt"][1]): r
-            for r in (json.loads(line) for line in output.splitlines() if line.startswith("{"))
-        }
-        assert results[("proxy", "127.0.0.1")]["status"] == 200, output
-        assert results[("proxy", "127.0.0.1")]["reply"].startswith("allowed:GET /from-session"), output
-        assert results[("proxy", "localhost")]["status"] == 200, output
-        assert results[("proxy", "127.0.0.2")]["status"] == 403, output
-        assert results[("proxy", "denied.example")]["status"] == 403, output
-        # A plain HTTP client the redirect caught is answered as the explicit proxy answers (403, and why).
-        assert results[("direct", TEST_NET)]["reply"].startswith("HTTP/1.1 403 Forbidden\r\n"), output
-        assert "error" in results[("udp", TEST_NET)], output
-        assert "error" in results[("resolve", "denied.example")], output
-        assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
-        assert denied.received == []
+        assert_confined(calls[1]["result"]["output"], allowed, denied)
         # The denial is in the worker's log (the container's), with the rule that applied.
         logs = podman("logs", machine.name).stderr + podman("logs", machine.name).stdout
         assert f"session {sid}" in logs and "denied 127.0.0.2:" in logs, logs[-3000:]

@@ -23,7 +23,15 @@ import pytest
 
 from devin_outposts_sim.remote import tools
 
-from netpolicy_harness import SESSION_CLIENT, TEST_NET, WHY_NOT, Upstream, cannot_run
+from netpolicy_harness import (
+    LOOPBACK_POLICY,
+    SESSION_CLIENT,
+    WHY_NOT,
+    Upstream,
+    assert_confined,
+    cannot_run,
+    confinement_plan,
+)
 from standin_harness import Harness, running_harness
 from worker_fakes import metrics_from_log
 
@@ -50,13 +58,19 @@ def confinable() -> None:
         cannot_run(f"sessions cannot be confined here: {WHY_NOT}")
 
 
-def attempts(harness: Harness, session_id: str, plan: list[list[Any]]) -> list[dict[str, Any]]:
-    """Run the session client with ``plan`` as the session's one command; its JSON lines."""
+def client_output(harness: Harness, session_id: str, plan: list[list[Any]]) -> str:
+    """Run the session client with ``plan`` as the session's one command; its output."""
     command = [sys.executable, str(SESSION_CLIENT), json.dumps(plan)]
     harness.sim.admin.add_calls(session_id, [tools.run(command)])
     [call] = harness.calls_done(session_id)
     assert call["result"]["exit_code"] == 0, call
-    return [json.loads(line) for line in call["result"]["output"].splitlines() if line.startswith("{")]
+    return str(call["result"]["output"])
+
+
+def attempts(harness: Harness, session_id: str, plan: list[list[Any]]) -> list[dict[str, Any]]:
+    """The session client's JSON lines for ``plan``."""
+    output = client_output(harness, session_id, plan)
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
 def end(harness: Harness, session_id: str) -> None:
@@ -70,42 +84,10 @@ def test_a_session_reaches_what_its_policy_allows_and_nothing_else(
     allowed, denied = upstreams
     h = harness
     h.worker("w1", "--metrics-addr", "127.0.0.1:0")
-    # "localhost" is a name the proxy resolves with this host's own resolver, to loopback: allowed by its
-    # hostname rule, and its address by the ipv4 rule (without which the rebinding guard refuses it).
-    policy = {
-        "enabled": True,
-        "allow": [{"ipv4": "127.0.0.1/32"}, {"hostname": "*.allowed.test"}, {"hostname": "localhost"}],
-    }
+    policy = {**LOOPBACK_POLICY, "allow": [*LOOPBACK_POLICY["allow"], {"hostname": "*.allowed.test"}]}
     sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
-    results = attempts(
-        h,
-        sid,
-        [
-            ["proxy", "127.0.0.1", allowed.port],
-            ["proxy", "localhost", allowed.port],
-            ["proxy", "127.0.0.2", denied.port],
-            ["proxy", "denied.example", 443],
-            ["direct", TEST_NET, 80],
-            ["udp", TEST_NET, 53],
-            ["resolve", "denied.example"],
-        ],
-    )
-    by_kind = {(r["attempt"][0], r["attempt"][1]): r for r in results}
-    assert by_kind[("proxy", "127.0.0.1")]["status"] == 200, results
-    assert by_kind[("proxy", "127.0.0.1")]["reply"].startswith("allowed:GET /from-session"), results
-    assert by_kind[("proxy", "localhost")]["status"] == 200, results
-    assert by_kind[("proxy", "localhost")]["reply"].startswith("allowed:GET /from-session"), results
-    assert by_kind[("proxy", "127.0.0.2")]["status"] == 403, results
-    assert by_kind[("proxy", "denied.example")]["status"] == 403, results
-    # A plain HTTP client the redirect caught is answered as the explicit proxy answers (403, and why).
-    direct = by_kind[("direct", TEST_NET)]["reply"]
-    assert direct.startswith("HTTP/1.1 403 Forbidden\r\n"), results
-    assert f"X-Devin-Egress-Denied: default deny: no ipv4 rule covers {TEST_NET}\r\n" in direct, results
-    assert "error" in by_kind[("udp", TEST_NET)], results
-    assert "error" in by_kind[("resolve", "denied.example")], results
-    # What the host side saw: the allowed upstream one request from the session, the denied one nothing.
-    assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
-    assert denied.received == []
+    output = client_output(h, sid, confinement_plan(allowed, denied))
+    assert_confined(output, allowed, denied)
     # Counted per session and verdict while it runs: the denials above (the direct connect to TEST-NET
     # reaches the proxy through the redirect), and what was allowed (the upstream, the gateway).
     text = metrics_from_log(h.workers[0].log())
