@@ -37,6 +37,7 @@ from devin_outposts.orchestrator.drivers.base import (
 from devin_outposts.orchestrator.drivers.process import ProcessDriver
 from devin_outposts.orchestrator.options import OrchestratorConfig, parse_args
 from devin_outposts.orchestrator.runner import Orchestrator
+from devin_outposts.orchestrator.sweep import _LiveSessions
 from devin_outposts_sim.testing import SimHandle
 
 from worker_fakes import wait_for
@@ -371,3 +372,15 @@ def test_every_option_is_in_the_docs_with_its_variable() -> None:
         assert f"`{option.flag}" in docs, option.flag
         if option.env:
             assert f"`{option.env}`" in docs, option.env
+
+
+def test_the_sweeps_live_sessions_include_one_claimed_while_it_runs() -> None:
+    """The sweep hands the driver a live view, not a copy: a session that joins the pool after the sweep
+    started (its provision is making objects the sweep is looking at) is live at once."""
+    running: dict[str, object] = {"devin-a": object()}
+    live = _LiveSessions(running.keys(), {"devin-kept"})
+    assert "devin-a" in live and "devin-kept" in live and "devin-b" not in live
+    running["devin-b"] = object()  # claimed while the sweep runs
+    assert "devin-b" in live
+    del running["devin-a"]
+    assert "devin-a" not in live

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Optional, Protocol
 
 from devin_outposts.api.client import FleetClient
@@ -98,6 +98,12 @@ class Sweeper:
     def _serving(self) -> set[str]:
         return set(self.orchestrator.pool.running)
 
+    def _live(self, kept: set[str]) -> Container[str]:
+        """The sessions whose objects must stay, asked at each decision: a snapshot set of the running ones
+        would not know a session claimed while the sweep runs, whose objects its provision is making (a
+        podman state volume was removed that way between its creation and its container's)."""
+        return _LiveSessions(self.orchestrator.pool.running.keys(), kept)
+
     async def _entry(self, session_id: str) -> Optional[QueueEntry]:
         assert self.orchestrator.client is not None
         try:
@@ -114,8 +120,7 @@ class Sweeper:
         try:
             await self._machines()
             kept = await self._snapshots()
-            live = self._serving() | kept
-            removed = await orch.driver.sweep_orphans(orch.acceptor_id, orch.outpost_id, live)
+            removed = await orch.driver.sweep_orphans(orch.acceptor_id, orch.outpost_id, self._live(kept))
             if removed:
                 log.info("removed %d orphaned per-session object(s)", removed)
         except FleetAuthError as exc:
@@ -207,3 +212,14 @@ class Sweeper:
             self._stuck_passes += 1
         else:
             self._stuck_passes = 0
+
+
+class _LiveSessions(Container[str]):
+    """Running sessions (a live view of the pool's) and the sessions whose snapshots are kept."""
+
+    def __init__(self, running: Container[str], kept: Container[str]) -> None:
+        self.running = running
+        self.kept = kept
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self.running or session_id in self.kept

@@ -37,7 +37,7 @@ import math
 import re
 import shlex
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, Protocol
@@ -537,9 +537,11 @@ class Driver(abc.ABC):
     async def delete_snapshot(self, snapshot: Snapshot) -> None:
         """Drop ``snapshot`` (gone already: no error)."""
 
-    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
+    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: Container[str]) -> int:
         """Remove what this driver made besides machines and snapshots (per-session secrets) for sessions
-        not in ``live_sessions``; returns how many. Drivers that make nothing else keep this default."""
+        not in ``live_sessions``; returns how many. Drivers that make nothing else keep this default.
+        ``live_sessions`` is asked at each decision (the orchestrator passes a live view: a session claimed
+        while the sweep runs is live at once)."""
         return 0
 
     def leadership(self, acceptor_id: str) -> Optional[Leadership]:

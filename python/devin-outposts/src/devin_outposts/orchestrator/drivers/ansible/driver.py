@@ -26,7 +26,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
@@ -307,7 +307,7 @@ class AnsibleDriver(Driver):
         if not self.keep_artifacts:
             shutil.rmtree(self.artifact_dir / machine.name, ignore_errors=True)
 
-    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
+    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: Container[str]) -> int:
         """Token files and run directories older than the longest run (a start in flight is younger)."""
         return self._sweep_files(max(self.timeouts.values()) + 2 * _run.STOP_GRACE + 60.0)
 

@@ -29,7 +29,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any, ClassVar, Optional
 
 import httpx
@@ -449,7 +449,7 @@ class KubernetesDriver(Driver):
         if pvc is not None and (pvc.get("metadata", {}).get("labels") or {}).get(LABEL_SNAPSHOT) == "true":
             await self.cluster.delete(PersistentVolumeClaim, snapshot.ref)
 
-    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
+    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: Container[str]) -> int:
         """Token Secrets, NetworkPolicies, and state PVCs that are not snapshots, of sessions not live."""
         removed = 0
         selector = self._selector(acceptor_id, outpost_id)

@@ -12,7 +12,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -206,9 +206,10 @@ class PodmanDriver(Driver):
         common = {**spec.labels(), LABEL_IDS: ids, LABEL_CREATED: f"{created:.3f}"}
         volume = f"{machine_name('outpost-state', spec.session_id, limit=54)}-{secrets.token_hex(4)}"
         labels = {**common, LABEL_KIND: KIND_MACHINE, LABEL_STATE_VOLUME: volume}
-        # Until the container names the volume, only this mark keeps a sweep that read its list of live
-        # sessions before our claim from removing it (seen under load: the container create then failed).
-        # Once the container exists, podman itself refuses to remove a volume in use.
+        # Until the container names the volume, this mark keeps a sweep from removing it even when its caller
+        # gives a set of live sessions read before our claim (the orchestrator now passes a live view; seen
+        # under load before that: the container create then failed). Once the container exists, podman
+        # itself refuses to remove a volume in use.
         self._provisioning.add(spec.session_id)
         try:
             await self.volumes.create(volume, {**common, LABEL_KIND: KIND_STATE})
@@ -426,7 +427,7 @@ class PodmanDriver(Driver):
 
     # --- garbage ---------------------------------------------------------------------------------
 
-    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: set[str]) -> int:
+    async def sweep_orphans(self, acceptor_id: str, outpost_id: str, live_sessions: Container[str]) -> int:
         """State volumes of ended sessions that no container and no snapshot names (left by an interrupted
         provision or restore), markers whose volume is gone, and env files no ``podman create`` uses."""
         removed = 0
@@ -440,7 +441,9 @@ class PodmanDriver(Driver):
             if not name:
                 continue
             session_id = ids_of(labels)["session_id"]
-            if name in named or name in kept or session_id in live_sessions | self._provisioning:
+            if name in named or name in kept or session_id in live_sessions:
+                continue
+            if session_id in self._provisioning:  # a caller's live set may still predate the claim
                 continue
             if await self.volumes.remove(name):
                 removed += 1
