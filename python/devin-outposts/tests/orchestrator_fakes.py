@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -19,6 +20,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerStatus,
     machine_name,
 )
+from devin_outposts.orchestrator.drivers.status_board import StatusBoard, StatusSource
 from devin_outposts.orchestrator.runner import Orchestrator
 
 Script = Callable[[str, int], WorkerStatus]
@@ -37,6 +39,10 @@ class ScriptedDriver(Driver):
         self.launches: dict[str, list[WorkerLaunch]] = {}
         self.torn_down: list[str] = []
         self.lock = threading.Lock()
+        #: Direct status reads, by session (what a status source saves).
+        self.status_reads: dict[str, int] = {}
+        #: The status source :meth:`status_source` offers (None: the driver has none).
+        self.source: Optional[ScriptedSource] = None
 
     @classmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> ScriptedDriver:
@@ -62,7 +68,12 @@ class ScriptedDriver(Driver):
         with self.lock:
             return len(self.launches.get(session_id, []))
 
+    def status_source(self, acceptor_id: str) -> Optional[StatusSource]:
+        return self.source
+
     async def status(self, machine: Machine) -> WorkerStatus:
+        with self.lock:
+            self.status_reads[machine.session_id] = self.status_reads.get(machine.session_id, 0) + 1
         if machine.session_id not in self.machines:
             return WorkerStatus(WorkerState.MISSING)
         return self.script(machine.session_id, self.starts(machine.session_id))
@@ -87,6 +98,34 @@ class ScriptedDriver(Driver):
 
     async def delete_snapshot(self, snapshot: Snapshot) -> None:
         return None
+
+
+class ScriptedSource:
+    """A status stream over a :class:`ScriptedDriver`: lists every machine from the script every
+    ``interval`` seconds (the board changes only when a status does), until told to break."""
+
+    def __init__(self, driver: ScriptedDriver, interval: float = 0.05) -> None:
+        self.driver = driver
+        self.interval = interval
+        #: While set, the stream is broken: the board is out of sync and nothing is listed.
+        self.broken = threading.Event()
+        self.listings = 0
+
+    async def run(self, board: StatusBoard) -> None:
+        while True:
+            if self.broken.is_set():
+                board.lost_sync()
+            else:
+                as_of = time.monotonic()
+                with self.driver.lock:
+                    machines = list(self.driver.machines.values())
+                statuses = {
+                    m.name: self.driver.script(m.session_id, self.driver.starts(m.session_id))
+                    for m in machines
+                }
+                board.replace_all(statuses, as_of=as_of)
+                self.listings += 1
+            await asyncio.sleep(self.interval)
 
 
 class Running:

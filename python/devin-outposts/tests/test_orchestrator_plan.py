@@ -44,17 +44,19 @@ STARTING = WorkerStatus(WorkerState.STARTING, detail="image pulling")
 WORKER_CASES: list[tuple[str, WorkerStatus, int, bool, bool, Optional[QueueEntry], WorkerReading]] = [
     ("starting, in time", STARTING, 0, False, False, None, WorkerReading(Verdict.WAIT)),
     ("starting, too long", STARTING, 0, False, True, None, WorkerReading(
-        Verdict.GIVE_UP, why="the worker in machine m-1 did not come up within 30s (image pulling)")),
+        Verdict.GIVE_UP, why="the worker in machine m-1 did not come up within 30s (image pulling)",
+        reason="boot-timeout")),
     ("starting, too long, no detail", WorkerStatus(WorkerState.STARTING), 0, False, True, None, WorkerReading(
-        Verdict.GIVE_UP, why="the worker in machine m-1 did not come up within 30s (starting)")),
+        Verdict.GIVE_UP, why="the worker in machine m-1 did not come up within 30s (starting)",
+        reason="boot-timeout")),
     ("running, served", RUNNING, 0, True, True, None, WorkerReading(Verdict.WAIT)),
     ("running, not served yet, in time", RUNNING, 0, False, False, entry(), WorkerReading(Verdict.WAIT)),
     ("running, never served", RUNNING, 0, False, True, entry("pending", ME), WorkerReading(
         Verdict.GIVE_UP, why="the worker in machine m-1 has run for 30s without the session being served "
-        "(session_status still pending)")),
+        "(session_status still pending)", reason="not-served")),
     ("running, never served, no entry read", RUNNING, 0, False, True, None, WorkerReading(
         Verdict.GIVE_UP, why="the worker in machine m-1 has run for 30s without the session being served "
-        "(session_status still unknown)")),
+        "(session_status still unknown)", reason="not-served")),
     ("restarted in place, with its code", WorkerStatus(WorkerState.RUNNING, exit_code=3, restarts=2), 1, True,
      False, None, WorkerReading(Verdict.RESTARTED, 3)),
     ("restarted in place, no code", WorkerStatus(WorkerState.RUNNING, restarts=1), 0, False, True, None,
@@ -66,9 +68,9 @@ WORKER_CASES: list[tuple[str, WorkerStatus, int, bool, bool, Optional[QueueEntry
     ("exited, code unknown", WorkerStatus(WorkerState.EXITED), 0, False, True, None,
      WorkerReading(Verdict.EXITED, 1)),
     ("vanished", WorkerStatus(WorkerState.MISSING, detail="pod deleted"), 0, True, False, None, WorkerReading(
-        Verdict.GIVE_UP, why="machine m-1 vanished (pod deleted)")),
+        Verdict.GIVE_UP, why="machine m-1 vanished (pod deleted)", reason="missing")),
     ("vanished, no detail", WorkerStatus(WorkerState.MISSING), 0, False, False, None, WorkerReading(
-        Verdict.GIVE_UP, why="machine m-1 vanished (gone)")),
+        Verdict.GIVE_UP, why="machine m-1 vanished (gone)", reason="missing")),
 ]  # fmt: skip
 
 
@@ -93,6 +95,52 @@ def test_what_a_status_read_of_a_machine_means(
         booting_too_long=too_long,
         boot_timeout=30.0,
         latest=latest,
+    )
+    assert reading == expected
+
+
+PULLING = WorkerStatus(WorkerState.STARTING, detail='image "nope" not found', reason="ErrImagePull")
+UNPLACED = WorkerStatus(WorkerState.STARTING, reason="Unschedulable")
+
+# (status read, seconds its reason has been named, booting too long) -> reading; the grace is 30 s
+FAILING_CASES: list[tuple[str, WorkerStatus, float, bool, WorkerReading]] = [
+    ("cannot start, at once", WorkerStatus(WorkerState.FAILED, detail="no such image", reason="pull-error"),
+     0.0, False, WorkerReading(Verdict.GIVE_UP, why="the worker in machine m-1 cannot start: pull-error (no "
+                               "such image)", reason="pull-error")),
+    ("cannot start, no reason given", WorkerStatus(WorkerState.FAILED), 0.0, False, WorkerReading(
+        Verdict.GIVE_UP, why="the worker in machine m-1 cannot start: failed", reason="failed")),
+    ("a reason, within its grace", PULLING, 29.9, False, WorkerReading(Verdict.WAIT)),
+    ("a reason, past its grace", PULLING, 30.0, False, WorkerReading(
+        Verdict.GIVE_UP, why='the worker in machine m-1 did not start: ErrImagePull (image "nope" not found) '
+        "for 30s", reason="ErrImagePull")),
+    ("a reason without detail, past its grace", UNPLACED, 45.0, False, WorkerReading(
+        Verdict.GIVE_UP, why="the worker in machine m-1 did not start: Unschedulable for 45s",
+        reason="Unschedulable")),
+    ("a reason, boot timeout first", UNPLACED, 5.0, True, WorkerReading(
+        Verdict.GIVE_UP, why="the worker in machine m-1 did not come up within 30s (starting)",
+        reason="Unschedulable")),
+    ("no reason, however long", STARTING, 100.0, False, WorkerReading(Verdict.WAIT)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "failing_for", "too_long", "expected"),
+    [case[1:] for case in FAILING_CASES],
+    ids=[case[0] for case in FAILING_CASES],
+)
+def test_a_worker_that_cannot_start_is_given_up_after_its_grace(
+    status: WorkerStatus, failing_for: float, too_long: bool, expected: WorkerReading
+) -> None:
+    reading = judge_worker(
+        status,
+        machine="m-1",
+        base_restarts=0,
+        served=False,
+        booting_too_long=too_long,
+        boot_timeout=30.0,
+        latest=None,
+        failing_for=failing_for,
+        failure_grace=30.0,
     )
     assert reading == expected
 

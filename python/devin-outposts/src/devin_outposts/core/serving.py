@@ -240,7 +240,9 @@ class ClaimedSession(abc.ABC):
             try:
                 self.run = await self.launch(token, gateway)
             except LaunchError as exc:
-                return SessionResult(self.session_id, FAILED, str(exc), infrastructure=True)
+                return SessionResult(
+                    self.session_id, FAILED, str(exc), infrastructure=True, reason=exc.reason
+                )
             what = self.run.describe()
             log.info("%s started (%s)", self.WHAT, what, extra={**self._extra, "run": what})
             why = await self._supervise(self.run)
@@ -254,7 +256,9 @@ class ClaimedSession(abc.ABC):
             try:
                 code = await self.run.wait()
             except LaunchError as exc:  # it never came up, or its machine vanished
-                return SessionResult(self.session_id, FAILED, str(exc), infrastructure=True)
+                return SessionResult(
+                    self.session_id, FAILED, str(exc), infrastructure=True, reason=exc.reason
+                )
             log.info("%s exited with %d", self.WHAT, code, extra={**self._extra, "exit_code": code})
             final = self.final_exit(code)
             if final is not None:

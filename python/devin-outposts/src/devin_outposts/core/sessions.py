@@ -58,7 +58,12 @@ class Stop(str, enum.Enum):
 
 
 class LaunchError(Exception):
-    """What runs the session could not be made or started (infrastructure, not the session)."""
+    """What runs the session could not be made or started (infrastructure, not the session).
+    ``reason`` names the platform's cause when it gave one (``ErrImagePull``, ``Unschedulable``)."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SessionFleet(Protocol):
@@ -144,6 +149,8 @@ class SessionResult:
     infrastructure: bool = False
     #: The launch kept failing past the restart limit and the session was given up.
     gave_up: bool = False
+    #: The platform's name for why what runs the session could not start (:class:`LaunchError`).
+    reason: str = ""
 
 
 async def release_claim(

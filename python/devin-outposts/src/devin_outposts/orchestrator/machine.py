@@ -15,10 +15,11 @@ worker does for a local ``devin-remote`` (docs/orchestrator.md, "Per session"). 
   machine down; a failed snapshot keeps the machine, so no state is lost (the sweep removes it once the
   session is terminated).
 
-A :class:`MachineRun` turns the driver's status reads into what serving waits on: an exit code, or a
-:class:`~devin_outposts.core.serving.LaunchError` when the worker never came up within
-``--boot-timeout``, ran that long without the session being served (its queue entry never ``running``),
-or the machine vanished.
+A :class:`MachineRun` turns the machine's status (the driver's status board, or reads) into what serving
+waits on: an exit code, or a :class:`~devin_outposts.core.serving.LaunchError` when the worker cannot
+start there (the platform named the same reason for ``--start-failure-grace`` seconds, or said it never
+will), never came up within ``--boot-timeout``, ran that long without the session being served (its queue
+entry never ``running``), or the machine vanished.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerState,
     WorkerStatus,
 )
+from devin_outposts.orchestrator.drivers.status_board import StatusBoard
 from devin_outposts.orchestrator.options import OrchestratorConfig, ResumePolicy
 from devin_outposts.orchestrator.plan import Verdict, judge_worker
 
@@ -51,6 +53,9 @@ log = logging.getLogger(__name__)
 
 #: Status reads that may fail in a row before the machine counts as lost.
 STATUS_FAILURES = 5
+#: Seconds a session waits on the status board with no change before it judges its machine's row again
+#: (no request: the source's own listings keep the board right).
+BOARD_SAFETY_LOOK = 60.0
 
 
 def session_spec(claim: QueueEntry, acceptor_id: str) -> SessionSpec:
@@ -68,10 +73,19 @@ def session_spec(claim: QueueEntry, acceptor_id: str) -> SessionSpec:
 
 class MachineRun:
     """One start of the worker in a machine, as serving sees it (see
-    :class:`~devin_outposts.core.serving.Run`)."""
+    :class:`~devin_outposts.core.serving.Run`).
 
-    def __init__(self, session: MachineSession, *, base_restarts: int = 0) -> None:
+    Its status comes from the driver's :class:`~devin_outposts.orchestrator.drivers.status_board.StatusBoard`
+    while that is in sync and shows the machine (a wait for the next change, no request), else from
+    :meth:`Driver.status` every ``--status-interval-secs``."""
+
+    def __init__(
+        self, session: MachineSession, *, base_restarts: int = 0, launched_at: Optional[float] = None
+    ) -> None:
         self.session = session
+        #: When (monotonic) this run's worker was started: board rows the source reported before then
+        #: describe the worker it replaced. None: the run re-attaches to a worker already there.
+        self.launched_at = launched_at
         self.driver = session.driver
         assert session.machine is not None
         self.machine = session.machine
@@ -82,6 +96,11 @@ class MachineRun:
         self.restarted_in_place = False
         self.last: Optional[WorkerStatus] = None
         self._error: Optional[LaunchError] = None
+        #: The board row version last judged (0: none yet).
+        self._seen = 0
+        #: Since when (monotonic) the platform has named ``_failing_reason`` for not starting the worker.
+        self._failing_since: Optional[float] = None
+        self._failing_reason = ""
 
     def describe(self) -> str:
         return f"{self.driver.name} machine {self.machine.name}"
@@ -101,11 +120,52 @@ class MachineRun:
     def _booting_too_long(self) -> bool:
         return time.monotonic() - self.started > self.session.config.boot_timeout
 
+    def _next_deadline(self) -> float:
+        """Seconds until a verdict may change with no new status: the boot timeout, the start failure's
+        grace, or else the board's safety look."""
+        config = self.session.config
+        now = time.monotonic()
+        deadlines = [BOARD_SAFETY_LOOK]
+        boot_left = self.started + config.boot_timeout - now
+        if boot_left > 0:
+            deadlines.append(boot_left)
+        if self._failing_since is not None:
+            deadlines.append(self._failing_since + config.start_failure_grace - now)
+        return max(0.01, min(deadlines) + 0.01)
+
+    async def _next_status(self, first: bool) -> WorkerStatus:
+        """The machine's status: at once the first time, then after the next change (board) or after
+        ``--status-interval-secs`` (direct reads)."""
+        board = self.session.board
+        name = self.machine.name
+        since = self.launched_at or 0.0
+        if not first:
+            if board is not None and board.row(name, since=since) is not None:
+                await board.changed(name, after=self._seen, timeout=self._next_deadline())
+            else:
+                await asyncio.sleep(self.session.config.status_interval)
+        row = board.row(name, since=since) if board is not None else None
+        if row is not None:
+            self._seen = row.version
+            return row.status
+        return await self._read()
+
+    def _failing_for(self, status: WorkerStatus) -> float:
+        """Seconds ``status.reason`` has been named in a row for a worker not yet running."""
+        if not status.reason or status.state is not WorkerState.STARTING:
+            self._failing_since, self._failing_reason = None, ""
+            return 0.0
+        if self._failing_since is None or status.reason != self._failing_reason:
+            self._failing_since, self._failing_reason = time.monotonic(), status.reason
+        return time.monotonic() - self._failing_since
+
     async def wait_exit(self) -> int:
         config = self.session.config
+        first = True
         try:
             while True:
-                status = self.last = await self._read()
+                status = self.last = await self._next_status(first)
+                first = False
                 if status.state is WorkerState.RUNNING:
                     self.session.worker_running()
                 reading = judge_worker(
@@ -116,15 +176,16 @@ class MachineRun:
                     booting_too_long=self._booting_too_long(),
                     boot_timeout=config.boot_timeout,
                     latest=self.session.latest,
+                    failing_for=self._failing_for(status),
+                    failure_grace=config.start_failure_grace,
                 )
                 if reading.verdict is Verdict.GIVE_UP:
-                    raise LaunchError(reading.why)
+                    raise LaunchError(reading.why, reason=reading.reason)
                 if reading.verdict is Verdict.RESTARTED:
                     self.restarted_in_place = True
                 if reading.verdict in (Verdict.EXITED, Verdict.RESTARTED):
                     self.returncode = reading.exit_code
                     return self.returncode
-                await asyncio.sleep(config.status_interval)
         except LaunchError as exc:
             self._error = exc
             self.returncode = -1
@@ -166,6 +227,7 @@ class MachineSession(ClaimedSession):
         slot: int,
         adopt: Optional[Machine] = None,
         on_started: Optional[Callable[[MachineSession], None]] = None,
+        board: Optional[StatusBoard] = None,
     ) -> None:
         # Each running session reads its status every --session-check-secs (the worker's poll interval
         # in serving): the queue watch brings changes at once, so this is only the safety net, and at
@@ -181,6 +243,8 @@ class MachineSession(ClaimedSession):
         )
         self.config = config
         self.driver = driver
+        #: The driver's status board, when its status source runs (None: read each machine directly).
+        self.board = board
         self.spec = session_spec(claim, acceptor_id)
         self.kind = claim.spec.kind or SessionKind.NEW
         self.machine: Optional[Machine] = adopt
@@ -315,18 +379,24 @@ class MachineSession(ClaimedSession):
             return MachineRun(self, base_restarts=await self._restarts())
         if previous is not None and previous.restarted_in_place:
             return MachineRun(self, base_restarts=previous.last.restarts if previous.last else 0)
+        launched_at = time.monotonic()
         try:
             await self.driver.start(self.machine, self._launch_spec(token, gateway_url))
         except DriverError as exc:
             raise LaunchError(f"starting the worker in machine {self.machine.name} failed: {exc}") from exc
         self.running_now = False
         self.booting_since = time.monotonic()
-        return MachineRun(self, base_restarts=await self._restarts())
+        return MachineRun(
+            self, base_restarts=await self._restarts(since=launched_at), launched_at=launched_at
+        )
 
-    async def _restarts(self) -> int:
+    async def _restarts(self, since: float = 0.0) -> int:
         if not self.driver.restarts_in_place:
             return 0
         assert self.machine is not None
+        row = self.board.row(self.machine.name, since=since) if self.board is not None else None
+        if row is not None:
+            return row.status.restarts
         try:
             return (await self.driver.status(self.machine)).restarts
         except DriverError:
@@ -375,6 +445,8 @@ class MachineSession(ClaimedSession):
             return
         self._torn_down = True
         self.running_now = False
+        if self.board is not None:
+            self.board.forget([self.machine.name])
         log.info(
             "tore down machine %s", self.machine.name, extra={**self._extra, "machine": self.machine.name}
         )

@@ -42,6 +42,18 @@ class ResumePolicy(str, enum.Enum):
 
 
 RESUME_POLICIES = tuple(policy.value for policy in ResumePolicy)
+
+
+class MachineStatus(str, enum.Enum):
+    """How sessions learn their machines' status (``--machine-status``)."""
+
+    __str__ = str.__str__
+
+    WATCH = "watch"  # the driver's one stream of all its machines, where it has one; else POLL
+    POLL = "poll"  # each session reads its machine every --status-interval-secs
+
+
+MACHINE_STATUSES = tuple(mode.value for mode in MachineStatus)
 _policy = co.choice(*RESUME_POLICIES)
 #: Our variables' prefix (the shared rows' ``{prefix}``).
 ENV_PREFIX = Program.ORCHESTRATOR.env_prefix
@@ -82,8 +94,17 @@ OPTIONS: tuple[Option, ...] = (
            "tuning", env="DEVIN_ORCHESTRATOR_BOOT_TIMEOUT", parse=_N(float, 1), default=300.0),
     Option("gc_interval", ("--gc-interval",), "seconds between garbage-collection sweeps ({default})",
            "tuning", env="DEVIN_ORCHESTRATOR_GC_INTERVAL", parse=_N(float, 0.1), default=60.0),
-    Option("status_interval", ("--status-interval-secs",), "seconds between machine status reads ({default})",
-           "tuning", parse=_N(float, 0.05), default=2.0),
+    Option("status_interval", ("--status-interval-secs",), "seconds between machine status reads when they "
+           "are read one by one ({default})", "tuning", parse=_N(float, 0.05), default=2.0),
+    Option("machine_status", ("--machine-status",), "how machine status is learnt: the driver's one watch "
+           "of all its machines (watch, the default) or a read per machine (poll)", "tuning",
+           env="DEVIN_ORCHESTRATOR_MACHINE_STATUS",
+           parse=lambda name, raw: MachineStatus(co.choice(*MACHINE_STATUSES)(name, raw)),
+           default=MachineStatus.WATCH, choices=MACHINE_STATUSES),
+    Option("start_failure_grace", ("--start-failure-grace",), "seconds a platform may name the same reason "
+           "for not starting a worker (an image it cannot pull, a Pod it cannot place) before the session "
+           "is released ({default})", "tuning", env="DEVIN_ORCHESTRATOR_START_FAILURE_GRACE",
+           parse=_N(float, 0), default=30.0),
     shared_option("poll_interval", "tuning", _O),
     Option("session_check_interval", ("--session-check-secs",), "seconds between each running session's "
            "status reads; the watch reports changes sooner ({default})", "tuning", parse=_N(float, 0.05),
@@ -131,6 +152,8 @@ class OrchestratorConfig:
     boot_timeout: float = _DEFAULT["boot_timeout"]
     gc_interval: float = _DEFAULT["gc_interval"]
     status_interval: float = _DEFAULT["status_interval"]
+    machine_status: MachineStatus = _DEFAULT["machine_status"]
+    start_failure_grace: float = _DEFAULT["start_failure_grace"]
     poll_interval: float = _DEFAULT["poll_interval"]
     session_check_interval: float = _DEFAULT["session_check_interval"]
     restart_limit: int = _DEFAULT["restart_limit"]
@@ -143,6 +166,7 @@ class OrchestratorConfig:
     def __post_init__(self) -> None:
         # A config made in code (tests, embedding) may give the policy as its text.
         object.__setattr__(self, "resume_policy", ResumePolicy(self.resume_policy))
+        object.__setattr__(self, "machine_status", MachineStatus(self.machine_status))
 
     # What the claim loop and serving read besides the above (the worker's names).
     @property

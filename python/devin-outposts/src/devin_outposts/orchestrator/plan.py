@@ -46,8 +46,9 @@ class WorkerReading:
     verdict: Verdict
     #: The worker's exit code (EXITED, RESTARTED; 1 when the platform did not say).
     exit_code: int = 0
-    #: Why the session is given up (GIVE_UP).
+    #: Why the session is given up (GIVE_UP): a sentence, and the short cause a metric counts by.
     why: str = ""
+    reason: str = ""
 
 
 WAIT = WorkerReading(Verdict.WAIT)
@@ -62,10 +63,20 @@ def judge_worker(
     booting_too_long: bool,
     boot_timeout: float,
     latest: Optional[QueueEntry],
+    failing_for: float = 0.0,
+    failure_grace: float = 30.0,
 ) -> WorkerReading:
     """Judge one status read of the worker in ``machine``. ``base_restarts`` is the platform's restart
     count when this launch began; ``served``: the session's queue entry says ``running`` (as of
-    ``latest``); ``booting_too_long``: more than ``boot_timeout`` seconds since the launch."""
+    ``latest``); ``booting_too_long``: more than ``boot_timeout`` seconds since the launch;
+    ``failing_for``: seconds the platform has named the same reason for not starting the worker
+    (``status.reason`` while ``starting``), given up at ``failure_grace``."""
+    if status.state is WorkerState.FAILED:
+        return WorkerReading(
+            Verdict.GIVE_UP,
+            why=f"the worker in machine {machine} cannot start: {_cause(status)}",
+            reason=status.reason or "failed",
+        )
     if status.state is WorkerState.RUNNING:
         if status.restarts > base_restarts:
             return WorkerReading(Verdict.RESTARTED, status.exit_code if status.exit_code else 1)
@@ -75,19 +86,36 @@ def judge_worker(
                 Verdict.GIVE_UP,
                 why=f"the worker in machine {machine} has run for {boot_timeout:g}s without the session "
                 f"being served (session_status still {seen})",
+                reason="not-served",
             )
         return WAIT
     if status.state is WorkerState.EXITED:
         return WorkerReading(Verdict.EXITED, status.exit_code if status.exit_code is not None else 1)
     if status.state is WorkerState.MISSING:
-        return WorkerReading(Verdict.GIVE_UP, why=f"machine {machine} vanished ({status.detail or 'gone'})")
+        return WorkerReading(
+            Verdict.GIVE_UP, why=f"machine {machine} vanished ({status.detail or 'gone'})", reason="missing"
+        )
+    if status.reason and failing_for >= failure_grace:
+        return WorkerReading(
+            Verdict.GIVE_UP,
+            why=f"the worker in machine {machine} did not start: {_cause(status)} for {failing_for:.0f}s",
+            reason=status.reason,
+        )
     if booting_too_long:
         return WorkerReading(
             Verdict.GIVE_UP,
             why=f"the worker in machine {machine} did not come up within {boot_timeout:g}s "
             f"({status.detail or status.state})",
+            reason=status.reason or "boot-timeout",
         )
     return WAIT
+
+
+def _cause(status: WorkerStatus) -> str:
+    """``reason (detail)``, or whichever of the two the platform gave."""
+    if status.reason and status.detail and status.reason not in status.detail:
+        return f"{status.reason} ({status.detail})"
+    return status.detail or status.reason or str(status.state)
 
 
 @dataclass(frozen=True)

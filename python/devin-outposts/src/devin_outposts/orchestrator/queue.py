@@ -33,6 +33,7 @@ from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.sessions import SessionResult
 from devin_outposts.orchestrator.drivers.base import Driver, DriverError, Machine
+from devin_outposts.orchestrator.drivers.status_board import StatusBoard
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.options import OrchestratorConfig
 
@@ -69,9 +70,12 @@ class MachineHost:
         pool: SessionPool,
         metrics: Metrics,
         acceptor_id: str,
+        board: Optional[StatusBoard] = None,
     ) -> None:
         self.config = config
         self.driver = driver
+        #: The driver's status board (machine statuses from its status source), shared by every session.
+        self.board = board
         self.client = client
         self.pool = pool
         self.metrics = metrics
@@ -153,6 +157,7 @@ class MachineHost:
             slot=slot,
             adopt=self.adoptable.pop(claim.session_id, None),
             on_started=self._worker_started,
+            board=self.board,
         )
         self.metrics.set("active_workers", len(self.pool.running) + 1)
         return session

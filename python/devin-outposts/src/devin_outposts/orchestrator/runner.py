@@ -48,9 +48,10 @@ from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.sessions import SessionResult
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import Driver, DriverContext, DriverError, Machine
+from devin_outposts.orchestrator.drivers.status_board import StatusBoard, StatusSource
 from devin_outposts.orchestrator.machine import MachineSession
 from devin_outposts.orchestrator.metrics import orchestrator_metrics
-from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.orchestrator.options import MachineStatus, OrchestratorConfig
 from devin_outposts.orchestrator.queue import MachineHost, describe_error, detach_sessions
 from devin_outposts.orchestrator.sweep import Sweeper
 
@@ -83,6 +84,8 @@ class Orchestrator:
         self.queue: Optional[ClaimLoop] = None
         self.client: Optional[FleetClient] = None
         self.sweeper: Optional[Sweeper] = None
+        #: Every machine's latest status, kept by the driver's status source (``--machine-status watch``).
+        self.board = StatusBoard()
         #: The driver's leader election was lost: the run ends non-zero (a supervisor restarts it).
         self.lost_lead = False
         self._lead_watch: Optional[asyncio.Task[None]] = None
@@ -175,6 +178,7 @@ class Orchestrator:
         lock = self._lock()
         metrics_server: Optional[MetricsServer] = None
         sweep_task: Optional[asyncio.Task[None]] = None
+        status_task: Optional[asyncio.Task[None]] = None
         try:
             self.driver = self._make_driver()
             try:
@@ -189,6 +193,7 @@ class Orchestrator:
             async with contextlib.AsyncExitStack() as stack:
                 if not await self._lead(stack):
                     return ExitCode.OK  # stopped while waiting to lead
+                status_task = self._follow_machines()
                 self.host = MachineHost(
                     self.config,
                     driver=self.driver,
@@ -196,6 +201,7 @@ class Orchestrator:
                     pool=self.pool,
                     metrics=self.metrics,
                     acceptor_id=self.acceptor_id,
+                    board=self.board,
                 )
                 self.queue = ClaimLoop(
                     self.config, self.client, self.pool, self.metrics, self.acceptor_id, self.host
@@ -227,10 +233,11 @@ class Orchestrator:
             return ExitCode.OK
         finally:
             platform.current().remove_stop_handler(loop)
-            if sweep_task is not None:
-                sweep_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await sweep_task
+            for task in (sweep_task, status_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
             if metrics_server is not None:
                 await metrics_server.close()
             if self.client is not None:
@@ -239,6 +246,34 @@ class Orchestrator:
                 with contextlib.suppress(Exception):
                     await self.driver.aclose()
             lock.release()
+
+    def _follow_machines(self) -> Optional[asyncio.Task[None]]:
+        """Start the driver's status source (``--machine-status watch``), or None: sessions then read
+        their machines one by one."""
+        assert self.driver is not None
+        if self.config.machine_status is not MachineStatus.WATCH:
+            return None
+        source = self.driver.status_source(self.acceptor_id)
+        if source is None:
+            return None
+        log.info("following every %s machine's status with one watch", self.driver.name)
+        return asyncio.ensure_future(self._run_status_source(source))
+
+    async def _run_status_source(self, source: StatusSource) -> None:
+        """A source ends only when cancelled; one that fails all the same is one log line and a restart
+        (sessions read their machines directly meanwhile: the board is out of sync)."""
+        pause = 1.0
+        while True:
+            try:
+                await source.run(self.board)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug in a source must not stop the orchestrator
+                log.warning("the machine status watch stopped (%s); restarting it", describe_error(exc))
+                log.debug("the machine status watch stopped", exc_info=True)
+            self.board.lost_sync()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 30.0)
 
     async def _lead(self, stack: contextlib.AsyncExitStack) -> bool:
         """Take the driver's lead when it elects one; False when stopped before leading."""

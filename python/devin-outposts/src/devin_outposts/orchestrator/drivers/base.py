@@ -10,7 +10,9 @@ and hands the driver only what a machine needs (docs/orchestrator.md, "Drivers")
 2. :meth:`Driver.restore` (``kind=resume`` with the ``snapshot`` policy) puts a kept state back into it;
 3. :meth:`Driver.start` starts ``devin-outposts worker start --session=<id>`` in it in direct-serve mode,
    with the per-session connect token in the environment (never argv), replacing a worker already there;
-4. :meth:`Driver.status` says whether that worker is still running, and its exit code once it ended;
+4. :meth:`Driver.status` says whether that worker is still running, and its exit code once it ended
+   (or why it cannot start); a driver that can follow all its machines as one stream offers
+   :meth:`Driver.status_source` too (:mod:`~devin_outposts.orchestrator.drivers.status_board`);
 5. :meth:`Driver.snapshot` keeps the session's state (its state dir and its ``repos/`` workdir) when a
    suspended session may come back;
 6. :meth:`Driver.teardown` destroys the machine and everything made for it (idempotent: a machine that
@@ -40,10 +42,13 @@ import time
 from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Protocol
 
 from devin_outposts.core.config import truth
 from devin_outposts.core.netpolicy.confinement import ENV_SESSION_NETWORK_POLICY
+
+if TYPE_CHECKING:
+    from devin_outposts.orchestrator.drivers.status_board import StatusSource
 
 #: Where a session machine's worker keeps its state, relative to the machine's root. Snapshots keep
 #: exactly these two: the worker data dir (per-session state dir, binary cache) and the repos workdir.
@@ -201,6 +206,7 @@ class WorkerState(str, enum.Enum):
     RUNNING = "running"
     EXITED = "exited"  # the worker ended; ``exit_code`` says how
     MISSING = "missing"  # the machine is gone
+    FAILED = "failed"  # the worker cannot start there (``reason`` says why): no wait will change it
 
 
 @dataclass(frozen=True)
@@ -210,6 +216,11 @@ class WorkerStatus:
     #: Restarts the platform did by itself (a Pod's ``restartPolicy: OnFailure``); 0 elsewhere.
     restarts: int = 0
     detail: str = ""
+    #: Why the worker is not starting, as the platform names it (``ErrImagePull``, ``Unschedulable``,
+    #: ``pull-error``): set with :attr:`WorkerState.FAILED`, or with ``STARTING`` while the platform
+    #: still retries. A reason that lasts ``--start-failure-grace`` seconds fails the session
+    #: (docs/orchestrator.md, "Fast failure").
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,6 +258,7 @@ class DriverContext:
 # and words every refusal alike (``unknown podman driver option imag; known: ...``, ``kubernetes driver
 # option lease_duration must be a number of seconds, got 'soon'``). The docs' option tables are the same
 # rows (:meth:`OptionTable.markdown`; a test compares them).
+
 
 class OptionProblem(ValueError):
     """What is wrong with one option's value, as the end of a sentence that starts with the option
@@ -543,6 +555,12 @@ class Driver(abc.ABC):
         ``live_sessions`` is asked at each decision (the orchestrator passes a live view: a session claimed
         while the sweep runs is live at once)."""
         return 0
+
+    def status_source(self, acceptor_id: str) -> Optional[StatusSource]:
+        """The driver's one stream of the statuses of every machine it made for ``acceptor_id`` (a
+        list-and-watch, an event stream), or None: then each session reads its machine with
+        :meth:`status` every ``--status-interval-secs`` (the default)."""
+        return None
 
     def leadership(self, acceptor_id: str) -> Optional[Leadership]:
         """Leader election beyond the state-dir lock, or None (the default: one host, one lock)."""
