@@ -152,9 +152,11 @@ class FakeKube:
     compacted: int = 0
     #: Answer a watch from a compacted revision with HTTP 410 instead of a 410 ``ERROR`` event.
     gone_as_http: bool = False
-    #: Watches open now (a test waits for its client to be following).
+    #: Watches open now (a test waits for its client to be following), and those answered 410 Gone.
     open_watches: int = 0
+    expired_watches: int = 0
     _drops: int = 0
+    _ends: int = 0
     changed: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -212,6 +214,13 @@ class FakeKube:
         """Break every open watch mid-stream (the connection closes without the end of the body)."""
         with self.lock:
             self._drops += 1
+            self.changed.notify_all()
+
+    def end_watches(self) -> None:
+        """End every open watch cleanly at once, before it sends the events it has not sent yet (as the
+        server's own timeout would; under :attr:`lock` with a change, the change is never sent)."""
+        with self.lock:
+            self._ends += 1
             self.changed.notify_all()
 
     def close(self) -> None:
@@ -278,6 +287,7 @@ class FakeKube:
                 return 404, _status(404, "NotFound", f"cannot watch {request.path}")
             since = _since(request)
             if self.gone_as_http and since is not None and since < self.compacted:
+                self.expired_watches += 1
                 return 410, _gone(since, self.compacted)
             return None
 
@@ -297,7 +307,7 @@ class FakeKube:
             return obj_kind == kind and obj_namespace == namespace and selector_matches(selector, labels)
 
         with self.lock:
-            drops = self._drops
+            drops, ends = self._drops, self._ends
             self.open_watches += 1
             if since is None:  # the current objects first, as ADDED
                 first = [
@@ -308,6 +318,7 @@ class FakeKube:
                 cursor = self.revision
             elif since < self.compacted:
                 first, cursor = [{"type": "ERROR", "object": _gone(since, self.compacted)}], -1
+                self.expired_watches += 1
             else:
                 first, cursor = [], since
         try:
@@ -315,7 +326,7 @@ class FakeKube:
             while cursor >= 0:
                 with self.lock:
                     while True:
-                        if self._drops != drops:
+                        if self._drops != drops or self._ends != ends:
                             break
                         fresh = [e for e in self.events if e.revision > cursor]
                         left = deadline - time.monotonic() if deadline is not None else 1.0
@@ -324,6 +335,8 @@ class FakeKube:
                         self.changed.wait(timeout=min(left, 1.0))
                     if self._drops != drops:
                         yield None
+                        return
+                    if self._ends != ends:
                         return
                     if not fresh:  # timeoutSeconds passed: a clean end
                         if bookmarks:

@@ -114,6 +114,7 @@ class KubernetesDriver(Driver):
         self._owner = options.pod.owner
         #: The Pods being replaced, for the Pod watch (:mod:`.informer`).
         self.pods = PodTracker()
+        self._informer: Optional[PodInformer] = None
 
     @classmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> KubernetesDriver:
@@ -322,12 +323,13 @@ class KubernetesDriver(Driver):
     def status_source(self, acceptor_id: str) -> PodInformer:
         """One list-and-watch of every Pod made for ``acceptor_id``, all outposts (:mod:`.informer`)."""
         selector = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_ACCEPTOR: label_value(acceptor_id)}
-        return PodInformer(
+        self._informer = PodInformer(
             self.cluster,
             selector=selector,
             container_name=self.options.pod.container_name,
             tracker=self.pods,
         )
+        return self._informer
 
     async def teardown(self, machine: Machine) -> None:
         self.pods.forget(machine.ref)
@@ -363,6 +365,11 @@ class KubernetesDriver(Driver):
         return spec
 
     async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
+        if self._informer is not None:
+            # Machines found here are adopted next, each session looking at its Pod's status at once:
+            # with the watch's first listing on the board, they find it there instead of each reading
+            # its Pod (a GET per Pod at every restart). Bounded: a watch that cannot list costs reads.
+            await self._informer.first_listing(timeout=self.options.request_timeout)
         machines = []
         for pod in await self.cluster.list(Pod, self._selector(acceptor_id, outpost_id)):
             spec = self._identity(pod)

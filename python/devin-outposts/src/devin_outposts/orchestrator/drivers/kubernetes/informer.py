@@ -112,6 +112,15 @@ class PodInformer:
         self.watches = 0
         self.ends: dict[str, int] = {"end": 0, "gone": 0, "error": 0}
         self._pause = BACKOFF_FIRST
+        self._listed = asyncio.Event()
+
+    async def first_listing(self, timeout: float) -> bool:
+        """Wait until the board holds a first listing, at most ``timeout`` seconds; whether it does."""
+        try:
+            await asyncio.wait_for(self._listed.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def run(self, board: StatusBoard) -> None:
         self._pause = BACKOFF_FIRST
@@ -154,6 +163,7 @@ class PodInformer:
             if status is not None:
                 statuses[str(pod["metadata"]["name"])] = status
         board.replace_all(statuses, as_of=as_of)
+        self._listed.set()
         return str(body["metadata"]["resourceVersion"])
 
     async def _follow(self, board: StatusBoard, version: str) -> None:
