@@ -1,6 +1,6 @@
 """The statuses of every Pod the ``kubernetes`` driver made for an acceptor id, from one list-and-watch.
 
-:class:`PodInformer` is the driver's :class:`~devin_outposts.orchestrator.drivers.status_board.StatusSource`
+:class:`PodInformer` is the driver's :class:`~devin_outposts.orchestrator.drivers.base.StatusSource`
 (docs/orchestrator-kubernetes.md, "Pod status"): one label-selected LIST of our Pods (every outpost), then
 one WATCH from the list's ``resourceVersion``, so that a session's Pod costs no request at all while
 nothing changes, instead of a GET every ``--status-interval-secs``:
@@ -30,10 +30,9 @@ from typing import Any, Callable, Optional
 
 import httpx
 
-from devin_outposts.orchestrator.drivers.base import DriverError, WorkerState, WorkerStatus
+from devin_outposts.orchestrator.drivers.base import DriverError, StatusSink, WorkerState, WorkerStatus
 from devin_outposts.orchestrator.drivers.kubernetes.cluster import Cluster
 from devin_outposts.orchestrator.drivers.kubernetes.pod_status import pod_status
-from devin_outposts.orchestrator.drivers.status_board import StatusBoard
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +121,7 @@ class PodInformer:
             return False
         return True
 
-    async def run(self, board: StatusBoard) -> None:
+    async def run(self, board: StatusSink) -> None:
         self._pause = BACKOFF_FIRST
         while True:
             try:
@@ -143,7 +142,7 @@ class PodInformer:
     def _status(self, pod: Mapping[str, Any], *, deleted: bool = False) -> Optional[WorkerStatus]:
         return self.tracker.read(pod, pod_status(pod, self.container_name), deleted=deleted)
 
-    async def _list(self, board: StatusBoard) -> str:
+    async def _list(self, board: StatusSink) -> str:
         """Every Pod of ours into the board; the list's ``resourceVersion``."""
         as_of = time.monotonic()
         self.lists += 1
@@ -166,7 +165,7 @@ class PodInformer:
         self._listed.set()
         return str(body["metadata"]["resourceVersion"])
 
-    async def _follow(self, board: StatusBoard, version: str) -> None:
+    async def _follow(self, board: StatusSink, version: str) -> None:
         """Watch from ``version`` until the stream breaks (raises); a clean end resumes from the last
         version seen."""
         while True:
@@ -174,7 +173,7 @@ class PodInformer:
             self.ends["end"] += 1
             self._pause = BACKOFF_FIRST  # a watch that lasted its time: the cluster is fine again
 
-    async def _watch_once(self, board: StatusBoard, version: str) -> str:
+    async def _watch_once(self, board: StatusSink, version: str) -> str:
         """One watch request: its events into the board until it ends cleanly; the last version seen."""
         self.watches += 1
         params = {
@@ -204,7 +203,7 @@ class PodInformer:
             await response.aclose()
         return version
 
-    def _event(self, board: StatusBoard, event: Mapping[str, Any], version: str) -> str:
+    def _event(self, board: StatusSink, event: Mapping[str, Any], version: str) -> str:
         """Apply one watch event; the version it brings us to."""
         kind, obj = event["type"], event["object"]
         if kind == "ERROR":
