@@ -152,7 +152,7 @@ def test_the_role_is_namespaced_and_least_privilege(default_render: tuple[Path, 
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "devin-outposts"
     # Exactly the kubernetes driver's needs (docs/orchestrator-kubernetes.md, "RBAC").
     assert granted_by(role) == {
-        ("", "pods"): {"get", "list", "create", "delete"},
+        ("", "pods"): {"get", "list", "watch", "create", "delete"},
         ("", "secrets"): {"list", "create", "delete", "patch"},
         ("", "persistentvolumeclaims"): {"get", "list", "create", "delete", "patch"},
         ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "delete", "patch"},
