@@ -181,6 +181,15 @@ def test_a_pod_reads_as_the_status_its_phase_and_reasons_say(status: dict[str, A
         assert read.detail  # the kubelet's or scheduler's words, for the result line
 
 
+def a_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": OURS},
+        "status": {"phase": "Pending"},
+    }
+
+
 # -- the informer alone ------------------------------------------------------------------------------
 
 
@@ -191,16 +200,7 @@ def test_a_watch_that_ends_cleanly_resumes_from_its_bookmark_without_listing_aga
     starts from; a change between two watches still arrives; one list in all."""
     options = {"kubeconfig": str(fake.kubeconfig(tmp_path / "kubeconfig", namespace=NS)), "image": "w:1"}
     driver = driver_class("kubernetes").from_options(DriverContext(state_dir=tmp_path), options)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "outpost-worker-a",
-            "namespace": NS,
-            "labels": OURS,
-        },
-        "status": {"phase": "Pending"},
-    }
+    pod = a_pod("outpost-worker-a")
     fake.put(pod)
     fake.put({**pod, "metadata": {**pod["metadata"], "name": "not-ours", "labels": {}}})
 
@@ -244,6 +244,35 @@ def test_a_watch_that_ends_cleanly_resumes_from_its_bookmark_without_listing_aga
     not_ours = int(fake.get("Pod", NS, "not-ours")["metadata"]["resourceVersion"])  # type: ignore[index]
     assert versions == sorted(versions) and not_ours in versions
     assert fake.count("get") == 0
+
+
+def test_a_watch_answered_410_straight_after_each_list_backs_off_instead_of_spinning(
+    fake: FakeKube, tmp_path: Path
+) -> None:
+    options = {"kubeconfig": str(fake.kubeconfig(tmp_path / "kubeconfig", namespace=NS)), "image": "w:1"}
+    driver = driver_class("kubernetes").from_options(DriverContext(state_dir=tmp_path), options)
+    fake.put(a_pod("outpost-worker-a"))  # a revision above 0 (0 would mean "from now")
+    fake.compacted = 10**9  # every version is too old
+
+    async def scenario() -> PodInformer:
+        informer = PodInformer(
+            driver.cluster,  # type: ignore[attr-defined]
+            selector=OURS,
+            container_name=CONTAINER,
+            tracker=PodTracker(),
+        )
+        board = StatusBoard()
+        task = asyncio.ensure_future(informer.run(board))
+        await until(lambda: fake.expired_watches >= 3, "three watches answered 410")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await driver.aclose()
+        return informer
+
+    informer = asyncio.run(asyncio.wait_for(scenario(), 60))
+    # One list again at once, then pauses of 1 s, 2 s...: a spin would list hundreds of times meanwhile.
+    assert informer.lists == fake.expired_watches < 10
+    assert informer.ends["gone"] >= 2 and informer.ends["error"] == 0
 
 
 # -- the orchestrator on the fake API server -------------------------------------------------------------
@@ -359,7 +388,6 @@ def test_a_worker_that_cannot_start_releases_its_claim_within_the_grace_with_the
     ]
     assert [results[sid].reason for sid in sids] == expected
     assert all(results[sid].infrastructure for sid in sids)
-    assert fake.count("get", resource="pods") <= 12  # the start-up reads only (provision), not a poll per Pod
     orch.stop()
 
 

@@ -112,6 +112,8 @@ class PodInformer:
         self.ends: dict[str, int] = {"end": 0, "gone": 0, "error": 0}
         self._pause = BACKOFF_FIRST
         self._listed = asyncio.Event()
+        #: A watch since the last list delivered an event (so a 410 after it is no spin).
+        self._delivered = False
 
     async def first_listing(self, timeout: float) -> bool:
         """Wait until the board holds a first listing, at most ``timeout`` seconds; whether it does."""
@@ -123,21 +125,32 @@ class PodInformer:
 
     async def run(self, board: StatusSink) -> None:
         self._pause = BACKOFF_FIRST
+        expired = 0  # 410s since the last watch that delivered anything
         while True:
             try:
                 version = await self._list(board)
+                self._delivered = False
                 await self._follow(board, version)
             except WatchExpired:
+                if self._delivered:
+                    expired = 0
                 self.ends["gone"] += 1
+                expired += 1
                 log.info("the pod watch's version expired (410 Gone); listing the pods again")
-                continue  # the board stays as it was until the listing, a moment later, replaces it
+                if expired > 1:  # expired again straight after a list: do not spin, list after a pause
+                    await self._back_off()
+                # Else the board stays as it was until the listing, a moment later, replaces it.
+                continue
             except (DriverError, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
                 self.ends["error"] += 1
                 board.lost_sync()
-                wait = self._pause * (0.8 + 0.4 * self._rng())
-                log.warning("the pod watch stopped (%s); listing again in %.1f s", _describe(exc), wait)
-                await asyncio.sleep(wait)
-                self._pause = min(self._pause * 2, BACKOFF_MAX)
+                log.warning("the pod watch stopped (%s); listing again", _describe(exc))
+                await self._back_off()
+
+    async def _back_off(self) -> None:
+        """Wait the current pause, jittered by +-20 %, and double it for next time (up to the cap)."""
+        await asyncio.sleep(self._pause * (0.8 + 0.4 * self._rng()))
+        self._pause = min(self._pause * 2, BACKOFF_MAX)
 
     def _status(self, pod: Mapping[str, Any], *, deleted: bool = False) -> Optional[WorkerStatus]:
         return self.tracker.read(pod, pod_status(pod, self.container_name), deleted=deleted)
@@ -171,6 +184,7 @@ class PodInformer:
         while True:
             version = await self._watch_once(board, version)
             self.ends["end"] += 1
+            self._delivered = True
             self._pause = BACKOFF_FIRST  # a watch that lasted its time: the cluster is fine again
 
     async def _watch_once(self, board: StatusSink, version: str) -> str:
@@ -221,6 +235,7 @@ class PodInformer:
                 board.put(name, status)
             elif status is not None:
                 board.gone(name, detail=f"pod {name} deleted")
+        self._delivered = True
         return str(meta.get("resourceVersion") or version)
 
 
