@@ -382,7 +382,13 @@ def test_a_worker_that_cannot_start_releases_its_claim_within_the_grace_with_the
         wait_for(lambda sid=sid: released(sim, sid), timeout=60, what=f"session {sid} released")
     # Far inside the 300 s boot timeout: the grace (or FAILED at once), not the boot timeout, ended them.
     assert time.monotonic() - began < 120
-    results = {r.session_id: r for r in orch.orchestrator.results}
+    # The result is recorded once the release is done: wait for it too.
+    wait_for(
+        lambda: {r.session_id for r in orch.orchestrator.results} >= set(sids), timeout=30, what="the results"
+    )
+    results = {}
+    for result in orch.orchestrator.results:
+        results.setdefault(result.session_id, result)  # the first: a re-claimed session may end again
     expected = [
         reasons.get(r, r) for r in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Unschedulable")
     ]
