@@ -190,6 +190,32 @@ def a_pod(name: str) -> dict[str, Any]:
     }
 
 
+def test_while_a_pod_is_replaced_the_old_one_going_reads_as_starting_and_its_late_events_are_ignored() -> (
+    None
+):
+    tracker, running_now = PodTracker(), WorkerStatus(WorkerState.RUNNING)
+
+    def pod(uid: str, **meta: Any) -> dict[str, Any]:
+        return {"metadata": {"name": "p", "uid": uid, **meta}}
+
+    tracker.replaced("p", "old")  # the first start made Pod "old"
+    assert tracker.read(pod("old"), running_now, deleted=False) is running_now
+    tracker.replacing("p", None)  # the next start: the uid it knew is the old one
+    terminating = pod("old", deletionTimestamp="2026-01-01T00:00:00Z")
+    assert tracker.read(terminating, running_now, deleted=False).state is WorkerState.STARTING  # type: ignore[union-attr]
+    assert tracker.read(pod("old"), running_now, deleted=True).state is WorkerState.STARTING  # type: ignore[union-attr]
+    assert (
+        tracker.read(pod("new"), running_now, deleted=False) is running_now
+    )  # the new one, before create returns
+    tracker.replaced("p", "new")
+    assert (
+        tracker.read(pod("old"), running_now, deleted=True) is None
+    )  # late: not the Pod the name stands for
+    assert tracker.read(pod("new"), running_now, deleted=True) is running_now
+    tracker.forget("p")  # torn down: any Pod of that name is news again
+    assert tracker.read(pod("old"), running_now, deleted=False) is running_now
+
+
 # -- the informer alone ------------------------------------------------------------------------------
 
 
