@@ -137,7 +137,7 @@ def released(sim: SimHandle, session_id: str) -> bool:
 
 def bring_up(sim: SimHandle, outpost: Outpost, fake: FakeKube, orch: Running, count: int) -> list[str]:
     """``count`` sessions claimed, their Pods running, and every session seeing its worker run."""
-    sids = [sim.admin.enqueue(outpost.outpost_id).session_id for _ in range(count)]
+    sids = [sim.admin.enqueue(outpost.outpost_id).session_id for dummy in range(count)]
     wait_for(lambda: len(live_pods(fake)) == count, timeout=60, what=f"{count} pods")
     for sid in sids:
         fake.set_pod_status(NS, pod_of(fake, sid)["metadata"]["name"], running())
@@ -389,7 +389,7 @@ def test_a_worker_that_cannot_start_releases_its_claim_within_the_grace_with_the
     reasons = {"ErrImagePull": "ErrImagePull", "ImagePullBackOff": "ErrImagePull"}
     orch = start(sim, outpost, fake, tmp_path, max_concurrent=4, start_failure_grace=0.5)
     began = time.monotonic()
-    sids = [sim.admin.enqueue(outpost.outpost_id).session_id for _ in range(4)]
+    sids = [sim.admin.enqueue(outpost.outpost_id).session_id for dummy in range(4)]
     wait_for(lambda: len(live_pods(fake)) == 4, timeout=60, what="4 pods")
     given = dict(
         zip(
