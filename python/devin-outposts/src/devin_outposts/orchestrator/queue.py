@@ -214,7 +214,7 @@ class MachineHost:
             self.metrics.inc("driver_backoffs")
             self.metrics.set("driver_backoff_seconds", round(pause, 1))
             log.warning(
-                "the %s driver failed to start %d workers in a row (last: %s): no new claims for %.0fs, "
+                "the %s driver failed to start %d workers in a row (last: %s): no new claims for %.1fs, "
                 "then one session to try",
                 self.driver.name,
                 self.backoff.failures,
