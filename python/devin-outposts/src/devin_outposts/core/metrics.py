@@ -3,8 +3,9 @@
 The server runs on the program's own event loop, so an answer from ``/healthz`` also proves that the loop
 is not blocked; the runner's health callback (:func:`devin_outposts.core.claiming.health`) adds whether
 its queue feed and main loop are alive, as a :class:`Health` (or a :class:`HealthReport`, whose detail
-the answer carries: the orchestrator's back-off says its driver, reason and until when). The worker's names are prefixed
-``devin_outposts_worker_`` (the orchestrator's table is its own); counters end in ``_total``.
+the answer carries: the orchestrator's back-off says its driver, reason and until when). The worker's
+names are prefixed ``devin_outposts_worker_`` (the orchestrator's table is its own); counters end in
+``_total``.
 """
 
 from __future__ import annotations
