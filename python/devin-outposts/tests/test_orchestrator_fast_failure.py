@@ -122,9 +122,10 @@ def test_a_worker_running_ends_the_back_off_and_a_probe_that_ends_otherwise_is_r
     clock.now += 9
     state.claimed("p1")
     state.ended("p1")  # stopped while it booted: it says nothing of the platform
-    assert state.probe is None and state.claim_pause() == 0
+    assert state.claim_pause() == 0  # the next claim is the probe
     state.claimed("p2")
-    assert state.probe == "p2"
+    report = state.state()
+    assert report is not None and report.probe == "p2"
     assert state.succeeded()  # a worker runs (the probe's, or one that was starting all along)
     assert state.claim_pause() == 0 and state.state() is None and state.failures == 0
     assert not state.failed("s4", "pull-error")  # one failure after a success: no pause
@@ -154,7 +155,9 @@ class Observed:
     def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(f"{self.base}/metrics", timeout=5).text
         for line in text.splitlines():
-            series, _, value = line.rpartition(" ")
+            if line.startswith("#") or " " not in line:
+                continue
+            series, value = line.rsplit(" ", 1)
             if series.split("{", 1)[0] != name:
                 continue
             if all(f'{key}="{wanted}"' in series for key, wanted in labels.items()):
@@ -217,7 +220,7 @@ def test_workers_that_never_start_back_the_driver_off_until_one_runs(
     driver = ScriptedDriver(script)
     driver.source = ScriptedSource(driver)
     orch, seen = start(driver)
-    failing = [sim.admin.enqueue(outpost.outpost_id).session_id for _ in range(10)]
+    failing = [sim.admin.enqueue(outpost.outpost_id).session_id for unused in range(10)]
 
     status, body = wait_for(seen.backing_off, timeout=30, what="/healthz to say backing off")
     # 200: a liveness probe must not restart a process that is right to wait (docs/orchestrator.md).
@@ -248,7 +251,7 @@ def test_workers_that_never_start_back_the_driver_off_until_one_runs(
 
     # The platform works again: the next probe's worker runs, the back-off ends and every slot claims.
     healthy.set()
-    fresh = [sim.admin.enqueue(outpost.outpost_id).session_id for _ in range(4)]
+    fresh = [sim.admin.enqueue(outpost.outpost_id).session_id for unused in range(4)]
     wait_for(lambda: set(fresh) <= set(seen.claimed()), timeout=30, what="the fresh sessions claimed")
     wait_for(lambda: len(driver.machines) == 4, timeout=30, what="four machines with running workers")
     assert seen.health() == (200, {"status": "ok"})
@@ -263,7 +266,7 @@ def test_provisioning_failures_back_off_with_their_own_reason(
     driver = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING), fail_provision=True)
     driver.source = ScriptedSource(driver)
     orch, seen = start(driver, max_concurrent=2)
-    sessions = [sim.admin.enqueue(outpost.outpost_id).session_id for _ in range(6)]
+    sessions = [sim.admin.enqueue(outpost.outpost_id).session_id for unused in range(6)]
     status, body = wait_for(seen.backing_off, timeout=30, what="/healthz to say backing off")
     assert status == 200 and body["reason"] == "provision-failed"
     assert seen.metric("outposts_start_failures_total", reason="provision-failed") >= 3
