@@ -190,11 +190,11 @@ def running_pod_status(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def request_counts(fake: Any) -> dict[str, int]:
-    """Requests the fake API server answered, by verb (``get``, ``list``, ``watch``, ``create``...)."""
+    """Requests the fake API server answered, by verb and resource (``get pods``, ``watch pods``...)."""
     counts: dict[str, int] = {}
     for request in list(fake.requests):
-        verb = getattr(request, "verb", None) or request.method.lower()
-        counts[verb] = counts.get(verb, 0) + 1
+        key = f"{request.verb} {request.resource}"
+        counts[key] = counts.get(key, 0) + 1
     return counts
 
 
