@@ -548,7 +548,7 @@ def test_renewals_are_brought_forward_at_random_never_past_the_margin_nor_before
     assert renew_delay(300, 60, jitter=1.0) == pytest.approx(170)
     assert renew_delay(300, 60, jitter=0.5) == pytest.approx(185)
     assert renew_delay(3, 60, jitter=1.0) == pytest.approx(1)  # already at the one-third floor
-    waits = [renew_delay(300, 60, jitter=random.random()) for _ in range(200)]
+    waits = [renew_delay(300, 60, jitter=random.random()) for dummy in range(200)]
     assert all(170 <= wait <= 200 for wait in waits)
     assert max(waits) - min(waits) > 15  # spread, not one instant
     for remaining in (0.2, 1, 10, 100, 1000):

@@ -38,11 +38,11 @@ from typing import Callable, Optional
 from devin_outposts.api.client import FleetClient, tls_context
 from devin_outposts.api.errors import FleetAuthError, FleetError
 from devin_outposts.core import platform
-from devin_outposts.core.claiming import ClaimLoop, health
+from devin_outposts.core.claiming import ClaimLoop, health_report
 from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.core.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
 from devin_outposts.core.logs import register_secret
-from devin_outposts.core.metrics import Health, MetricsServer, serve_metrics
+from devin_outposts.core.metrics import HealthReport, MetricsServer, serve_metrics
 from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.sessions import SessionResult
@@ -121,8 +121,8 @@ class Orchestrator:
     def sessions(self) -> list[MachineSession]:
         return [r.server for r in self.pool.running.values() if isinstance(r.server, MachineSession)]
 
-    def health(self) -> Health:
-        return health(self.pool, self.queue, ready=self.queue is not None and self.queue.ready)
+    def health(self) -> HealthReport:
+        return health_report(self.pool, self.queue, ready=self.queue is not None and self.queue.ready)
 
     # --- signals -------------------------------------------------------------------------------------
 
