@@ -30,6 +30,7 @@ import copy
 import datetime
 import json
 import re
+import sys
 import threading
 import time
 import uuid
@@ -507,10 +508,18 @@ def _handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (a stopped orchestrator's keep-alive or watch connection) is no error
+        worth a traceback on stderr; anything else is."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @contextmanager
 def run_fake_kube() -> Iterator[FakeKube]:
     fake = FakeKube()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    server = _Server(("127.0.0.1", 0), _handler(fake))
     server.daemon_threads = True
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, name="fake-kube", daemon=True)
