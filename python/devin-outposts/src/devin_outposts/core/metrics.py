@@ -68,6 +68,14 @@ class Health(str, enum.Enum):
         return self not in (Health.UNAUTHORIZED, Health.FEED_STOPPED)
 
 
+class Renders(Protocol):
+    """What ``/metrics`` serves: a :class:`Metrics`, or several rendered as one (the orchestrator's
+    outposts)."""
+
+    def render(self) -> str:
+        """The Prometheus text."""
+
+
 class MetricsAddrLike(Protocol):
     """HOST:PORT (the options' ``MetricsAddr``)."""
 
@@ -221,11 +229,21 @@ def _label_value(value: str) -> str:
 
 
 class MetricsServer:
-    """``GET /metrics`` and ``GET /healthz`` (200 when ``health()`` is healthy, else 503)."""
+    """``GET /metrics`` and ``GET /healthz`` (200 when ``health()`` is healthy, else 503). ``details``, when
+    given, adds its mapping to the ``/healthz`` body (the orchestrator's state of each outpost)."""
 
-    def __init__(self, metrics: Metrics, health: Callable[[], Health], host: str, port: int) -> None:
+    def __init__(
+        self,
+        metrics: Renders,
+        health: Callable[[], Health],
+        host: str,
+        port: int,
+        *,
+        details: Optional[Callable[[], Mapping[str, object]]] = None,
+    ) -> None:
         self.metrics = metrics
         self.health = health
+        self.details = details
         self.host = host
         self.port = port
         self._server: Optional[asyncio.AbstractServer] = None
@@ -261,7 +279,8 @@ class MetricsServer:
             elif path in ("/healthz", "/health", "/livez"):
                 state = self.health()
                 status = "200 OK" if state.healthy else "503 Service Unavailable"
-                ctype, body = "application/json", json.dumps({"status": state.value}).encode() + b"\n"
+                answer = {"status": state.value, **(self.details() if self.details is not None else {})}
+                ctype, body = "application/json", json.dumps(answer).encode() + b"\n"
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
             head = (
@@ -279,13 +298,17 @@ class MetricsServer:
 
 
 async def serve_metrics(
-    metrics: Metrics, health: Callable[[], Health], addr: Optional[MetricsAddrLike]
+    metrics: Renders,
+    health: Callable[[], Health],
+    addr: Optional[MetricsAddrLike],
+    *,
+    details: Optional[Callable[[], Mapping[str, object]]] = None,
 ) -> Optional[MetricsServer]:
     """Start ``/metrics`` and ``/healthz`` on ``addr`` (None: off); a port in use ends the process with
     exit code 2 and one line."""
     if addr is None:
         return None
-    server = MetricsServer(metrics, health, addr.host, addr.port)
+    server = MetricsServer(metrics, health, addr.host, addr.port, details=details)
     try:
         await server.start()
     except OSError as exc:
