@@ -143,7 +143,10 @@ class Orchestrator:
         return max((outpost.health() for outpost in self.outposts), key=_badness)
 
     def health_details(self) -> dict[str, object]:
-        """What ``/healthz`` adds to its status: each outpost's state, by the outpost as configured."""
+        """What ``/healthz`` adds to its status when several outposts are served: each one's state, by the
+        outpost as configured (one outpost's body stays ``{"status": ...}``, as before)."""
+        if len(self.outposts) < 2:
+            return {}
         return {"outposts": {outpost.spec.outpost: outpost.health().value for outpost in self.outposts}}
 
     # --- signals -------------------------------------------------------------------------------------
