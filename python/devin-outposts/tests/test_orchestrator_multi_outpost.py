@@ -127,6 +127,10 @@ def test_two_outposts_are_served_by_one_process_each_within_its_own_cap(
             assert sum(workers.values()) <= PROCESS_CAP, workers
         return now
 
+    def filled(target: int) -> Optional[dict[str, set[str]]]:
+        now = within_caps()
+        return now if sum(len(sessions) for sessions in now.values()) >= target else None
+
     def serve(counts: dict[str, int]) -> list[dict[str, set[str]]]:
         """Queue ``counts`` sessions on each outpost and end them as they are claimed, each time the
         orchestrator has filled what the caps allow of those still queued. Every round's claims."""
@@ -139,11 +143,7 @@ def test_two_outposts_are_served_by_one_process_each_within_its_own_cap(
             left = {name: len([sid for sid in sids if sid not in ended]) for name, sids in queued.items()}
             target = min(PROCESS_CAP, sum(min(CAPS[name], n) for name, n in left.items()))
             now = wait_for(
-                lambda: (lambda now: now if sum(len(s) for s in now.values()) >= target else None)(
-                    within_caps()
-                ),
-                timeout=30,
-                what=f"{target} sessions claimed",
+                lambda target=target: filled(target), timeout=30, what=f"{target} sessions claimed"
             )
             rounds.append(now)
             for sid in set().union(*now.values()):
@@ -212,6 +212,59 @@ def test_a_restart_takes_back_both_outposts_sessions_with_their_machines(
     for sid in every:
         sim.admin.end_session(sid, "terminated")
     wait_for(lambda: sorted(driver.torn_down) == sorted(every), timeout=30, what="every machine torn down")
+
+
+def test_one_kubernetes_orchestrator_serves_both_outposts_under_one_lease(
+    sim: SimHandle, outposts: dict[str, Outpost], tmp_path: Path
+) -> None:
+    """The kubernetes driver, against the fake API server: both outposts' sessions get pods annotated with
+    their own outpost, made by the one acceptor id that holds the one Lease."""
+    pytest.importorskip("lightkube", reason="the kubernetes extra (lightkube) is not installed")
+    from k8s_fake import run_fake_kube  # it needs lightkube
+
+    from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
+        ANNOTATION_ACCEPTOR,
+        ANNOTATION_OUTPOST,
+    )
+
+    namespace = "outposts"
+    with run_fake_kube() as fake:
+        kubeconfig = fake.kubeconfig(tmp_path / "kubeconfig", namespace=namespace)
+        config = OrchestratorConfig(
+            outpost="alpha=1 beta=1", driver="kubernetes", max_concurrent=PROCESS_CAP,
+            state_dir=tmp_path / "k8s", acceptor_id="k8s-multi", api_url=sim.url,
+            token=sim.create_token("orchestrator"), status_interval=0.05, poll_interval=0.2,
+            confirm_interval=0.05, confirm_reads=2, gc_interval=0.3, backoff_max=1.0,
+            driver_options={"kubeconfig": str(kubeconfig), "namespace": namespace,
+                            "image": "registry.example/w:1", "lease_duration": 1.5,
+                            "lease_renew_interval": 0.3},
+        )  # fmt: skip
+        running = Running(Orchestrator(config))
+        try:
+            for outpost in outposts.values():
+                for _ in range(2):
+                    sim.admin.enqueue(outpost.outpost_id)
+
+            def live_pods() -> list[dict[str, Any]]:
+                return [
+                    p for p in fake.objects("Pod", namespace) if not p["metadata"].get("deletionTimestamp")
+                ]
+
+            pods = wait_for(
+                lambda: (lambda p: p if len(p) == 2 else None)(live_pods()), timeout=30, what="two pods"
+            )
+            annotations = [pod["metadata"]["annotations"] for pod in pods]
+            assert sorted(a[ANNOTATION_OUTPOST] for a in annotations) == sorted(
+                o.outpost_id for o in outposts.values()
+            )
+            assert {a[ANNOTATION_ACCEPTOR] for a in annotations} == {"k8s-multi"}
+            [lease] = fake.objects("Lease", namespace)
+            assert lease["spec"]["holderIdentity"]
+            # Each outpost's own cap of 1: the second session of each stays queued.
+            for outpost in outposts.values():
+                assert len(claimed(sim, outpost)) == 1
+        finally:
+            running.stop()
 
 
 # --- the shared cap ----------------------------------------------------------------------------------------
