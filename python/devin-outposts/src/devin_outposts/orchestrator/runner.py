@@ -89,6 +89,8 @@ class Orchestrator:
             lambda c: FleetClient(c.api_url, c.token, verify=self._tls())
         )
         self.driver = driver
+        if not config.outposts:  # options refuse it; a config made in code must name one too
+            raise ProgramExit(ExitCode.USAGE, "--outpost is required (or DEVIN_ORCHESTRATOR_OUTPOST)")
         #: ``--max-concurrent``: every outpost's sessions together.
         self.cap = SharedCap(config.max_concurrent)
         several = len(config.outposts) > 1
