@@ -9,8 +9,11 @@ of outposts with their caps. The shared cap itself is checked on two session poo
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -27,9 +30,10 @@ from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
 from devin_outposts.orchestrator.metrics import OutpostsMetrics, outpost_metrics
 from devin_outposts.orchestrator.options import OrchestratorConfig, OutpostSpec, parse_args, parse_outposts
 from devin_outposts.orchestrator.runner import Orchestrator
-from devin_outposts_sim.testing import SimHandle
+from devin_outposts_sim.remote import tools
+from devin_outposts_sim.testing import SimHandle, run_sim
 
-from worker_fakes import wait_for
+from worker_fakes import WorkerProcess, kill_pids_working_under, pids_working_under, wait_for
 
 CAPS = {"alpha": 2, "beta": 3}
 PROCESS_CAP = 4
@@ -265,6 +269,64 @@ def test_one_kubernetes_orchestrator_serves_both_outposts_under_one_lease(
                 assert len(claimed(sim, outpost)) == 1
         finally:
             running.stop()
+
+
+def test_for_real_a_restart_after_kill_9_adopts_both_outposts_machines(tmp_path: Path) -> None:
+    """``orchestrate --driver process`` with ``--outpost`` given twice: a session of each outpost is served
+    by a worker it started; after ``kill -9`` the next orchestrator adopts both machines (no session is
+    served twice: one gateway connection each) and both still serve a tool call."""
+    with run_sim(claim_ttl=20, watch_max_duration=5, keepalive_interval=0.5, sweep_interval=0.05) as sim:
+        outposts = [sim.admin.create_outpost(name, "linux") for name in CAPS]
+        sim.admin.publish_standin_variant("orchestrated", python=sys.executable, latest=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVIN_", "PYTEST_"))}
+        env.update(
+            DEVIN_OUTPOSTS_TOKEN=sim.create_token("orchestrator"), DEVIN_API_URL=sim.url, LANG="C.UTF-8"
+        )
+        args = [
+            "--outpost", "alpha=1", "--outpost", "beta=1", "--driver", "process", "--max-concurrent", "2",
+            "--state-dir", str(tmp_path / "state"), "--acceptor-id", "orch-multi-real",
+            "--static-base-url", sim.static_base_url, "--poll-interval-secs", "0.5",
+            "--status-interval-secs", "0.2", "--confirm-interval-secs", "0.2", "--gc-interval", "1",
+            "--backoff-max-secs", "2",
+            "--stop-grace-secs", "5", "--driver-opt", "stop_grace=5",
+        ]  # fmt: skip
+        processes = [
+            WorkerProcess(args, env, tmp_path / f"{name}.log", command=("orchestrate",)) for name in "ab"
+        ]
+        try:
+            processes[0].start()
+            sessions = [sim.admin.enqueue(outpost.outpost_id).session_id for outpost in outposts]
+            wait_for(lambda: all(sim.admin.connections(s) for s in sessions), timeout=60, what="both served")
+            processes[0].kill9()
+            machines = tmp_path / "state" / "process" / "machines"
+            assert len([p for p in machines.iterdir() if p.is_dir()]) == 2  # they outlive their orchestrator
+            processes[1].start()
+            wait_for(
+                lambda: processes[1].log().count("adopting machine") == 2, timeout=60, what="two adoptions"
+            )
+            for sid in sessions:
+                sim.admin.add_calls(sid, [tools.run(f"echo {sid}")])
+            for sid in sessions:
+                [call] = sim.admin.wait_calls(sid, timeout=60)
+                assert call["result"]["output"] == f"{sid}\n"
+                assert len(sim.admin.connections(sid)) == 1, sid  # the first worker kept serving
+                sim.admin.end_session(sid, "terminated")
+            wait_for(
+                lambda: all(
+                    any(r["action"] == "release" for r in sim.admin.claims(session_id=s)) for s in sessions
+                ),
+                timeout=60,
+                what="both released",
+            )
+            wait_for(
+                lambda: not [p for p in machines.iterdir() if p.is_dir()], timeout=30, what="machines gone"
+            )
+        finally:
+            for process in processes:
+                process.stop()
+            if kill_pids_working_under(tmp_path):  # machines a failed test left detached
+                time.sleep(0.2)
+    assert not pids_working_under(tmp_path)
 
 
 # --- the shared cap ----------------------------------------------------------------------------------------
