@@ -309,8 +309,7 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
             orchestrator="an outpost to serve, by name or id, with its own cap as NAME=CAP (repeatable; the "
                          "variable may list several, separated by commas or spaces)",
         ), parse=stripped, env=_W(worker=None, orchestrator="{prefix}_OUTPOST"),
-                     default=_W(worker=None, orchestrator=""),
-                     repeatable=_W(worker=False, orchestrator=True)),
+            default=_W(worker=None, orchestrator=""), repeatable=_W(worker=False, orchestrator=True)),
         SharedOption("acceptor_id", ("--acceptor-id",), _W(
             worker="stable worker identity (default: generated once and stored in the data directory)",
             orchestrator="stable orchestrator identity (default: generated once and stored in the state "
