@@ -139,7 +139,7 @@ def test_two_outposts_are_served_by_one_process_each_within_its_own_cap(
         """Queue ``counts`` sessions on each outpost and end them as they are claimed, each time the
         orchestrator has filled what the caps allow of those still queued. Every round's claims."""
         queued = {
-            name: [sim.admin.enqueue(outposts[name].outpost_id).session_id for _ in range(n)]
+            name: [sim.admin.enqueue(outposts[name].outpost_id).session_id for dummy in range(n)]
             for name, n in counts.items()
         }
         rounds = []
@@ -192,7 +192,8 @@ def test_a_restart_takes_back_both_outposts_sessions_with_their_machines(
     driver = running_worker()
     first = start(driver)
     sessions = {
-        name: [sim.admin.enqueue(o.outpost_id).session_id for _ in range(2)] for name, o in outposts.items()
+        name: [sim.admin.enqueue(o.outpost_id).session_id for dummy in range(2)]
+        for name, o in outposts.items()
     }
     every = [sid for sids in sessions.values() for sid in sids]
     wait_for(lambda: all(driver.starts(sid) == 1 for sid in every), timeout=30, what="four workers started")
@@ -246,17 +247,16 @@ def test_one_kubernetes_orchestrator_serves_both_outposts_under_one_lease(
         running = Running(Orchestrator(config))
         try:
             for outpost in outposts.values():
-                for _ in range(2):
+                for dummy in range(2):
                     sim.admin.enqueue(outpost.outpost_id)
 
-            def live_pods() -> list[dict[str, Any]]:
-                return [
+            def two_pods() -> Optional[list[dict[str, Any]]]:
+                pods = [
                     p for p in fake.objects("Pod", namespace) if not p["metadata"].get("deletionTimestamp")
                 ]
+                return pods if len(pods) == 2 else None
 
-            pods = wait_for(
-                lambda: (lambda p: p if len(p) == 2 else None)(live_pods()), timeout=30, what="two pods"
-            )
+            pods = wait_for(two_pods, timeout=30, what="two pods")
             annotations = [pod["metadata"]["annotations"] for pod in pods]
             assert sorted(a[ANNOTATION_OUTPOST] for a in annotations) == sorted(
                 o.outpost_id for o in outposts.values()
