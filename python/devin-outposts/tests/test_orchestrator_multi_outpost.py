@@ -181,7 +181,7 @@ def test_two_outposts_are_served_by_one_process_each_within_its_own_cap(
     health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
     assert (health.status_code, health.json()) == (
         200,
-        {"status": "ok", "outposts": {"alpha": "ok", "beta": "ok"}},
+        {"status": "ok", "outposts": {"alpha": {"status": "ok"}, "beta": {"status": "ok"}}},
     )
     assert orch.thread.is_alive()
 

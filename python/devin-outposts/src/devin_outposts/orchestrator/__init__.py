@@ -14,6 +14,8 @@ and never imports the worker. Modules, each one concern:
 * :mod:`.plan`: the decisions, as pure functions a table of cases tests: what a machine's status read
   means (wait, exited, restarted in place, give up), what the sweep collects, snapshots or keeps;
 * :mod:`.sweep`: the garbage-collection sweep of machines, snapshots and secrets no session needs;
+* :mod:`.backoff`: no new claims for a while when the driver keeps failing to start workers (10 s doubling
+  to 300 s, one probe session after each pause, ended by a worker seen running);
 * :mod:`.options`: the orchestrator's table of options → flags, environment variables and
   :class:`~.options.OrchestratorConfig` (the rows the worker has too are :mod:`devin_outposts.core.config`'s);
 * :mod:`.metrics`: the names of Cognition's operator, plus ours; each outpost's labelled, on one page;

@@ -2,15 +2,18 @@
 
 The operator's six (``sessions_claimed``, ``claim_conflicts``, ``active_workers``, ``workers_given_up``,
 ``reconciliations``, ``reconcile_failures``) keep their names and meaning, labelled ``pool_id`` (the
-outpost), so a dashboard built for the operator reads ours too. Each outpost served has its own
-:class:`Metrics`, labelled ``outpost`` (as ``--outpost`` names it) from the start and ``pool_id`` (its
-id) once resolved; :class:`OutpostsMetrics` renders them as one page, each family once.
+outpost), so a dashboard built for the operator reads ours too. ``start_failures`` is labelled with the
+platform's reason as well (a short name from a small set: ``ErrImagePull``, ``boot-timeout``...). Each
+outpost served has its own :class:`Metrics`, labelled ``outpost`` (as ``--outpost`` names it) from the
+start and ``pool_id`` (its id) once resolved; :class:`OutpostsMetrics` renders them as one page, each
+family once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from devin_outposts.core.metrics import LABELLED_COUNTERS as CORE_LABELLED_COUNTERS
 from devin_outposts.core.metrics import Metrics
 
 PREFIX = "outposts_"
@@ -31,11 +34,21 @@ COUNTERS = {
     "machines_collected": "Machines removed by the sweep (session gone, over, elsewhere, never booted)",
     "snapshots_collected": "Snapshots removed by the sweep (session terminated or gone, TTL passed)",
     "network_policy_refusals": "Sessions released because their machine could not enforce their policy",
+    "driver_backoffs": "Pauses of new claims because the driver kept failing to start workers",
+}
+#: Counters with labels of their own: name -> (help, label names).
+LABELLED_COUNTERS = {
+    **CORE_LABELLED_COUNTERS,
+    "start_failures": (
+        "Sessions whose worker never started (provisioning failed, the platform's reason, the boot timeout)",
+        ("reason",),
+    ),
 }
 GAUGES = {
     "active_workers": "Sessions with a machine now",
     "max_concurrent": "Configured concurrent sessions",
     "draining": "1 after SIGTERM/SIGINT: no new claims",
+    "driver_backoff_seconds": "Seconds of the current pause of new claims (0: claiming normally)",
 }
 START_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 HISTOGRAMS = {
@@ -44,7 +57,13 @@ HISTOGRAMS = {
 
 
 def orchestrator_metrics() -> Metrics:
-    return Metrics(prefix=PREFIX, counters=COUNTERS, gauges=GAUGES, histograms=HISTOGRAMS)
+    return Metrics(
+        prefix=PREFIX,
+        counters=COUNTERS,
+        gauges=GAUGES,
+        histograms=HISTOGRAMS,
+        labelled_counters=LABELLED_COUNTERS,
+    )
 
 
 def outpost_metrics(outpost: str) -> Metrics:

@@ -153,8 +153,8 @@ OPTIONS: tuple[Option, ...] = (
            parse=_N(float, 0), default=30.0),
     shared_option("poll_interval", "tuning", _O),
     Option("session_check_interval", ("--session-check-secs",), "seconds between each running session's "
-           "status reads; the watch reports changes sooner ({default})", "tuning", parse=_N(float, 0.05),
-           default=30.0),
+           "status reads, a safety net: the queue watch brings every change at once ({default})", "tuning",
+           parse=_N(float, 0.05), default=300.0),
     shared_option("restart_limit", "tuning", _O),
     shared_option("renew_margin", "tuning", _O),
     shared_option("confirm_reads", "tuning", _O),

@@ -27,9 +27,9 @@ from typing import Optional
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetError
-from devin_outposts.core.claiming import ClaimLoop, health
+from devin_outposts.core.claiming import ClaimLoop, health_report
 from devin_outposts.core.exits import ExitCode, ProgramExit
-from devin_outposts.core.metrics import Health
+from devin_outposts.core.metrics import HealthReport
 from devin_outposts.core.pool import SessionPool, SharedCap
 from devin_outposts.orchestrator.drivers.base import Driver, Machine
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
@@ -89,8 +89,8 @@ class OutpostRunner:
     def sessions(self) -> list[MachineSession]:
         return [r.server for r in self.pool.running.values() if isinstance(r.server, MachineSession)]
 
-    def health(self) -> Health:
-        return health(self.pool, self.queue, ready=self.queue is not None and self.queue.ready)
+    def health(self) -> HealthReport:
+        return health_report(self.pool, self.queue, ready=self.queue is not None and self.queue.ready)
 
     # --- the run ---------------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from devin_outposts.core import platform
 from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.core.identity import FileLock, IdentityError, LockedError, load_or_create_acceptor_id
 from devin_outposts.core.logs import register_secret
-from devin_outposts.core.metrics import Health, Metrics, MetricsServer, serve_metrics
+from devin_outposts.core.metrics import Health, HealthReport, Metrics, MetricsServer, serve_metrics
 from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
 from devin_outposts.core.pool import SharedCap
 from devin_outposts.core.sessions import SessionResult
@@ -66,14 +66,15 @@ LOCK_FILE = "orchestrator.lock"
 _BADNESS = {
     Health.OK: 0,
     Health.STARTING: 1,
-    Health.DRAINING: 2,
-    Health.FEED_STOPPED: 3,
-    Health.UNAUTHORIZED: 4,
+    Health.BACKING_OFF: 2,
+    Health.DRAINING: 3,
+    Health.FEED_STOPPED: 4,
+    Health.UNAUTHORIZED: 5,
 }
 
 
 def _badness(state: Health) -> tuple[bool, int]:
-    return (not state.healthy, _BADNESS.get(state, 2))
+    return (not state.healthy, _BADNESS.get(state, 3))
 
 
 class Orchestrator:
@@ -140,16 +141,15 @@ class Orchestrator:
     def sessions(self) -> list[MachineSession]:
         return [session for outpost in self.outposts for session in outpost.sessions]
 
-    def health(self) -> Health:
-        """The worst of the outposts' states: an outpost whose feed stopped makes the process unhealthy."""
-        return max((outpost.health() for outpost in self.outposts), key=_badness)
-
-    def health_details(self) -> dict[str, object]:
-        """What ``/healthz`` adds to its status when several outposts are served: each one's state, by the
-        outpost as configured (one outpost's body stays ``{"status": ...}``, as before)."""
-        if len(self.outposts) < 2:
-            return {}
-        return {"outposts": {outpost.spec.outpost: outpost.health().value for outpost in self.outposts}}
+    def health(self) -> HealthReport:
+        """The worst of the outposts' states (an outpost whose feed stopped makes the process unhealthy).
+        One outpost: its own report, as before. Several: each one's too, by the outpost as configured."""
+        reports = [outpost.health() for outpost in self.outposts]
+        worst = max(reports, key=lambda report: _badness(report.state))
+        if len(reports) == 1:
+            return worst
+        each = {o.spec.outpost: {"status": r.state.value, **r.detail} for o, r in zip(self.outposts, reports)}
+        return HealthReport(worst.state, {"outposts": each})
 
     # --- signals -------------------------------------------------------------------------------------
 
@@ -216,7 +216,6 @@ class Orchestrator:
                 OutpostsMetrics([outpost.metrics for outpost in self.outposts]),
                 self.health,
                 self.config.metrics_addr,
-                details=self.health_details,
             )
             platform.current().install_stop_handler(loop, self.on_signal)
             self.client = self._client_factory(self.config)
