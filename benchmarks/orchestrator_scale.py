@@ -284,7 +284,7 @@ def run_mode(
         sim_pid = pid_of(sim)
         result: dict[str, Any] = {"driver": platform.name, "mode": mode, "live": live}
         with running_orchestrator(orch, lambda: pids_working_under(sim.root, [sim_pid])):
-            sessions = [sim.admin.enqueue(sim.outpost_id).session_id for _ in range(live)]
+            sessions = [sim.admin.enqueue(sim.outpost_id).session_id for dummy in range(live)]
             began = time.monotonic()
             wait_until(
                 lambda: started_workers(orch) >= live,

@@ -304,7 +304,8 @@ class ClaimLoop:
                 await release_claim(client, sid, me, {"session_id": sid})
                 continue
             try:
-                claim = await client.claim(sid, me)  # a renewal: fresh connect token
+                with pool.reserving():  # its place under a cap shared with other pools
+                    claim = await client.claim(sid, me)  # a renewal: fresh connect token
             except (FleetConflict, FleetNotFound) as exc:
                 log.info("could not take back session %s: %s", sid, exc, extra={"session_id": sid})
                 continue
@@ -419,7 +420,8 @@ class ClaimLoop:
                 feed.penalize(sid, 3600)
                 continue
             try:
-                claim = await self.client.claim(sid, self.acceptor_id)
+                with pool.reserving():  # its place under a cap shared with other pools
+                    claim = await self.client.claim(sid, self.acceptor_id)
             except FleetConflict:
                 self.metrics.inc("claim_conflicts")
                 log.debug("session %s was claimed by another worker", sid, extra={"session_id": sid})

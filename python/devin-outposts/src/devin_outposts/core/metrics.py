@@ -91,6 +91,14 @@ class HealthReport:
 HealthCheck = Callable[[], Union[Health, HealthReport]]
 
 
+class Renders(Protocol):
+    """What ``/metrics`` serves: a :class:`Metrics`, or several rendered as one (the orchestrator's
+    outposts)."""
+
+    def render(self) -> str:
+        """The Prometheus text."""
+
+
 class MetricsAddrLike(Protocol):
     """HOST:PORT (the options' ``MetricsAddr``)."""
 
@@ -246,7 +254,7 @@ def _label_value(value: str) -> str:
 class MetricsServer:
     """``GET /metrics`` and ``GET /healthz`` (200 when ``health()`` is healthy, else 503)."""
 
-    def __init__(self, metrics: Metrics, health: HealthCheck, host: str, port: int) -> None:
+    def __init__(self, metrics: Renders, health: HealthCheck, host: str, port: int) -> None:
         self.metrics = metrics
         self.health = health
         self.host = host
@@ -305,7 +313,7 @@ class MetricsServer:
 
 
 async def serve_metrics(
-    metrics: Metrics, health: HealthCheck, addr: Optional[MetricsAddrLike]
+    metrics: Renders, health: HealthCheck, addr: Optional[MetricsAddrLike]
 ) -> Optional[MetricsServer]:
     """Start ``/metrics`` and ``/healthz`` on ``addr`` (None: off); a port in use ends the process with
     exit code 2 and one line."""

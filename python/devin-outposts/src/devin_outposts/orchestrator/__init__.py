@@ -3,8 +3,10 @@
 It runs on :mod:`devin_outposts.core` (the claim loop, the queue feed, the session pool, serving a claim)
 and never imports the worker. Modules, each one concern:
 
-* :mod:`.runner`: the orchestrator: the state dir and its lock, the driver, leadership, signals, metrics,
-  and the claim loop with its host;
+* :mod:`.runner`: the orchestrator: the state dir and its lock, the driver, leadership, signals, the
+  ``/metrics`` server, the status source, and one :class:`~.outpost.OutpostRunner` per outpost served;
+* :mod:`.outpost`: one outpost served: its session pool (its own cap, under the process's), its claim
+  loop with its host, its sweep and its metrics;
 * :mod:`.queue`: :class:`~.queue.MachineHost`, what the claim loop runs each claim with: a machine per
   session, recovery that adopts machines, no single reply stopping the loop;
 * :mod:`.machine`: one session on one machine: provision (or adopt), start the worker, watch it,
@@ -16,7 +18,7 @@ and never imports the worker. Modules, each one concern:
   to 300 s, one probe session after each pause, ended by a worker seen running);
 * :mod:`.options`: the orchestrator's table of options → flags, environment variables and
   :class:`~.options.OrchestratorConfig` (the rows the worker has too are :mod:`devin_outposts.core.config`'s);
-* :mod:`.metrics`: the names of Cognition's operator, plus ours;
+* :mod:`.metrics`: the names of Cognition's operator, plus ours; each outpost's labelled, on one page;
 * :mod:`.drivers`: what a session runs on (``process``, ``podman``, ``kubernetes``, ``ansible``), each
   imported only when chosen, behind the interface in :mod:`.drivers.base`.
 """

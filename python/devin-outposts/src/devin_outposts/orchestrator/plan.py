@@ -98,7 +98,8 @@ def judge_worker(
     if status.reason and failing_for >= failure_grace:
         return WorkerReading(
             Verdict.GIVE_UP,
-            why=f"the worker in machine {machine} did not start: {_cause(status)} for {_seconds(failing_for)}",
+            why=f"the worker in machine {machine} did not start: {_cause(status)} "
+            f"for {_seconds(failing_for)}",
             reason=status.reason,
         )
     if booting_too_long:

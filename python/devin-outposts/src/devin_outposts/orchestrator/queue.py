@@ -16,8 +16,9 @@ orchestrator's rules differ from the worker's (docs/orchestrator.md, "The loop")
   each session whose worker never ran (``start_failures{reason}``), and a worker seen running ends the
   back-off.
 
-The host keeps what it learns (the outpost, the machines to adopt) to itself; the runner and the sweep
-read it from here.
+One host per outpost served (:class:`~devin_outposts.orchestrator.outpost.OutpostRunner`). The host keeps
+what it learns (the outpost, the machines to adopt) to itself; the outpost's runner and sweep read it from
+here.
 """
 
 from __future__ import annotations
@@ -128,8 +129,9 @@ class MachineHost:
     @contextlib.asynccontextmanager
     async def recovery(self, outpost_id: str) -> AsyncIterator[KeepOverCap]:
         """Find the machines a previous run left; the claim loop then takes back our claims, keeping each
-        session whose machine is still there even over ``--max-concurrent`` (a restart with a lower cap
-        must not evict live sessions: claiming simply waits until fewer sessions run than the cap).
+        session whose machine is still there even over the caps (the outpost's own and
+        ``--max-concurrent``: a restart with a lower cap must not evict live sessions; claiming simply waits
+        until fewer sessions run than the caps).
 
         Any failure is a :class:`FleetError`, which the claim loop retries: a reply that could not be
         read (or any other surprise) must not end the run with every adopted machine left alone.
@@ -154,9 +156,10 @@ class MachineHost:
         over = len(pool.running) - pool.size
         if over > 0:
             log.warning(
-                "%d sessions taken back, %d more than --max-concurrent %d: every one keeps its machine; "
+                "%d sessions of outpost %s taken back, %d more than its cap %d: every one keeps its machine; "
                 "no new claim until fewer than %d run",
                 len(pool.running),
+                self.outpost_id or "?",
                 over,
                 pool.size,
                 pool.size,
