@@ -141,6 +141,7 @@ class KubernetesPlatform(Platform):
 
         self._server = run_fake_kube()
         self.fake = self._server.__enter__()
+        root.mkdir(parents=True, exist_ok=True)
         self.kubeconfig = self.fake.kubeconfig(root / "kubeconfig", namespace=self.NAMESPACE)
         self._stop = threading.Event()
         self._kubelet = threading.Thread(target=self._run_pods, name="kubelet", daemon=True)
