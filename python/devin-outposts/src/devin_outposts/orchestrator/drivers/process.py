@@ -64,6 +64,7 @@ from devin_outposts.orchestrator.drivers.base import (
 )
 from devin_outposts.orchestrator.drivers.process_status import (
     ADOPTED_POLL,
+    RECONCILE_INTERVAL,
     ProcessStatusSource,
     child_ended,
     open_pidfd,
@@ -114,6 +115,14 @@ OPTIONS = OptionTable(
         OptionKind.SECONDS,
         "seconds between SIGTERM and SIGKILL when a worker is stopped",
         default=10.0,
+    ),
+    DriverOption(
+        "reconcile_interval",
+        OptionKind.SECONDS,
+        "seconds between two listings of every machine by the status source (workers' starts and ends "
+        "reach it at once: the listing is a safety net)",
+        default=RECONCILE_INTERVAL,
+        above=0,
     ),
 )
 
@@ -166,12 +175,20 @@ class ProcessDriver(Driver):
     name = "process"
     option_table = OPTIONS
 
-    def __init__(self, root: Path, worker_command: tuple[str, ...], *, stop_grace: float = 10.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        worker_command: tuple[str, ...],
+        *,
+        stop_grace: float = 10.0,
+        reconcile_interval: float = RECONCILE_INTERVAL,
+    ) -> None:
         self.root = root
         self.machines_dir = root / "machines"
         self.snapshots_dir = root / "snapshots"
         self.worker_command = worker_command
         self.stop_grace = stop_grace
+        self.reconcile_interval = reconcile_interval
         #: Workers this process started, so that they are reaped (no zombies) when they exit.
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         #: The status sources running on this driver (told of each start and end at once).
@@ -189,10 +206,12 @@ class ProcessDriver(Driver):
         values = OPTIONS.read(options)
         root = values["root"] or context.state_dir / cls.name
         command = values["worker_command"] or (sys.executable, "-m", "devin_outposts")
-        return cls(root, command, stop_grace=values["stop_grace"])
+        return cls(
+            root, command, stop_grace=values["stop_grace"], reconcile_interval=values["reconcile_interval"]
+        )
 
     def status_source(self, acceptor_id: str) -> ProcessStatusSource:
-        return ProcessStatusSource(self, acceptor_id)
+        return ProcessStatusSource(self, acceptor_id, reconcile_interval=self.reconcile_interval)
 
     async def aclose(self) -> None:
         """Stop awaiting workers' ends (the workers run on: an orchestrator that starts again adopts them)."""
@@ -291,16 +310,19 @@ class ProcessDriver(Driver):
         worker was stopped on purpose meanwhile (:meth:`_stop_worker`)."""
         token = object()
         self._followed[name] = token
+        task = asyncio.ensure_future(ended)
+        self._waits.add(task)
 
-        async def wait() -> None:
-            await ended
+        def done(task: asyncio.Task[None]) -> None:
+            self._waits.discard(task)
+            if task.cancelled():
+                return
+            task.exception()  # retrieved: a failed wait still ends in a fresh read of the machine
             if self._followed.get(name) is token:
                 del self._followed[name]
                 self._report(name, acceptor_id)
 
-        task = asyncio.ensure_future(wait())
-        self._waits.add(task)
-        task.add_done_callback(self._waits.discard)
+        task.add_done_callback(done)
 
     def _report(self, name: str, acceptor_id: str) -> None:
         if self.sources:
