@@ -198,6 +198,8 @@ class ProcessDriver(Driver):
         #: already describes its successor).
         self._followed: dict[str, object] = {}
         self._waits: set[asyncio.Task[None]] = set()
+        #: Machines whose worker is being stopped on purpose (a listing meanwhile must not follow it again).
+        self._stopping: set[str] = set()
 
     @classmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> ProcessDriver:
@@ -332,7 +334,7 @@ class ProcessDriver(Driver):
 
     def follow(self, name: str, acceptor_id: str) -> None:
         """Await the end of ``name``'s running worker (one this process did not start: adopted), once."""
-        if name in self._followed:
+        if name in self._followed or name in self._stopping:
             return
         path = self._dir(name)
         pid = self._leader(path)
@@ -431,6 +433,13 @@ class ProcessDriver(Driver):
 
     async def _stop_worker(self, path: Path) -> None:
         self._followed.pop(path.name, None)  # an end we cause is no news (the wait still reaps a child)
+        self._stopping.add(path.name)
+        try:
+            await self._stop_leader(path)
+        finally:
+            self._stopping.discard(path.name)
+
+    async def _stop_leader(self, path: Path) -> None:
         pid = self._leader(path)
         if pid is not None:
             # Twice: the worker's first signal drains, the second stops its devin-remote at once.
@@ -438,7 +447,7 @@ class ProcessDriver(Driver):
                 platform.current().signal_group(None, pid, kill=False)
                 await asyncio.sleep(0.05)
             deadline = time.monotonic() + self.stop_grace
-            while process_alive(pid) and time.monotonic() < deadline:
+            while process_alive(pid) and not _zombie(pid) and time.monotonic() < deadline:
                 self._reap(path.name)
                 await asyncio.sleep(0.05)
             platform.current().signal_group(None, pid, kill=True)
