@@ -24,13 +24,11 @@ import os
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING, Optional
+from collections.abc import Iterable, MutableSet
+from typing import Callable, Optional, Protocol
 
 from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
-
-if TYPE_CHECKING:
-    from devin_outposts.orchestrator.drivers.process import ProcessDriver
 
 #: Seconds between two listings of every machine (a safety net: starts and ends are reported at once).
 RECONCILE_INTERVAL = 30.0
@@ -38,13 +36,17 @@ RECONCILE_INTERVAL = 30.0
 ADOPTED_POLL = 10.0
 
 
+#: ``os.pidfd_open`` where this Python has it (Linux only; looked up so that every platform type-checks).
+_PIDFD_OPEN: Optional[Callable[[int], int]] = getattr(os, "pidfd_open", None)
+
+
 @functools.cache
 def pidfd_works() -> bool:
     """Whether this kernel and Python give pidfds (Linux 5.3+, Python 3.9+ on Linux)."""
-    if not hasattr(os, "pidfd_open"):
+    if _PIDFD_OPEN is None:
         return False
     try:
-        fd = os.pidfd_open(os.getpid())
+        fd = _PIDFD_OPEN(os.getpid())
     except OSError:  # ENOSYS on older kernels, EPERM under some seccomp profiles
         return False
     os.close(fd)
@@ -53,10 +55,10 @@ def pidfd_works() -> bool:
 
 def open_pidfd(pid: int) -> Optional[int]:
     """A pidfd of ``pid``, or None (no pidfd on this host, or the process is gone)."""
-    if not pidfd_works():
+    if _PIDFD_OPEN is None or not pidfd_works():
         return None
     try:
-        return os.pidfd_open(pid)
+        return _PIDFD_OPEN(pid)
     except OSError:
         return None
 
@@ -108,11 +110,28 @@ async def _parked_wait(proc: subprocess.Popen[bytes]) -> None:
     await ended
 
 
+class FollowingDriver(Protocol):
+    """What the source needs of the ``process`` driver (:class:`~.process.ProcessDriver`)."""
+
+    @property
+    def sources(self) -> MutableSet[ProcessStatusSource]:
+        """The sources running on the driver (told of each start and end)."""
+
+    def machine_names(self, acceptor_id: str) -> Iterable[str]:
+        """The names of every machine made for ``acceptor_id``."""
+
+    def read_status(self, name: str) -> WorkerStatus:
+        """A machine's status, read at once (files and ``/proc`` only)."""
+
+    def follow(self, name: str, acceptor_id: str) -> None:
+        """Await the end of ``name``'s running worker, once."""
+
+
 class ProcessStatusSource:
-    """Every machine of ``acceptor_id`` on one :class:`ProcessDriver`, as one stream (module docs)."""
+    """Every machine of ``acceptor_id`` on one ``process`` driver, as one stream (module docs)."""
 
     def __init__(
-        self, driver: ProcessDriver, acceptor_id: str, *, reconcile_interval: float = RECONCILE_INTERVAL
+        self, driver: FollowingDriver, acceptor_id: str, *, reconcile_interval: float = RECONCILE_INTERVAL
     ) -> None:
         self.driver = driver
         self.acceptor_id = acceptor_id

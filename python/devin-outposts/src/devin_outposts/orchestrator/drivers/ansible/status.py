@@ -21,16 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Mapping, MutableSet
+from typing import Any, Optional, Protocol
 
 from devin_outposts.orchestrator.drivers.ansible import _run
+from devin_outposts.orchestrator.drivers.ansible.records import MachineRecords
 from devin_outposts.orchestrator.drivers.ansible.units import parse_unit_state, parse_units, unit_of
 from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
-
-if TYPE_CHECKING:
-    from devin_outposts.orchestrator.drivers.ansible.driver import AnsibleDriver
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +43,29 @@ RETRY_PAUSE = 5.0
 UNITS_VAR = "devin_outposts_status_units"
 
 
-class AnsibleStatusSource:
-    """Every machine of ``acceptor_id`` on one :class:`AnsibleDriver`, read by one run per interval."""
+class ReadingDriver(Protocol):
+    """What the source needs of the ``ansible`` driver (:class:`~.driver.AnsibleDriver`)."""
 
-    def __init__(self, driver: AnsibleDriver, acceptor_id: str, *, interval: float) -> None:
+    @property
+    def sources(self) -> MutableSet[AnsibleStatusSource]:
+        """The sources running on the driver (told of each start)."""
+
+    @property
+    def records(self) -> MachineRecords:
+        """The driver's record of each machine."""
+
+    @property
+    def unreachable_limit(self) -> int:
+        """Unanswered runs in a row after which an unreachable host's machines are gone."""
+
+    async def read_units(self, hosts: Mapping[str, Mapping[str, Any]], *, forks: int) -> _run.RunResult:
+        """One ad-hoc run of ``systemctl show`` of each host's units, on every host at once."""
+
+
+class AnsibleStatusSource:
+    """Every machine of ``acceptor_id`` on one ``ansible`` driver, read by one run per interval."""
+
+    def __init__(self, driver: ReadingDriver, acceptor_id: str, *, interval: float) -> None:
         self.driver = driver
         self.acceptor_id = acceptor_id
         self.interval = interval
