@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orchestrator_fakes import Running
 
+from devin_outposts.api.models import Outpost
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.ansible import AnsibleDriver, parse_unit_state
 from devin_outposts.orchestrator.drivers.ansible._run import runner_environment
@@ -29,8 +31,14 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerLaunch,
     WorkerState,
     WorkerStatus,
+    machine_name,
 )
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
+from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.orchestrator.runner import Orchestrator
+from devin_outposts_sim.testing import SimHandle
+
+from worker_fakes import wait_for
 
 pytest.importorskip(
     "ansible_runner", reason="the ansible driver needs ansible-runner (devin-outposts[ansible])"
@@ -540,3 +548,71 @@ def test_one_run_reads_every_machine_and_a_stopped_unit_ends_its_worker(
     assert sum(c.endswith(box_a) for c in calls) == sum(c.endswith("@devin-s3.service") for c in calls)
     assert len(calls) <= 2 * found["runs"]
     assert CountingAnsibleDriver.direct_reads == 0  # no machine was read on its own
+
+
+# A stand-in start playbook that counts its runs (each one a worker started on the host).
+START_COUNTED = (
+    START
+    + """    - name: Count the starts
+      ansible.builtin.shell: echo start >> {{ out }}/starts.log
+      changed_when: true
+"""
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_unit_that_stopped_ends_its_worker_and_the_session_starts_another(
+    tmp_path: Path, playbooks: dict[str, Path], sim: SimHandle, outpost: Outpost
+) -> None:
+    fakebin, units = tmp_path / "bin", tmp_path / "units"
+    fakebin.mkdir()
+    units.mkdir()
+    (fakebin / "systemctl").write_text(SYSTEMCTL)
+    (fakebin / "systemctl").chmod(0o755)
+    path = os.pathsep.join([str(fakebin), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    options = {
+        "provision_playbook": str(playbooks["provision"]),
+        "teardown_playbook": str(playbooks["teardown"]),
+        "start_playbook": str(_write(tmp_path / "start-counted.yml", START_COUNTED)),
+        "extra_vars_file": str(playbooks["vars"]),
+        "env": {"PATH": path, "FAKE_UNITS": str(units)},
+        "status_interval": "1",
+    }
+    driver = CountingAnsibleDriver.from_options(DriverContext(state_dir=tmp_path / "state"), options)
+    CountingAnsibleDriver.direct_reads = 0
+    sid = "devin-unit-stops"
+    _unit(units, sid, RUNNING)
+    config = OrchestratorConfig(
+        outpost=outpost.name,
+        driver="ansible",
+        max_concurrent=1,
+        state_dir=tmp_path / "state",
+        acceptor_id="orch-1",
+        api_url=sim.url,
+        token=sim.create_token("orchestrator"),
+        status_interval=0.05,
+        poll_interval=0.2,
+        confirm_interval=0.05,
+        confirm_reads=2,
+        gc_interval=30.0,
+        backoff_max=1.0,
+        boot_timeout=600.0,
+    )  # fmt: skip  (a boot timeout past the test's: only the unit's stop can start a second worker)
+    orch = Running(Orchestrator(config, driver=driver))
+    try:
+        sim.admin.enqueue(outpost.outpost_id, session_id=sid)
+        starts = playbooks["out"] / "starts.log"
+        machine = machine_name("devin", sid)
+        board = orch.orchestrator.board
+        wait_for(lambda: starts.exists(), timeout=120, what="the worker started")
+        wait_for(
+            lambda: (row := board.row(machine)) is not None and row.status.state is WorkerState.RUNNING,
+            timeout=120,
+            what="the unit seen running",
+        )
+        _unit(units, sid, STOPPED)  # the worker died; the session is still in the queue
+        wait_for(lambda: len(starts.read_text().splitlines()) >= 2, timeout=120, what="a second start")
+        _unit(units, sid, RUNNING)  # the second worker runs
+    finally:
+        orch.stop()
+    assert CountingAnsibleDriver.direct_reads == 0  # the session never read its machine on its own
