@@ -582,22 +582,13 @@ def test_a_unit_that_stopped_ends_its_worker_and_the_session_starts_another(
     CountingAnsibleDriver.direct_reads = 0
     sid = "devin-unit-stops"
     _unit(units, sid, RUNNING)
+    # A boot timeout past the test's: only the unit's stop can start a second worker.
     config = OrchestratorConfig(
-        outpost=outpost.name,
-        driver="ansible",
-        max_concurrent=1,
-        state_dir=tmp_path / "state",
-        acceptor_id="orch-1",
-        api_url=sim.url,
-        token=sim.create_token("orchestrator"),
-        status_interval=0.05,
-        poll_interval=0.2,
-        confirm_interval=0.05,
-        confirm_reads=2,
-        gc_interval=30.0,
-        backoff_max=1.0,
+        outpost=outpost.name, driver="ansible", max_concurrent=1, state_dir=tmp_path / "state",
+        acceptor_id="orch-1", api_url=sim.url, token=sim.create_token("orchestrator"), status_interval=0.05,
+        poll_interval=0.2, confirm_interval=0.05, confirm_reads=2, gc_interval=30.0, backoff_max=1.0,
         boot_timeout=600.0,
-    )  # fmt: skip  (a boot timeout past the test's: only the unit's stop can start a second worker)
+    )  # fmt: skip
     orch = Running(Orchestrator(config, driver=driver))
     try:
         sim.admin.enqueue(outpost.outpost_id, session_id=sid)
