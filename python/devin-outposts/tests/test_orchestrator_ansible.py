@@ -20,8 +20,8 @@ from orchestrator_fakes import Running
 from devin_outposts.api.models import Outpost
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.ansible import AnsibleDriver, parse_unit_state
-from devin_outposts.orchestrator.drivers.ansible._run import runner_environment
-from devin_outposts.orchestrator.drivers.ansible.records import machine_of
+from devin_outposts.orchestrator.drivers.ansible._run import RunResult, runner_environment
+from devin_outposts.orchestrator.drivers.ansible.records import MachineRecords, machine_of
 from devin_outposts.orchestrator.drivers.ansible.status import AnsibleStatusSource
 from devin_outposts.orchestrator.drivers.base import (
     DriverContext,
@@ -607,3 +607,77 @@ def test_a_unit_that_stopped_ends_its_worker_and_the_session_starts_another(
     finally:
         orch.stop()
     assert CountingAnsibleDriver.direct_reads == 0  # the session never read its machine on its own
+
+
+class ScriptedReader:
+    """The ansible driver as its status source sees it, with scripted runs: each answer is a mapping of
+    host -> the ``systemctl show`` output (or ``None``: unreachable); ``{}``: a run that answered nothing."""
+
+    unreachable_limit = 3
+
+    def __init__(self, root: Path, answers: list[dict[str, Any]]) -> None:
+        self.sources: set[AnsibleStatusSource] = set()
+        self.records = MachineRecords(root)
+        self.answers = answers
+        self.during_run: list[Any] = []
+
+    async def read_units(self, hosts: Any, *, forks: int) -> RunResult:
+        for action in self.during_run:
+            action()
+        self.during_run = []
+        events = [
+            {
+                "event": "runner_on_ok" if show is not None else "runner_on_unreachable",
+                "event_data": {
+                    "host": host,
+                    "res": {"stdout": show} if show is not None else {"msg": "down"},
+                },
+            }
+            for host, show in self.answers.pop(0).items()
+        ]
+        return RunResult(
+            "successful" if events else "failed", 0 if events else 1, Path("/nonexistent"), events
+        )
+
+
+def test_the_source_keeps_what_a_run_cannot_tell_and_ignores_what_a_start_made_stale(tmp_path: Path) -> None:
+    running = "Id=devin-outposts-session@devin-{}.service\n" + RUNNING
+    stopped = "Id=devin-outposts-session@devin-{}.service\n" + STOPPED
+    reader = ScriptedReader(
+        tmp_path,
+        [
+            {"host-a": running.format(1), "host-b": running.format(2)},
+            {"host-a": stopped.format(1), "host-b": None},  # host-b unreachable: m2 keeps its status
+            {},  # nothing answered: every status kept
+            {"host-a": stopped.format(1), "host-b": running.format(2)},  # m1 restarted meanwhile
+        ],
+    )
+    for number, host in ((1, "host-a"), (2, "host-b")):
+        reader.records.write(
+            {"name": f"m{number}", "session_id": f"devin-{number}", "outpost_id": "o",
+             "acceptor_id": "orch-1", "created_at": 0.0, "session": {}, "host": host, "host_vars": {}}
+        )  # fmt: skip
+    source = AnsibleStatusSource(reader, "orch-1", interval=3600)
+
+    async def scenario() -> list[Any]:
+        board = StatusBoard()
+        task = asyncio.ensure_future(source.run(board))  # its first run, then an hour's wait
+        await asyncio.sleep(0.1)
+        seen = [(board.row("m1"), board.row("m2"))]
+        for dummy in range(2):
+            answered = await source.read_all(board)
+            seen.append((answered, board.row("m1"), board.row("m2"), board.synced))
+        reader.during_run.append(lambda: source.started("m1", "orch-1"))
+        seen.append((await source.read_all(board), board.row("m1"), board.row("m2")))
+        task.cancel()
+        return seen
+
+    first, unreachable, nothing, restarted = asyncio.run(scenario())
+    assert [r.status.state for r in first] == [WorkerState.RUNNING] * 2
+    answered, m1, m2, synced = unreachable
+    assert (answered, m1.status.exit_code, m2.status.state, synced) == (True, 3, WorkerState.RUNNING, True)
+    answered, m1, m2, synced = nothing
+    assert (answered, m1.status.exit_code, m2.status.state, synced) == (False, 3, WorkerState.RUNNING, True)
+    # The run saw the worker m1's start replaced: its row stays the new worker's, not the old one's exit.
+    answered, m1, m2 = restarted
+    assert (answered, m1.status.state, m2.status.state) == (True, WorkerState.STARTING, WorkerState.RUNNING)

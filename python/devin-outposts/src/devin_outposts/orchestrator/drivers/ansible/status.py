@@ -13,7 +13,9 @@ not left for a whole interval.
 What one run cannot tell is not guessed: a host that did not answer keeps its machines' last statuses,
 until it was unreachable :data:`~.driver.UNREACHABLE_LIMIT` runs in a row (then its machines are gone, as
 for :meth:`~.driver.AnsibleDriver.status`); a run that produced no answer at all (ansible-runner broken,
-timed out) breaks the stream, so sessions read their machines directly until the next run answers.
+every host hung until ``status_timeout``) keeps every last status too and is retried sooner, and only the
+third such run in a row breaks the stream (sessions then read their machines directly, each read a run of
+its own, until a run answers again).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class AnsibleStatusSource:
         #: describes the worker it replaced.
         self._started: dict[str, float] = {}
         self._unanswered: dict[str, int] = {}
+        #: Runs in a row that answered nothing at all.
+        self._broken = 0
         self._soon = asyncio.Event()
         #: Runs made (what tests and the benchmark count).
         self.runs = 0
@@ -89,10 +93,11 @@ class AnsibleStatusSource:
                 if await self.read_all(board):
                     pause = RETRY_PAUSE
                     await self._next_run()
-                else:
-                    board.lost_sync()
-                    await asyncio.sleep(min(pause, self.interval))
-                    pause *= 2
+                    continue
+                if self._broken >= self.driver.unreachable_limit:
+                    board.lost_sync()  # sessions read their machines themselves until a run answers
+                await asyncio.sleep(min(pause, self.interval))
+                pause *= 2
         finally:
             self.driver.sources.discard(self)
             self._board = None
@@ -117,7 +122,9 @@ class AnsibleStatusSource:
         self._soon.set()
 
     async def read_all(self, board: StatusBoard) -> bool:
-        """One run over every machine, written to ``board``; False when the run answered nothing."""
+        """One run over every machine, written to ``board``; False when the run answered nothing (the
+        last statuses are written again then, until that happened ``unreachable_limit`` times in a row:
+        then nothing is, and :meth:`run` breaks the stream)."""
         as_of = time.monotonic()
         statuses: dict[str, WorkerStatus] = {}
         hosts: dict[str, dict[str, Any]] = {}
@@ -131,10 +138,10 @@ class AnsibleStatusSource:
             else:
                 entry = hosts.setdefault(str(record["host"]), {"vars": record["host_vars"], "units": {}})
                 entry["units"][unit] = name
-        if hosts:
-            answered = await self._read_hosts(hosts, statuses)
-            if not answered:
-                return False
+        answered = not hosts or await self._read_hosts(hosts, statuses)
+        self._broken = 0 if answered else self._broken + 1
+        if self._broken >= self.driver.unreachable_limit:
+            return False
         # A worker started while the run ran: what the run saw is its predecessor; its own row is newer.
         meanwhile = {name for name, at in self._started.items() if at >= as_of}
         for name in meanwhile:
@@ -142,7 +149,7 @@ class AnsibleStatusSource:
         self._started = {name: self._started[name] for name in meanwhile}
         self._last = {**statuses, **{name: self._last[name] for name in meanwhile if name in self._last}}
         board.replace_all(statuses, as_of=as_of)
-        return True
+        return answered
 
     async def _read_hosts(
         self, hosts: Mapping[str, Mapping[str, Any]], statuses: dict[str, WorkerStatus]
@@ -157,10 +164,15 @@ class AnsibleStatusSource:
             },
             forks=min(len(hosts), MAX_FORKS),
         )
-        answered = False
+        if not any(result.host_results(host) for host in hosts):  # the run itself failed: no news
+            log.warning("the status run answered nothing: %s", result.failure())
+            for entry in hosts.values():
+                for name in entry["units"].values():
+                    if name in self._last:
+                        statuses[name] = self._last[name]
+            return False
         for host, entry in hosts.items():
             events = result.host_results(host)
-            answered = answered or bool(events)
             units: Mapping[str, str] = entry["units"]
             answers = [e for e in events if e["event"] == "runner_on_ok"]
             if answers:
@@ -183,7 +195,7 @@ class AnsibleStatusSource:
                     statuses[name] = WorkerStatus(WorkerState.MISSING, detail=detail)
                 elif name in self._last:
                     statuses[name] = self._last[name]
-        return answered
+        return True
 
     @staticmethod
     def _log_unanswered(host: str, result: _run.RunResult, count: int) -> None:
