@@ -595,7 +595,7 @@ def test_a_unit_that_stopped_ends_its_worker_and_the_session_starts_another(
         starts = playbooks["out"] / "starts.log"
         machine = machine_name("devin", sid)
         board = orch.orchestrator.board
-        wait_for(lambda: starts.exists(), timeout=120, what="the worker started")
+        wait_for(starts.exists, timeout=120, what="the worker started")
         wait_for(
             lambda: (row := board.row(machine)) is not None and row.status.state is WorkerState.RUNNING,
             timeout=120,

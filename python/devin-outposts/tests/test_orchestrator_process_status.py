@@ -240,13 +240,13 @@ def orchestrate(sim: SimHandle, outpost: Outpost, workdir: Path) -> Iterator[Cal
         running.stop()
 
 
-def live_leaders(driver: ProcessDriver) -> dict[str, int]:
-    """Machine name -> the pid of its running worker."""
+def live_leaders(driver: ProcessDriver, count: int) -> Optional[dict[str, int]]:
+    """Machine name -> the pid of its running worker, once ``count`` workers run."""
     found = {}
     for path in driver.machines_dir.iterdir() if driver.machines_dir.is_dir() else ():
         if driver.read_status(path.name).state is WorkerState.RUNNING and (path / "worker.pid").exists():
             found[path.name] = leader(driver, path.name)
-    return found
+    return found if len(found) == count else None
 
 
 def test_ten_sessions_wait_on_their_workers_ends_and_never_read_their_machines(
@@ -256,8 +256,7 @@ def test_ten_sessions_wait_on_their_workers_ends_and_never_read_their_machines(
     driver = CountingDriver(workdir / "state" / "process", (str(hold),), stop_grace=2)
     orchestrate(driver)
     sids = [sim.admin.enqueue(outpost.outpost_id).session_id for dummy in range(10)]
-    leaders = wait_for(lambda: (lambda found: found if len(found) == 10 else None)(live_leaders(driver)),
-                       timeout=60, what="ten running workers")  # fmt: skip
+    leaders = wait_for(lambda: live_leaders(driver, 10), timeout=60, what="ten running workers")
     time.sleep(1.0)  # 20 status intervals: polling would have read each machine about 20 times
     reads, starts = driver.counts()
     assert reads == {}, reads  # each session waits on its row: the start reported it
