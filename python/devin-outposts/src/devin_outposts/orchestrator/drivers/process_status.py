@@ -10,7 +10,7 @@ machine every ``--status-interval-secs``.
 * A worker an earlier orchestrator started (adopted after a restart: not our child, so not ours to reap)
   is awaited through a pidfd too, opened after its record's start time was checked, so a reused pid is
   never followed; elsewhere its machine is read every :data:`ADOPTED_POLL` seconds.
-* :class:`ProcessStatusSource` is the driver's :class:`~.status_board.StatusSource`: it lists every machine
+* :class:`ProcessStatusSource` is the driver's :class:`~.base.StatusSource`: it lists every machine
   of its acceptor id (files only, no process started) every :data:`RECONCILE_INTERVAL` seconds, follows each
   running worker, and is told of each start and each end by the driver at once.
 """
@@ -27,8 +27,7 @@ import time
 from collections.abc import Iterable, MutableSet
 from typing import Callable, Optional, Protocol
 
-from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
-from devin_outposts.orchestrator.drivers.status_board import StatusBoard
+from devin_outposts.orchestrator.drivers.base import StatusSink, WorkerState, WorkerStatus
 
 #: Seconds between two listings of every machine (a safety net: starts and ends are reported at once).
 RECONCILE_INTERVAL = 30.0
@@ -136,9 +135,9 @@ class ProcessStatusSource:
         self.driver = driver
         self.acceptor_id = acceptor_id
         self.reconcile_interval = reconcile_interval
-        self._board: Optional[StatusBoard] = None
+        self._board: Optional[StatusSink] = None
 
-    async def run(self, board: StatusBoard) -> None:
+    async def run(self, board: StatusSink) -> None:
         self._board = board
         self.driver.sources.add(self)
         try:

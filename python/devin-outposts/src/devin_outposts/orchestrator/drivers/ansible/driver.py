@@ -52,13 +52,13 @@ from devin_outposts.orchestrator.drivers.base import (
     Machine,
     SessionSpec,
     Snapshot,
+    StatusSource,
     WorkerLaunch,
     WorkerState,
     WorkerStatus,
     machine_name,
     name_taken,
 )
-from devin_outposts.orchestrator.drivers.status_board import StatusSource
 
 #: What the provision playbook reports with set_stats.
 MACHINE_FACT = "devin_outposts_machine"

@@ -29,8 +29,7 @@ from typing import Any, Optional, Protocol
 from devin_outposts.orchestrator.drivers.ansible import _run
 from devin_outposts.orchestrator.drivers.ansible.records import MachineRecords
 from devin_outposts.orchestrator.drivers.ansible.units import parse_unit_state, parse_units, unit_of
-from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
-from devin_outposts.orchestrator.drivers.status_board import StatusBoard
+from devin_outposts.orchestrator.drivers.base import StatusSink, WorkerState, WorkerStatus
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class AnsibleStatusSource:
         self.driver = driver
         self.acceptor_id = acceptor_id
         self.interval = interval
-        self._board: Optional[StatusBoard] = None
+        self._board: Optional[StatusSink] = None
         #: What this source last wrote per machine (what a host that did not answer keeps).
         self._last: dict[str, WorkerStatus] = {}
         #: When (monotonic) each machine's worker was last started: a run that began before then
@@ -84,7 +83,7 @@ class AnsibleStatusSource:
         #: Runs made (what tests and the benchmark count).
         self.runs = 0
 
-    async def run(self, board: StatusBoard) -> None:
+    async def run(self, board: StatusSink) -> None:
         self._board = board
         self.driver.sources.add(self)
         pause = RETRY_PAUSE
@@ -121,7 +120,7 @@ class AnsibleStatusSource:
         self._board.put(name, status)
         self._soon.set()
 
-    async def read_all(self, board: StatusBoard) -> bool:
+    async def read_all(self, board: StatusSink) -> bool:
         """One run over every machine, written to ``board``; False when the run answered nothing (the
         last statuses are written again then, until that happened ``unreachable_limit`` times in a row:
         then nothing is, and :meth:`run` breaks the stream)."""
