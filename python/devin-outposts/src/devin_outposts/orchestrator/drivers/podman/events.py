@@ -165,7 +165,8 @@ class PodmanEvents:
 
     def report(self, name: str, status: WorkerStatus) -> None:
         """The driver's own verdict on ``name``'s current container (a start that failed)."""
-        self._change(Change(name, self._ids.get(name, ""), REPORT, time.time(), status=status))
+        # No container id: the verdict is on whichever container the name has now.
+        self._change(Change(name, "", REPORT, time.time(), status=status))
 
     def _change(self, change: Change) -> None:
         if self._board is None:
@@ -178,8 +179,12 @@ class PodmanEvents:
 
     # --- the stream --------------------------------------------------------------------------------
 
-    async def run(self, board: StatusBoard) -> None:
+    def attach(self, board: StatusBoard) -> None:
+        """Write into ``board`` from now on (:meth:`run` does; so do the unit tests)."""
         self._board = board
+
+    async def run(self, board: StatusBoard) -> None:
+        self.attach(board)
         restart = FIRST_RESTART
         while True:
             began = time.monotonic()
@@ -205,17 +210,23 @@ class PodmanEvents:
         reader = asyncio.ensure_future(self._read_events(child))
         errors = asyncio.ensure_future(self._read_stderr(child, stderr))
         try:
-            await self._reconcile(board)
+            await self.reconcile(board)
             while True:
                 await asyncio.wait({reader}, timeout=self.reconcile_interval)
                 if reader.done():
                     break
-                await self._reconcile(board)
+                await self.reconcile(board)
             reader.result()
         finally:
-            for task in (reader, errors):
-                task.cancel()
-            await PodmanCli.kill(child)
+            reader.cancel()
+            if child.stdout is not None and child.stdout.at_eof():
+                # It ended by itself: let asyncio reap it. Killing it now would reap it behind asyncio's
+                # back (Popen.send_signal polls first), which then logs an unknown child.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(child.wait()), 5.0)
+            if child.returncode is None:
+                await PodmanCli.kill(child)
+            errors.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await errors
         said = " / ".join(stderr) or "no error output"
@@ -263,14 +274,18 @@ class PodmanEvents:
                 return
             if not line:
                 return
-            change = self._parse(line)
-            if change is None or change.when < self._cutoff:
-                continue
-            self._last_event = max(self._last_event, change.when)
-            if self._listing:
-                self._held.append(change)
-            else:
-                await self._apply(change)
+            await self.feed(line)
+
+    async def feed(self, line: bytes) -> None:
+        """One line of ``podman events --format json`` onto the board (held while a listing runs)."""
+        change = self._parse(line)
+        if change is None or change.when < self._cutoff:
+            return
+        self._last_event = max(self._last_event, change.when)
+        if self._listing:
+            self._held.append(change)
+        else:
+            await self._apply(change)
 
     def _parse(self, line: bytes) -> Optional[Change]:
         """One of our machines' container events, or None (not JSON, another kind, not ours)."""
@@ -361,7 +376,7 @@ class PodmanEvents:
         # Through the queue: a listing that began while podman answered holds it back, then drops it.
         self._change(Change(name, container_id, REPORT, read_at, status=worker_status_of(found)))
 
-    async def _reconcile(self, board: StatusBoard) -> None:
+    async def reconcile(self, board: StatusBoard) -> None:
         """One ``podman ps --all`` of the acceptor's machines onto the board, then the changes that
         arrived while it ran."""
         self._listing = True
