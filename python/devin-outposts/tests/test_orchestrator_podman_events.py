@@ -85,6 +85,29 @@ def kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def calls_over_three(h: Loop, calls: Calls, start: int) -> list[str]:
+    """The podman calls from line ``start`` until there are three."""
+    h.wait(lambda: len(calls.lines(start)) >= 3, "three podman calls", timeout=60)
+    return calls.lines(start)
+
+
+def quiet_window(h: Loop, calls: Calls) -> list[str]:
+    """Three podman calls in a row with no ``podman events`` started among them (up to three tries)."""
+    window = calls_over_three(h, calls, calls.mark())
+    for dummy in range(2):
+        if not any(line.startswith("events ") for line in window):
+            break
+        window = calls_over_three(h, calls, calls.mark())
+    return window
+
+
+def nothing_left(h: Loop) -> None:
+    """Every container and volume of the test's acceptor gone. A session released for an infrastructure
+    error is claimed again after the 60 s cooldown, even once terminated (then its new machine is torn
+    down at once): the bound covers that round."""
+    h.wait(lambda: not h.containers() and not h.volumes(), "every container and volume removed", timeout=150)
+
+
 def container_of(h: Loop, session_id: str) -> str:
     name = machine_name("outpost-worker", session_id)
     assert name in h.containers()
@@ -101,10 +124,10 @@ def test_steady_state_asks_podman_nothing_per_container_and_an_outside_removal_e
     h.wait(lambda: all(h.sim.admin.connections(s) for s in sessions), "every session to be served")
     # Steady state: the listings every 2 s are the only podman calls, one `ps` each, whatever the number
     # of containers (polling would be an `inspect` per container per --status-interval-secs, 0.2 s here).
-    start = calls.mark()
-    h.wait(lambda: len(calls.lines(start)) >= 3, "three listings", timeout=60)
-    assert all(line.startswith("ps --all --filter") for line in calls.lines(start)), calls.lines(start)
-    assert sum(line.startswith("events ") for line in calls.lines()) == 1  # one child, never restarted
+    # podman 4.3's `podman events` exits when its events file rotates (1 MiB; other tests' containers fill
+    # it too): a window in which the child was restarted (sessions read directly meanwhile) is taken again.
+    window = quiet_window(h, calls)
+    assert all(line.startswith("ps --all --filter") for line in window), window
 
     # Removed from outside: the stream's `died` (with podman's exit code, 137 for its SIGKILL) ends the
     # worker and the restart finds no container, or its `remove` comes first ("container removed" is
@@ -118,7 +141,7 @@ def test_steady_state_asks_podman_nothing_per_container_and_an_outside_removal_e
     for sid in sessions:
         h.sim.admin.end_session(sid, "terminated")
     h.wait(lambda: all(h.released(s) for s in sessions), "every claim released")
-    h.wait(lambda: not h.containers() and not h.volumes(), "every container and volume removed")
+    nothing_left(h)
 
 
 @needs_podman
@@ -138,9 +161,10 @@ def test_a_killed_event_stream_is_restarted_and_relisted_and_misses_no_end(loop:
     restarted = [i for i, line in enumerate(calls.lines(start)) if line.startswith("events ")]
     assert len(restarted) == 1
     assert "--since" in calls.lines(start)[restarted[0]]
+    # The listing after the restart (listings are 300 s apart: no other since the kill). Not "after the
+    # events line": the two wrappers log concurrently, in either order.
     h.wait(
-        lambda: any(line.startswith("ps --all") for line in calls.lines(start + restarted[0] + 1)),
-        "a listing after the restart",
+        lambda: any(line.startswith("ps --all") for line in calls.lines(start)), "a listing after the restart"
     )
     # The new stream follows the other machine: its removal ends its session (listings are 300 s apart).
     podman("rm", "--force", "--time", "0", container_of(h, sessions[1]))
@@ -149,7 +173,7 @@ def test_a_killed_event_stream_is_restarted_and_relisted_and_misses_no_end(loop:
     )
     for sid in sessions:
         h.sim.admin.end_session(sid, "terminated")
-    h.wait(lambda: not h.containers() and not h.volumes(), "every container and volume removed")
+    nothing_left(h)
 
 
 @needs_podman
@@ -164,7 +188,7 @@ def test_a_worker_command_missing_from_the_image_releases_the_session_at_once_wi
     assert "exec-failed (exit 127: the worker command is not in the image)" in orch.log()
     assert h.sim.admin.connections(sid) == []  # no worker ever ran
     h.sim.admin.end_session(sid, "terminated")  # or the orchestrator claims it again and again
-    h.wait(lambda: not h.containers() and not h.volumes(), "every container and volume removed")
+    nothing_left(h)
 
 
 @needs_podman
@@ -187,7 +211,7 @@ def test_an_image_gone_after_start_up_releases_the_session_at_once_with_the_pull
         assert "(pull-error)" in orch.log()
         assert h.sim.admin.connections(sid) == []
         h.sim.admin.end_session(sid, "terminated")
-        h.wait(lambda: not h.containers() and not h.volumes(), "every container and volume removed")
+        nothing_left(h)
     finally:
         podman("rmi", vanishing, check=False)
 
@@ -213,5 +237,5 @@ def test_a_restarted_orchestrator_adopts_its_containers_and_follows_them_by_the_
     assert call["result"]["output"] == "still-here\n"
     for sid in sessions:
         h.sim.admin.end_session(sid, "terminated")
-    h.wait(lambda: not h.containers() and not h.volumes(), "every container and volume removed")
+    nothing_left(h)
     assert len(h.sim.admin.connections(sessions[1])) == 1  # adopted and kept serving, never restarted

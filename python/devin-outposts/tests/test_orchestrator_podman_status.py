@@ -193,6 +193,31 @@ def test_a_listing_never_overwrites_a_newer_event_and_older_events_are_dropped()
     asyncio.run(scenario())
 
 
+def test_a_container_made_while_a_listing_runs_is_starting_at_once_and_after_it() -> None:
+    """Seen in a loaded run: the replaced container's `remove` had made the row `missing`, a listing was
+    running when the driver made the new one, and its session read `missing` (and gave up)."""
+    board = StatusBoard()
+    source, cli = source_on(board)
+
+    async def made_meanwhile() -> None:
+        source.expect(NAME, "new")
+        assert state_of(board)[0] is WorkerState.STARTING  # at once, not after the listing
+        await source.feed(event("remove", "old"))  # late: not the container the name has any more
+
+    async def scenario() -> None:
+        await source.reconcile(board)
+        await source.feed(event("create", "old"))
+        await source.feed(event("remove", "old"))
+        assert state_of(board)[0] is WorkerState.MISSING
+        cli.during_listing = made_meanwhile  # this listing ran between the old one's removal and the create
+        await source.reconcile(board)
+        assert state_of(board)[0] is WorkerState.STARTING
+        await source.feed(event("start", "new"))
+        assert state_of(board)[0] is WorkerState.RUNNING
+
+    asyncio.run(scenario())
+
+
 def test_exit_codes_125_to_127_and_a_failed_start_are_failures_with_a_reason() -> None:
     board = StatusBoard()
     board.replace_all({}, as_of=0.0)

@@ -171,11 +171,12 @@ class PodmanEvents:
     def _change(self, change: Change) -> None:
         if self._board is None:
             return
+        # At once, even while a listing runs: the driver's start returns right after this, and its session
+        # then reads the row (a `remove` of the replaced container must not be what it finds). A listing
+        # running now replaces the ids and may predate the change: it is applied again after it.
+        self._apply_known(change)  # synchronous: only a podman event may need a read
         if self._listing:
             self._held.append(change)
-        else:
-            # Synchronous: only a podman event may need a read, and a report or an expect is none.
-            self._apply_known(change)
 
     # --- the stream --------------------------------------------------------------------------------
 
