@@ -29,6 +29,7 @@ from devin_outposts.orchestrator.drivers.base import (
     Machine,
     SessionSpec,
     Snapshot,
+    StatusSource,
     WorkerLaunch,
     WorkerState,
     WorkerStatus,
@@ -68,7 +69,6 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
 )
 from devin_outposts.orchestrator.drivers.podman.options import BUILTIN_NETWORKS, OPTIONS, Settings
 from devin_outposts.orchestrator.drivers.podman.store import PodmanVolumes, TokenSecrets, snapshot_of
-from devin_outposts.orchestrator.drivers.status_board import StatusSource
 
 log = logging.getLogger(__name__)
 

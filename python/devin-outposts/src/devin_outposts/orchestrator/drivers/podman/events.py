@@ -13,7 +13,7 @@ it reports onto the status board (:mod:`~devin_outposts.orchestrator.drivers.sta
   that container once too. Nothing else starts a podman process while the stream flows.
 
 Every :data:`RECONCILE_INTERVAL` seconds one ``podman ps --all`` of the acceptor's machines replaces the
-board (:meth:`StatusBoard.replace_all`, ``as_of`` when it began), which corrects anything the stream missed.
+board (:meth:`StatusSink.replace_all`, ``as_of`` when it began), which corrects anything the stream missed.
 While that listing runs, events are held back and applied after it, in order, so an older listing never
 overwrites a newer event; events older than the listing (wall clock) are dropped, as it shows them already.
 
@@ -49,6 +49,7 @@ from devin_outposts.orchestrator.drivers.base import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
     DriverError,
+    StatusSink,
     WorkerState,
     WorkerStatus,
     label_value,
@@ -63,7 +64,6 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
     listed_status,
     worker_status_of,
 )
-from devin_outposts.orchestrator.drivers.status_board import StatusBoard
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ REPORT = "report"
 
 
 class PodmanEvents:
-    """The :class:`~devin_outposts.orchestrator.drivers.status_board.StatusSource` of every machine the
+    """The :class:`~devin_outposts.orchestrator.drivers.base.StatusSource` of every machine the
     podman driver made for one acceptor id (see the module docs). ``start_failures``: the driver's
     verdict per container name for a ``podman start`` that failed (podman's own state then still says
     ``created``); it wins over a starting status for that name."""
@@ -143,7 +143,7 @@ class PodmanEvents:
         self.acceptor_id = acceptor_id
         self.start_failures = start_failures
         self.reconcile_interval = reconcile_interval
-        self._board: Optional[StatusBoard] = None
+        self._board: Optional[StatusSink] = None
         #: The current container id and last state per machine name (what events are checked against).
         self._ids: dict[str, str] = {}
         self._states: dict[str, WorkerState] = {}
@@ -181,11 +181,11 @@ class PodmanEvents:
 
     # --- the stream --------------------------------------------------------------------------------
 
-    def attach(self, board: StatusBoard) -> None:
+    def attach(self, board: StatusSink) -> None:
         """Write into ``board`` from now on (:meth:`run` does; so do the unit tests)."""
         self._board = board
 
-    async def run(self, board: StatusBoard) -> None:
+    async def run(self, board: StatusSink) -> None:
         self.attach(board)
         restart = FIRST_RESTART
         while True:
@@ -201,7 +201,7 @@ class PodmanEvents:
             )
             await asyncio.sleep(restart * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not a secret
 
-    async def _follow_once(self, board: StatusBoard) -> None:
+    async def _follow_once(self, board: StatusSink) -> None:
         """One child: list, then follow and list every interval, until the child ends."""
         # The child replays from a little before the last event (or before now): the listing that
         # follows covers what happened meanwhile, and the replay closes the moment between the child's
@@ -383,7 +383,7 @@ class PodmanEvents:
         # Through the queue: a listing that began while podman answered holds it back, then drops it.
         self._change(Change(name, container_id, REPORT, read_at, status=worker_status_of(found)))
 
-    async def reconcile(self, board: StatusBoard) -> None:
+    async def reconcile(self, board: StatusSink) -> None:
         """One ``podman ps --all`` of the acceptor's machines onto the board, then the changes that
         arrived while it ran."""
         self._listing = True
