@@ -307,7 +307,9 @@ class MachineSession(ClaimedSession):
         except asyncio.TimeoutError:
             return self._infrastructure(f"provisioning took longer than {self.config.provision_timeout:g}s")
         except DriverError as exc:
-            return self._infrastructure(f"provisioning failed: {exc}")
+            return self._infrastructure(
+                f"provisioning failed: {exc}", reason=exc.reason or "provision-failed"
+            )
         self._phase("provisioned")
         log.info(
             "provisioned machine %s", self.machine.name, extra={**self._extra, "machine": self.machine.name}
@@ -316,9 +318,9 @@ class MachineSession(ClaimedSession):
             return await self._restore()
         return None
 
-    def _infrastructure(self, detail: str) -> SessionResult:
+    def _infrastructure(self, detail: str, reason: str = "") -> SessionResult:
         """A failure of the machine, not of the session (counted by the orchestrator when it ends)."""
-        return SessionResult(self.session_id, FAILED, detail, infrastructure=True)
+        return SessionResult(self.session_id, FAILED, detail, infrastructure=True, reason=reason)
 
     def _log_result(self, result: SessionResult) -> None:
         """One progress line per session: how it ended, and how long each step took."""
@@ -384,7 +386,8 @@ class MachineSession(ClaimedSession):
         try:
             await self.driver.start(self.machine, self._launch_spec(token, gateway_url))
         except DriverError as exc:
-            raise LaunchError(f"starting the worker in machine {self.machine.name} failed: {exc}") from exc
+            why = f"starting the worker in machine {self.machine.name} failed: {exc}"
+            raise LaunchError(why, reason=exc.reason or "start-failed") from exc
         self.running_now = False
         self.booting_since = time.monotonic()
         return MachineRun(

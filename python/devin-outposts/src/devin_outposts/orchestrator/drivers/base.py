@@ -64,7 +64,12 @@ _UNSAFE = re.compile(r"[^a-z0-9-]+")
 
 
 class DriverError(Exception):
-    """A machine could not be made, started, read or destroyed. The message is one line, without secrets."""
+    """A machine could not be made, started, read or destroyed. The message is one line, without secrets;
+    ``reason`` is the platform's short name for the cause when the driver knows it (``pull-error``)."""
+
+    def __init__(self, message: str = "", *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def fnv1a32(text: str) -> str:

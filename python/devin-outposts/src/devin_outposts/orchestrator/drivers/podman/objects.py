@@ -280,5 +280,4 @@ class PodmanFailure(DriverError):
     reason leads the message, and is :attr:`reason` for a caller that carries it on."""
 
     def __init__(self, message: str, reason: str) -> None:
-        super().__init__(f"{message} ({reason})")
-        self.reason = reason
+        super().__init__(f"{message} ({reason})", reason=reason)
