@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -77,13 +78,32 @@ class DriverOrchestrator(Orchestrator):
     """``orchestrate`` with another driver and ``--machine-status``."""
 
     def __init__(self, sim: BenchSim, api_url: str, driver: str, mode: str, *args: str) -> None:
-        super().__init__(sim, f"orch-{driver}-{mode}", api_url, "--machine-status", mode, *args)
+        self.acceptor_id = f"bench-{driver}-{mode}-{os.urandom(3).hex()}"
+        super().__init__(
+            sim,
+            f"orch-{driver}-{mode}",
+            api_url,
+            "--machine-status",
+            mode,
+            "--acceptor-id",
+            self.acceptor_id,
+            *args,
+        )
         self.argv[self.argv.index("--driver") + 1] = driver
 
     def children_cpu_seconds(self) -> float:
-        """CPU seconds of the children the orchestrator reaped (``cutime + cstime``: its podman commands)."""
+        """CPU seconds of the orchestrator's children: those it reaped (``cutime + cstime``: its podman
+        commands) and those still running (its ``podman events`` child). A difference of two readings is
+        what its children used in between."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+        total = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    child = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    if int(child[1]) == self.pid:
+                        total += (int(child[11]) + int(child[12])) / CLOCK_TICKS
+        return total
 
 
 # --- the platforms -------------------------------------------------------------------------------------
@@ -100,6 +120,10 @@ class Platform:
     def counts(self) -> dict[str, int]:
         """Requests to the platform's API so far, by verb (nothing for drivers without one)."""
         return {}
+
+    def clean(self, acceptor_id: str) -> None:
+        """Remove whatever the orchestrator of ``acceptor_id`` left (it detaches from its machines)."""
+        return None
 
     def close(self) -> None:
         return None
@@ -127,6 +151,17 @@ class PodmanPlatform(Platform):
             "--driver-opt", "network=none",
             "--driver-opt", "stop_grace=1",
         ]  # fmt: skip
+
+    def clean(self, acceptor_id: str) -> None:
+        label = f"label=outposts.devin.ai/acceptor-id={acceptor_id}"
+        podman = shutil.which("podman") or "podman"
+        for kind, listing in (("container", ["ps", "-aq"]), ("volume", ["volume", "ls", "-q"])):
+            found = subprocess.run(
+                [podman, *listing, "--filter", label], capture_output=True, text=True, check=False
+            ).stdout.split()
+            if found:
+                remove = ["rm", "-f", "-t", "0"] if kind == "container" else ["volume", "rm", "-f"]
+                subprocess.run([podman, *remove, *found], capture_output=True, check=False)
 
 
 class KubernetesPlatform(Platform):
@@ -284,7 +319,9 @@ def run_mode(
         )  # fmt: skip
         sim_pid = pid_of(sim)
         result: dict[str, Any] = {"driver": platform.name, "mode": mode, "live": live}
-        with running_orchestrator(orch, lambda: pids_working_under(sim.root, [sim_pid])):
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(platform.clean, orch.acceptor_id)
+            cleanup.enter_context(running_orchestrator(orch, lambda: pids_working_under(sim.root, [sim_pid])))
             sessions = [sim.admin.enqueue(sim.outpost_id).session_id for dummy in range(live)]
             began = time.monotonic()
             wait_until(
