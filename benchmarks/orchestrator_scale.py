@@ -19,8 +19,9 @@ the figures are the orchestrator's and its platform's cost, not the workers':
   finishes deletions. It counts every request by verb.
 
 The brain fills ``--live`` sessions, waits until every worker runs (the orchestrator's
-``session_start_seconds`` count) and ``--settle`` seconds, then for ``--window`` seconds ends ``--churn``
-sessions per second (``terminated``, chosen at random) and enqueues as many new ones, while sampling. Reported
+``session_start_seconds`` count) and ``--settle`` seconds, then samples two windows of ``--window`` seconds:
+a steady state (renewals only), then one in which it ends ``--churn`` sessions per second (``terminated``,
+chosen at random) and enqueues as many new ones. Reported
 for each mode, side by side: fleet API requests per second (all, renewals, and beyond renewals: everything
 but the claim POSTs that were renewals), Kubernetes requests per second by verb, the orchestrator's CPU (% of
 one core; with podman also the CPU of the ``podman`` commands it ran, from its reaped children's times) and
@@ -304,6 +305,42 @@ def claim_actions(sim: BenchSim, since: float, until: float) -> dict[str, int]:
     return counts
 
 
+def measure(
+    sim: BenchSim,
+    orch: DriverOrchestrator,
+    proxy: Any,
+    platform: Platform,
+    sim_pid: int,
+    sessions: list[str],
+    churn_rate: float,
+    seconds: float,
+) -> dict[str, Any]:
+    """One window of ``seconds``, ending and enqueueing ``churn_rate`` sessions per second meanwhile."""
+    api0 = platform.counts()
+    children0 = orch.children_cpu_seconds()
+    wall0 = time.time()
+    with Churn(sim, sessions, churn_rate) as churn:
+        window = sample_window(orch, proxy, sim_pid, seconds)
+    wall1 = time.time()
+    api1 = platform.counts()
+    window["children_cpu_pct"] = 100 * (orch.children_cpu_seconds() - children0) / window["window_s"]
+    window["platform_per_s"] = {
+        verb: round((count - api0.get(verb, 0)) / window["window_s"], 2)
+        for verb, count in sorted(api1.items())
+        if count - api0.get(verb, 0)
+    }
+    window["platform_requests_per_s"] = sum(window["platform_per_s"].values())
+    actions = claim_actions(sim, wall0, wall1)
+    window["claim_actions"] = actions
+    renewals = actions.get("renew", 0) / window["window_s"]
+    window["renewals_per_s"] = renewals
+    window["beyond_renewals_per_s"] = window["requests_per_s"] - renewals
+    window["churned"] = len(churn.ended)
+    window["churn_errors"] = len(churn.errors)
+    window["workers_started"] = started_workers(orch)
+    return window
+
+
 def run_mode(
     args: argparse.Namespace, root: Path, platform: Platform, mode: str, live: int, say: Out
 ) -> dict[str, Any]:
@@ -334,29 +371,8 @@ def run_mode(
             filled = result["fill_s"]
             say(f"  {platform.name}/{mode}: {live} live after {filled:.1f} s; settling {args.settle:g} s")
             time.sleep(args.settle)
-            api0 = platform.counts()
-            children0 = orch.children_cpu_seconds()
-            wall0 = time.time()
-            with Churn(sim, sessions, args.churn) as churn:
-                window = sample_window(orch, proxy, sim_pid, args.window)
-            wall1 = time.time()
-            api1 = platform.counts()
-            window["children_cpu_pct"] = 100 * (orch.children_cpu_seconds() - children0) / window["window_s"]
-            window["platform_per_s"] = {
-                verb: round((count - api0.get(verb, 0)) / window["window_s"], 2)
-                for verb, count in sorted(api1.items())
-                if count - api0.get(verb, 0)
-            }
-            window["platform_requests_per_s"] = sum(window["platform_per_s"].values())
-            actions = claim_actions(sim, wall0, wall1)
-            window["claim_actions"] = actions
-            renewals = actions.get("renew", 0) / window["window_s"]
-            window["renewals_per_s"] = renewals
-            window["beyond_renewals_per_s"] = window["requests_per_s"] - renewals
-            window["churned"] = len(churn.ended)
-            window["churn_errors"] = len(churn.errors)
-            window["workers_started"] = started_workers(orch)
-            result["window"] = window
+            result["steady"] = measure(sim, orch, proxy, platform, sim_pid, sessions, 0.0, args.window)
+            result["window"] = measure(sim, orch, proxy, platform, sim_pid, sessions, args.churn, args.window)
         return result
 
 
@@ -364,30 +380,30 @@ def run_mode(
 
 
 def report(driver: str, runs: dict[str, dict[str, Any]], say: Out) -> None:
-    poll, watch = runs["poll"]["window"], runs["watch"]["window"]
     live = runs["watch"]["live"]
-    say("")
-    say(f"{driver}: {live} live sessions, churn {poll['churned']}/{watch['churned']} sessions in the window "
-        f"(poll/watch)")  # fmt: skip
-    say(f"  {'':44s} {'watch':>12s} {'poll (baseline)':>16s} {'ratio':>8s}")
-    rows = [
-        ("fleet API requests/s", "requests_per_s", "{:12.2f}"),
-        ("  of which claim renewals/s", "renewals_per_s", "{:12.2f}"),
-        ("  beyond renewals/s", "beyond_renewals_per_s", "{:12.2f}"),
-        ("platform API requests/s", "platform_requests_per_s", "{:12.2f}"),
-        ("orchestrator CPU % of one core", "cpu_pct", "{:12.2f}"),
-        ("its podman/other children CPU % of one core", "children_cpu_pct", "{:12.2f}"),
-        ("orchestrator RSS median (MiB)", "rss_mib", "{:12.1f}"),
-        ("threads", "threads", "{:12.0f}"),
-        ("simulator CPU %", "sim_cpu_pct", "{:12.2f}"),
-    ]
-    for label, key, fmt in rows:
-        a, b = fmt.format(watch[key]), fmt.format(poll[key])
-        say(f"  {label:44s} {a} {b:>16s} {ratio(watch[key], poll[key]):>8s}")
-    say(f"  /healthz answer time: watch {fmt_ms(watch['healthz_s'])}; poll {fmt_ms(poll['healthz_s'])}")
-    say(f"  platform requests/s by verb: watch {watch['platform_per_s']}; poll {poll['platform_per_s']}")
-    say(f"  fleet requests/s by route: watch {watch['routes_per_s']}")
-    say(f"                             poll {poll['routes_per_s']}")
+    for part, what in (("steady", "steady state, no churn"), ("window", "with churn")):
+        poll, watch = runs["poll"][part], runs["watch"][part]
+        say("")
+        say(f"{driver}: {live} live sessions, {what} ({watch['churned']} sessions ended and as many enqueued "
+            f"in {watch['window_s']:.0f} s with watch, {poll['churned']} with poll)")  # fmt: skip
+        say(f"  {'':44s} {'watch':>12s} {'poll (baseline)':>16s} {'ratio':>8s}")
+        rows = [
+            ("fleet API requests/s", "requests_per_s", "{:12.2f}"),
+            ("  of which claim renewals/s", "renewals_per_s", "{:12.2f}"),
+            ("  beyond renewals/s", "beyond_renewals_per_s", "{:12.2f}"),
+            ("platform API requests/s", "platform_requests_per_s", "{:12.2f}"),
+            ("orchestrator CPU % of one core", "cpu_pct", "{:12.2f}"),
+            ("its children's CPU % of one core (podman)", "children_cpu_pct", "{:12.2f}"),
+            ("orchestrator RSS median (MiB)", "rss_mib", "{:12.1f}"),
+            ("threads", "threads", "{:12.0f}"),
+            ("simulator CPU %", "sim_cpu_pct", "{:12.2f}"),
+        ]
+        for label, key, fmt in rows:
+            a, b = fmt.format(watch[key]), fmt.format(poll[key])
+            say(f"  {label:44s} {a} {b:>16s} {ratio(watch[key], poll[key]):>8s}")
+        say(f"  /healthz answer time: watch {fmt_ms(watch['healthz_s'])}; poll {fmt_ms(poll['healthz_s'])}")
+        say(f"  platform requests/s by verb: watch {watch['platform_per_s']}")
+        say(f"                               poll {poll['platform_per_s']}")
 
 
 def parse_args() -> argparse.Namespace:
