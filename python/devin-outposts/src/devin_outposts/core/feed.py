@@ -439,7 +439,7 @@ class QueueFeed:
         mono = time.monotonic()
         known = self.known_to_peers
         insiders = len(idle) + (1 if known else 0)
-        width = scatter_width(streak, len(self._peers) + 1)
+        width = max(1, scatter_width(streak, len(self._peers) + 1))  # one spare row before any 409
         rows = self._oldest(insiders + width, exclude, skip_blocked=False)
         if not rows:
             self._plan = None
@@ -452,7 +452,7 @@ class QueueFeed:
             if rank < len(rows) and usable[rank]:
                 self._plan = None
                 return ClaimChoice(rows[rank], 0.0)  # the row matched to us: nobody else's
-        spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok][: max(width, 1)]
+        spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok][:width]
         if spare:
             return self._scattered(spare, streak, mono)
         return self._head_choice(rows[0], usable[0], rank, mono)
