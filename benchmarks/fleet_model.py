@@ -138,6 +138,7 @@ class CountingTransport(httpx.AsyncBaseTransport):
         self.failures: Counter[str] = Counter()  #: transport errors by exception type (not requests)
         self.held: set[str] = set()
         self.watching = False
+        self.conflicts_at: list[float] = []  #: when (epoch) each claim got its 409
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         kind, sid = request_kind(request)
@@ -152,6 +153,7 @@ class CountingTransport(httpx.AsyncBaseTransport):
             renewal = sid in self.held
             if status == 409:
                 kind = "renew_409" if renewal else "claim_409"
+                self.conflicts_at.append(time.time())
                 self.held.discard(sid)
             elif status < 300:
                 kind = "renew" if renewal else "claim"
@@ -524,6 +526,7 @@ async def run_part(spec: PartSpec, conn: Connection) -> None:
                 "warnings": dict(log_counter.counts),
                 "warning_samples": dict(log_counter.samples),
                 "failures": dict(sum((t.failures for t in transports), Counter())),
+                "conflicts_at": [at for t in transports for at in t.conflicts_at],
                 "per_worker": {w.config.acceptor_id: sum(1 for r in w.results if r.outcome == SERVED)
                                for w in fleet},
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -708,7 +711,7 @@ def run_fleet(
 def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The model processes' figures as one fleet's."""
     merged: dict[str, Any] = {"served": set(), "ended_at": {}, "driver_errors": [], "stopped_by_worker": 0,
-                              "per_worker": {}}  # fmt: skip
+                              "per_worker": {}, "conflicts_at": []}  # fmt: skip
     counters = (
         "requests",
         "outcomes",
@@ -726,6 +729,7 @@ def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         merged["driver_errors"].extend(part["driver_errors"])
         merged["stopped_by_worker"] += part["stopped_by_worker"]
         merged["per_worker"].update(part["per_worker"])
+        merged["conflicts_at"].extend(part["conflicts_at"])
         for name in counters:
             merged[name].update(part[name])
     return merged
@@ -771,7 +775,19 @@ def analyse(
         "expired_claims": sum(1 for r in records if r["action"] == "expire"),
         "sessions_per_worker": f"{min(per_worker.values(), default=0)}-{max(per_worker.values(), default=0)}",
         "mean_duration_s": plan.mean_duration,
+        "conflicts_by_fifth": by_fifth(merged["conflicts_at"], window[0], window[0] + wall),
     }
+
+
+def by_fifth(times: Sequence[float], start: float, end: float) -> list[int]:
+    """How many of ``times`` fell in each fifth of [start, end] (the last fifth takes what comes later)."""
+    counts = [0] * 5
+    span = end - start
+    if not span > 0:
+        return counts
+    for at in times:
+        counts[min(4, max(0, int(5 * (at - start) / span)))] += 1
+    return counts
 
 
 def lost_cell(part: Mapping[str, Any]) -> str:
@@ -849,6 +865,7 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
                  f"enqueues {part['enqueue_per_s']:.0f}/s",
                  f"sessions per worker {part['sessions_per_worker']}",
                  f"expired claims {part['expired_claims']}",
+                 f"409s by fifth of the run {part['conflicts_by_fifth']}",
                  f"remotes stopped by the worker {part['stopped_by_worker']}",
                  f"worker exits {part['worker_exit_codes']}",
                  f"peak RSS {part['max_rss_mib']:.0f} MiB (largest model process)",

@@ -14,6 +14,7 @@ import pytest
 
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core.feed import (
+    FIRST_CLAIM_JITTER,
     SCATTER_MAX,
     SCATTER_PAUSE,
     SPREAD_MAX_RANK,
@@ -56,10 +57,15 @@ def test_a_lone_worker_claims_strictly_oldest_first() -> None:
     feed.replace_all([entry("c", 3), entry("a", 1), entry("b", 2)])
     taken = []
     while (choice := feed.next_claim(exclude=taken)) is not None:
-        assert choice.wait == 0.0
+        # Having seen nobody, it may be one of a fleet that started together: its first claim waits a
+        # random moment (once), but the order is exact.
+        assert choice.wait <= FIRST_CLAIM_JITTER
         taken.append(choice.entry.session_id)
     assert taken == ["a", "b", "c"]
     assert feed.contenders() == ["solo"]
+    feed.upsert(entry("a", 1, holder="solo", deadline=time.time() + 600))  # its claim, on the watch
+    choice = feed.next_claim(exclude=["a"])
+    assert choice is not None and choice.entry.session_id == "b" and choice.wait == 0.0
 
 
 def immediate_picks(group: list[QueueFeed], **kwargs: Any) -> list[str]:
@@ -217,19 +223,20 @@ def test_after_a_409_the_crowd_scatters_over_spare_rows_at_random_moments() -> N
     for feed in crowd:
         feed.replace_all(rows)
         first = feed.next_claim()
-        assert first is not None and first.entry.session_id == "devin-000" and first.wait == 0.0
+        assert first is not None and first.entry.session_id == "devin-000"
+        assert first.wait <= FIRST_CLAIM_JITTER
         feed.lost_race("devin-000", 5.0)
     choices = [c for f in crowd if (c := f.next_claim()) is not None]
     assert len(choices) == len(crowd)
     picked = {c.entry.session_id for c in choices}
-    assert "devin-000" not in picked and len(picked) > 8  # spread over the spare rows (16 at first)
+    assert "devin-000" not in picked and len(picked) > 12  # spread over the spare rows (32 at first)
     assert all(0.0 <= c.wait <= SCATTER_PAUSE for c in choices)
     assert len({c.wait for c in choices}) > 1  # and over time
     again = crowd[0].next_claim()  # a plan is kept: asking again does not draw anew
     assert again is not None and again.entry.session_id == choices[0].entry.session_id
     assert again.wait <= choices[0].wait
     widest = {scatter_width(streak, 1) for streak in range(1, 30)}
-    assert min(widest) == 16 and max(widest) == SCATTER_MAX
+    assert min(widest) == 32 and max(widest) == SCATTER_MAX
     choice = strict.next_claim(exclude=["devin-000"], conflicts=3)
     assert choice is not None and choice.entry.session_id == "devin-001"  # the baseline stays strict
 

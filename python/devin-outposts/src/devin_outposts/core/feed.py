@@ -26,28 +26,31 @@ instead of a sort of the whole outpost.
 
 Spreading (``spread=True``, the worker's default): when every worker of an outpost goes for the same
 oldest row, one wins and all the others get a 409, and each 409 counts against the account's rate
-limits. :meth:`QueueFeed.next_claim` therefore keeps oldest-first as the rule but lets each row have an
-*owner*: among the *contenders* (this worker and the other acceptors seen claiming on the outpost in the
-last :data:`PEER_MEMORY` seconds that hold no claim now, i.e. are probably idle), the one with the highest
-rendezvous hash of ``(acceptor_id, session_id)``. Among the oldest rows (a window of twice the
-contenders) the owner claims at once; the contender ranked *r*-th waits ``min(r, SPREAD_MAX_RANK) *
-SPREAD_STEP`` seconds, and by then the watch has usually shown the row claimed, so it never sends the
-losing request. Each worker takes the row it may claim soonest, the older on a tie.
+limits. :meth:`QueueFeed.next_claim` therefore keeps oldest-first as the rule but shares the oldest rows
+out between the *contenders*: this worker and the other acceptors seen on the outpost (claiming a row,
+or giving one back) in the last :data:`PEER_MEMORY` seconds that hold no claim now, i.e. are probably
+idle, in one order every worker computes alike (:func:`contender_order`, a hash).
 
-The wait counts from the later of two moments: when the row became claimable, and when the caller
-started looking for work (``looking_since``: a slot fell free). Counting from the row alone is not
-enough: in a backlog every row has been claimable for longer than any rank's wait, so every worker that
-falls free would go for the oldest row at once. Counted from its own look, a worker takes a row it owns
-and leaves the others to their owners. The oldest row (the *head*) counts from when it became the head
-instead, so a head whose owner has gone away (or is busy without our knowing) is not passed over for
-long. Fairness bound: when any contender is idle, the head is claimed no later than ``SPREAD_MAX_RANK *
-SPREAD_STEP`` seconds (2 s) after it became the head, and with a single worker (no peers seen) the order
-is exactly oldest-first.
+* The matching: the *i*-th contender takes the *i*-th oldest claimable row, at once. A contender that
+  claims its row leaves the matching together with that row, so every other pair stays as it was, and
+  a worker one event behind still picks the same row: collisions come only from views that disagree
+  about which contenders are idle. Penalised rows still count in the positions (others do not know of
+  our penalties); a worker whose own row is penalised looks further.
+* A worker the others do not count yet (:attr:`QueueFeed.known_to_peers`: its own claim not seen on the
+  watch in the last :data:`PEER_MEMORY` seconds) takes the first row beyond the matched ones.
+* After a 409 (:meth:`QueueFeed.lost_race`) the worker knows it is in a crowd its view does not show:
+  it picks a random row among the spare rows beyond the matched ones (:func:`scatter_width`) at a
+  random moment (:data:`SCATTER_PAUSE`, doubling per further 409 up to :data:`SCATTER_PAUSE_CAP`), and
+  keeps that choice until someone else takes the row. Its own claim on the watch ends the streak.
+* The head (the oldest claimable row): a worker without a row of its own takes it once the head's
+  contender has had ``min(rank, SPREAD_MAX_RANK) * SPREAD_STEP`` seconds since the row became the head
+  (rank: its place in the order; :data:`SPREAD_MAX_RANK` for a worker the others do not count).
 
-Idle peers are known only from their past claims, so a fleet that starts together knows none: every
-worker takes itself for alone and goes for the oldest row. A worker whose claim got a 409 while it knew
-no idle peer therefore picks its next row at random among the oldest ``2 ** (conflicts + 2)`` (at most
-:data:`SCATTER_MAX`): the losers of one race spread out instead of racing again for the next row.
+Fairness bound: when any contender is idle, the head is claimed no later than ``SPREAD_MAX_RANK *
+SPREAD_STEP`` seconds (2 s) after it became the head; rows behind it go in age order to the matched
+contenders, and only a crowd after a 409 takes spare rows out of order. With a single worker (no idle
+peer seen, no 409) the order is exactly oldest-first. A fleet that starts together knows no peer until
+each has claimed once: its first row costs a 409 per worker, once.
 """
 
 from __future__ import annotations
@@ -94,10 +97,15 @@ PEER_MEMORY = 600.0
 SCATTER_MAX = 1024
 #: The scattered claim waits a random part of this many seconds, doubling after each further 409 up to
 #: SCATTER_PAUSE_CAP: a crowd of workers that lost the same race comes back spread out in time too.
-SCATTER_PAUSE = 0.25
+SCATTER_PAUSE = 0.5
 SCATTER_PAUSE_CAP = 4.0
 #: Seconds after the last 409 that a worker still counts itself in a crowd (unless it claimed since).
 STREAK_MEMORY = 30.0
+#: A worker that has seen no other acceptor on the outpost yet may be alone, or one of a fleet that
+#: started together, where every worker would go for the first row at once. Its first claim waits a
+#: random part of this many seconds (still the oldest row): the fleet's first claims come spread out,
+#: and the later ones see the winner's claim and that they are not alone. Once per start.
+FIRST_CLAIM_JITTER = 1.0
 
 
 def rendezvous_score(acceptor_id: str, session_id: str) -> int:
@@ -116,7 +124,7 @@ def scatter_width(streak: int, acceptors: int) -> int:
     """How many spare rows a worker without a matched row chooses among (0 before any 409)."""
     if streak <= 0:
         return 0
-    return min(max(16, 2 * acceptors) * 2 ** min(streak - 1, 16), SCATTER_MAX)
+    return min(max(32, 4 * acceptors) * 2 ** min(streak - 1, 16), SCATTER_MAX)
 
 
 @dataclass(frozen=True)
@@ -212,6 +220,9 @@ class QueueFeed:
         self._streak_at = 0.0
         #: A scattered choice (session_id, when to claim it), kept until it is taken or gone.
         self._plan: Optional[tuple[str, float]] = None
+        #: When (monotonic) a worker that saw nobody else may make its first claim (FIRST_CLAIM_JITTER);
+        #: None until drawn, 0.0 once it has claimed, lost a race or met a peer before drawing.
+        self._first_claim_at: Optional[float] = None
 
     # --- the picture ------------------------------------------------------------------------------
 
@@ -234,6 +245,7 @@ class QueueFeed:
         if entry.status.phase == Phase.CLAIMED and holder == self.acceptor_id:
             self._seen_self = time.monotonic()  # the others see it too: they count us as a contender
             self._streak = 0
+            self._first_claim_at = 0.0
         if entry.status.phase == Phase.CLAIMED and holder and holder != self.acceptor_id:
             self._see_peer(holder)
         if entry.status.phase == Phase.PENDING and not entry.is_finished:
@@ -256,6 +268,7 @@ class QueueFeed:
             self.on_change()
 
     def _see_peer(self, acceptor_id: str) -> None:
+        self._order(acceptor_id)
         self._peers.pop(acceptor_id, None)  # re-insert: the dict stays ordered by when we last saw them
         self._peers[acceptor_id] = time.monotonic()
 
@@ -412,6 +425,7 @@ class QueueFeed:
         self._streak += 1
         self._streak_at = time.monotonic()
         self._plan = None
+        self._first_claim_at = 0.0
 
     def streak(self) -> int:
         """409s in a row lately (reset by a claim of ours on the watch, forgotten after STREAK_MEMORY)."""
@@ -431,11 +445,11 @@ class QueueFeed:
         no longer needed: a backlog's rows each have their own contender.
         """
         streak = max(conflicts, self.streak()) if self.spread else 0
-        idle = sorted(self._idle_peers(), key=self._order) if self.spread else []
+        idle = self._idle_peers() if self.spread else []
         if not idle and not streak:
             self._plan = None
             first = self.next_candidate(exclude)
-            return ClaimChoice(first, 0.0) if first is not None else None
+            return ClaimChoice(first, self._first_claim_wait()) if first is not None else None
         mono = time.monotonic()
         known = self.known_to_peers
         insiders = len(idle) + (1 if known else 0)
@@ -448,7 +462,8 @@ class QueueFeed:
         rank = SPREAD_MAX_RANK
         if known:
             mine = self._order(self.acceptor_id)
-            rank = sum(1 for peer in idle if self._order(peer) < mine)
+            keys = self._order_keys  # every peer's key was computed when it was first seen
+            rank = sum(1 for peer in idle if keys[peer] < mine)
             if rank < len(rows) and usable[rank]:
                 self._plan = None
                 return ClaimChoice(rows[rank], 0.0)  # the row matched to us: nobody else's
@@ -456,6 +471,16 @@ class QueueFeed:
         if spare:
             return self._scattered(spare, streak, mono)
         return self._head_choice(rows[0], usable[0], rank, mono)
+
+    def _first_claim_wait(self) -> float:
+        """Seconds before a worker that has seen nobody else makes its first claim (0 afterwards)."""
+        mono = time.monotonic()
+        if self._first_claim_at is None:
+            if not self.spread or self._peers or self._seen_self is not None:
+                self._first_claim_at = 0.0  # not a fleet's first moment: it knows who is there
+            else:
+                self._first_claim_at = mono + random.uniform(0.0, FIRST_CLAIM_JITTER)  # noqa: S311
+        return max(0.0, self._first_claim_at - mono)
 
     def _scattered(self, spare: list[QueueEntry], streak: int, mono: float) -> ClaimChoice:
         """A row beyond the matched ones for a worker the others do not count (or whose own row is
