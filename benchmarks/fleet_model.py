@@ -145,7 +145,9 @@ class CountingTransport(httpx.AsyncBaseTransport):
         try:
             response = await self.inner.handle_async_request(request)
         except httpx.TransportError as exc:
-            self.counts[f"{kind}_failed"] += 1
+            # A connection that never opened carried no request: not a claim the server saw.
+            unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+            self.counts[f"{kind}_unsent" if unsent else f"{kind}_failed"] += 1
             self.failures[f"{kind}: {type(exc).__name__}"] += 1
             raise
         status = response.status_code
@@ -829,8 +831,9 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
             f"{fmt_s(wait['max']):>6} "
             f"{double_serves(part):6d} {part['reclaimed_after_end']:5d} {lost_cell(part):>4} "
             f"{part['cpu_s']['simulator']:6.1f}s {part['cpu_s']['model']:8.1f}s")  # fmt: skip
-    say("(per served session: req/s. = HTTP requests, claim/s. = claim POSTs incl. 409s and renewals, "
-        "409/s. = 409 answers; queue wait in seconds, enqueue -> first claim; stale = claims of sessions "
+    say("(per served session: req/s. = HTTP requests, claim/s. = claim POSTs incl. 409s, renewals and claims "
+        "whose answer was lost (not those whose connection never opened), 409/s. = 409 answers; queue wait "
+        "in seconds, enqueue -> first claim; stale = claims of sessions "
         "already marked terminated; lost * = unserved when the run was cut short)")  # fmt: skip
     say("")
     say("requests per served session, by kind:")
@@ -838,7 +841,7 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
     for part in results:
         n = max(part["served"], 1)
         requests = part["requests"]
-        failed = sum(count for kind, count in requests.items() if kind.endswith("_failed"))
+        failed = sum(count for kind, count in requests.items() if kind.endswith(("_failed", "_unsent")))
         values = [requests.get(k, 0) for k in (*KIND_COLUMNS, "5xx")] + [failed]
         cells = " ".join(f"{value / n:9.3f}" for value in values)
         say(f"{part['workers']:>4} x {part['sessions']:<4} {part['mode']:7} {cells}")

@@ -14,6 +14,7 @@ import pytest
 
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core.feed import (
+    ECHO_WAIT,
     FIRST_CLAIM_JITTER,
     SCATTER_MAX,
     SCATTER_PAUSE,
@@ -190,7 +191,7 @@ def test_fairness_bound_on_the_head_whose_contender_is_gone(monkeypatch: pytest.
     assert len(immediate_picks(present)) == len(present)  # the bound: everyone may take it by now
 
 
-def test_a_worker_the_others_do_not_know_takes_a_row_beyond_the_matched_ones() -> None:
+def test_a_worker_the_others_do_not_count_takes_a_row_beyond_the_matched_ones() -> None:
     names = ["a1", "a2", "a3"]
     insiders = feeds(names)
     meet(insiders, names)
@@ -201,7 +202,8 @@ def test_a_worker_the_others_do_not_know_takes_a_row_beyond_the_matched_ones() -
         feed.replace_all(rows)
     assert not newcomer.known_to_peers
     choice = newcomer.next_claim()
-    assert choice is not None and choice.wait == 0.0 and choice.entry.session_id == "devin-003"
+    assert choice is not None and choice.wait == 0.0  # a random row beyond the three matched ones
+    assert choice.entry.session_id in {f"devin-{n:03d}" for n in range(3, 6)}
     assert sorted(immediate_picks(insiders)) == ["devin-000", "devin-001", "devin-002"]
 
 
@@ -248,3 +250,18 @@ def test_a_claim_of_ours_on_the_watch_ends_the_streak() -> None:
     assert feed.streak() == 1
     feed.upsert(entry("b", 2, holder="me", deadline=time.time() + 600))
     assert feed.streak() == 0 and feed.known_to_peers
+
+
+def test_a_worker_waits_for_the_watch_to_show_its_claim_given_back() -> None:
+    # Its slot is free, but the others still see its last claim: they do not count it idle yet, and
+    # one of them would pick the row matched to it. It waits for the echo (bounded), then claims.
+    names = ["p1", "p2", "me"]
+    (feed,) = feeds(["me"])
+    meet([feed], names)
+    rows = [entry(f"next-{n}", n + 1) for n in range(3)]
+    feed.replace_all([entry("done", 0, holder="me", deadline=time.time() + 600), *rows])
+    choice = feed.next_claim(looking_since=time.monotonic())
+    assert choice is not None and 0.0 < choice.wait <= ECHO_WAIT
+    feed.remove("done")  # given back and gone, on the watch
+    choice = feed.next_claim(looking_since=time.monotonic())
+    assert choice is not None and choice.wait == 0.0

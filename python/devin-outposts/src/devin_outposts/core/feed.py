@@ -106,6 +106,9 @@ STREAK_MEMORY = 30.0
 #: random part of this many seconds (still the oldest row): the fleet's first claims come spread out,
 #: and the later ones see the winner's claim and that they are not alone. Once per start.
 FIRST_CLAIM_JITTER = 1.0
+#: A worker whose session has ended waits at most this long (from when its slot fell free) for the
+#: watch to show its claim given back, i.e. for the others to count it idle, before claiming its row.
+ECHO_WAIT = 1.0
 
 
 def rendezvous_score(acceptor_id: str, session_id: str) -> int:
@@ -218,6 +221,8 @@ class QueueFeed:
         #: 409s in a row (lost_race) and when the last came; a claim of ours on the watch resets it.
         self._streak = 0
         self._streak_at = 0.0
+        #: Our claims as the watch shows them (the others judge us busy by these, not by our pool).
+        self._ours_on_watch: set[str] = set()
         #: A scattered choice (session_id, when to claim it), kept until it is taken or gone.
         self._plan: Optional[tuple[str, float]] = None
         #: When (monotonic) a worker that saw nobody else may make its first claim (FIRST_CLAIM_JITTER);
@@ -246,6 +251,11 @@ class QueueFeed:
             self._seen_self = time.monotonic()  # the others see it too: they count us as a contender
             self._streak = 0
             self._first_claim_at = 0.0
+        if entry.status.phase == Phase.CLAIMED and holder == self.acceptor_id and not entry.is_finished:
+            self._ours_on_watch.add(sid)
+        elif sid in self._ours_on_watch:
+            self._ours_on_watch.discard(sid)
+            self.on_change()  # the others now count us idle too: our matched row is ours to claim
         if entry.status.phase == Phase.CLAIMED and holder and holder != self.acceptor_id:
             self._see_peer(holder)
         if entry.status.phase == Phase.PENDING and not entry.is_finished:
@@ -288,6 +298,9 @@ class QueueFeed:
 
     def remove(self, session_id: str) -> None:
         self.discard(session_id)
+        if session_id in self._ours_on_watch:
+            self._ours_on_watch.discard(session_id)
+            self.on_change()
         if self.on_update:
             self.on_update(session_id, None)
 
@@ -451,9 +464,11 @@ class QueueFeed:
             first = self.next_candidate(exclude)
             return ClaimChoice(first, self._first_claim_wait()) if first is not None else None
         mono = time.monotonic()
-        known = self.known_to_peers
+        # The others count us among the idle contenders once the watch shows none of our claims; a
+        # claim we still hold (a worker with several slots) keeps us busy in their eyes.
+        known = self.known_to_peers and not (self._ours_on_watch & set(exclude))
         insiders = len(idle) + (1 if known else 0)
-        width = max(1, scatter_width(streak, len(self._peers) + 1))  # one spare row before any 409
+        width = scatter_width(max(1, streak), len(self._peers) + 1)
         rows = self._oldest(insiders + width, exclude, skip_blocked=False)
         if not rows:
             self._plan = None
@@ -466,7 +481,11 @@ class QueueFeed:
             rank = sum(1 for peer in idle if keys[peer] < mine)
             if rank < len(rows) and usable[rank]:
                 self._plan = None
-                return ClaimChoice(rows[rank], 0.0)  # the row matched to us: nobody else's
+                # The row matched to us, nobody else's; but until the watch shows that our last claim
+                # was given back, the others do not count us, and one of them would pick the same row.
+                looking = mono if looking_since is None else min(looking_since, mono)
+                echo = looking + ECHO_WAIT - mono if self._ours_on_watch - set(exclude) else 0.0
+                return ClaimChoice(rows[rank], max(0.0, echo))
         spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok][:width]
         if spare:
             return self._scattered(spare, streak, mono)
@@ -490,11 +509,11 @@ class QueueFeed:
             for row in spare:
                 if row.session_id == sid:
                     return ClaimChoice(row, max(0.0, at - mono))
-        if not streak:
-            self._plan = None
-            return ClaimChoice(spare[0], 0.0)
         # S311: spreading load, not a secret.
         row = random.choice(spare)  # noqa: S311
+        if not streak:  # other workers the rest do not count may be looking too: a random spare row
+            self._plan = None
+            return ClaimChoice(row, 0.0)
         pause = random.uniform(0.0, min(SCATTER_PAUSE * 2.0 ** (streak - 1), SCATTER_PAUSE_CAP))  # noqa: S311
         self._plan = (row.session_id, mono + pause)
         return ClaimChoice(row, pause)
