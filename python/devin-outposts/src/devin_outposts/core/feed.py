@@ -36,8 +36,11 @@ idle, in one order every worker computes alike (:func:`contender_order`, a hash)
   a worker one event behind still picks the same row: collisions come only from views that disagree
   about which contenders are idle. Penalised rows still count in the positions (others do not know of
   our penalties); a worker whose own row is penalised looks further.
-* A worker the others do not count yet (:attr:`QueueFeed.known_to_peers`: its own claim not seen on the
-  watch in the last :data:`PEER_MEMORY` seconds) takes the first row beyond the matched ones.
+* A worker whose session ended waits (at most :data:`ECHO_WAIT` from when its slot fell free) for the
+  watch to show its claim given back: until then the others do not count it idle.
+* A worker the others do not count (:attr:`QueueFeed.known_to_peers`: its own claim not seen on the
+  watch in the last :data:`PEER_MEMORY` seconds; or it holds other claims) takes a random row among
+  the spare rows beyond the matched ones once it has seen any other acceptor.
 * After a 409 (:meth:`QueueFeed.lost_race`) the worker knows it is in a crowd its view does not show:
   it picks a random row among the spare rows beyond the matched ones (:func:`scatter_width`) at a
   random moment (:data:`SCATTER_PAUSE`, doubling per further 409 up to :data:`SCATTER_PAUSE_CAP`), and
@@ -50,7 +53,9 @@ Fairness bound: when any contender is idle, the head is claimed no later than ``
 SPREAD_STEP`` seconds (2 s) after it became the head; rows behind it go in age order to the matched
 contenders, and only a crowd after a 409 takes spare rows out of order. With a single worker (no idle
 peer seen, no 409) the order is exactly oldest-first. A fleet that starts together knows no peer until
-each has claimed once: its first row costs a 409 per worker, once.
+each has claimed once; a worker that has seen nobody makes its first claim at a random moment within
+:data:`FIRST_CLAIM_JITTER` (the oldest row still), so that most of such a fleet sees someone claim, and
+scatters, first.
 """
 
 from __future__ import annotations
@@ -459,7 +464,10 @@ class QueueFeed:
         """
         streak = max(conflicts, self.streak()) if self.spread else 0
         idle = self._idle_peers() if self.spread else []
-        if not idle and not streak:
+        if not idle and not streak and (not self._peers or self.known_to_peers):
+            # Alone (nobody seen), or known to peers that are all busy: strictly the oldest row. A worker
+            # that sees others claim but has never been seen itself is one of a crowd (a fleet that
+            # started together): it takes a spare row at random below.
             self._plan = None
             first = self.next_candidate(exclude)
             return ClaimChoice(first, self._first_claim_wait()) if first is not None else None
