@@ -132,7 +132,7 @@ def scatter_width(streak: int, acceptors: int) -> int:
     """How many spare rows a worker without a matched row chooses among (0 before any 409)."""
     if streak <= 0:
         return 0
-    return min(max(32, 4 * acceptors) * 2 ** min(streak - 1, 16), SCATTER_MAX)
+    return min(max(32, 4 * acceptors) << min(streak - 1, 16), SCATTER_MAX)
 
 
 @dataclass(frozen=True)
