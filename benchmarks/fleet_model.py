@@ -1,8 +1,11 @@
-"""Fleet model: many workers in one process, the real claim code, the real client, a real simulator.
+"""Fleet model: many workers in a few processes, the real claim code, the real client, a real simulator.
 
 ``claim_latency.py`` runs one ``devin-outposts worker start`` process per worker, which caps a 2-core
-machine at about 50 workers. This model runs W :class:`~devin_outposts.worker.runner.Worker` objects on
-one event loop instead, so that 10, 50, 200 and 1,000 workers can be measured. Each worker is the real
+machine at about 50 workers. This model runs W :class:`~devin_outposts.worker.runner.Worker` objects
+spread over ``--procs`` model processes (forked from this one; by default one per
+:data:`WORKERS_PER_PROC` workers, at most one per CPU), each running its share on one event loop, so
+that 10, 50, 200 and 1,000 workers can be measured, and the model's own CPU (reported per process) is
+not what sets the pace at 1,000. Each worker is the real
 code from end to end (``Worker``, ``ClaimLoop``, ``QueueFeed``, ``SessionServer`` and ``FleetClient``:
 list, watch, claims, 409 handling, renewals, status checks, confirm reads, release), each with its own
 acceptor id, data directory, working directory and HTTP connections, over real sockets to a
@@ -15,17 +18,21 @@ things are stood in for, because a process per session would be the whole cost a
   SIGTERM at once when the worker stops it;
 * the binary store: ``resolve_sha``/``ensure`` return a fixed SHA and path without downloading.
 
-The driver enqueues N sessions through the simulator's admin API (one thread, back to back, as fast as
-the simulator takes them; session ids and lengths are drawn from ``--seed`` so every run gets the same
-sessions). A session's length (uniform in ``--min-duration``..``--max-duration``) starts when its
-stand-in remote starts; at its end the driver marks the session ``terminated`` through the admin API and
-then lets the remote exit 0, as a real remote exits when its session ends.
+Once every model process says its workers watch the queue, this (parent) process enqueues N sessions
+through the simulator's admin API (back to back, as fast as the simulator takes them; session ids and
+lengths are drawn from ``--seed`` so every run gets the same sessions). A session's length (uniform in
+``--min-duration``..``--max-duration``) starts when its stand-in remote starts; at its end the model
+process marks the session ``terminated`` through the admin API and then lets the remote exit 0, as a
+real remote exits when its session ends. The model processes send the sessions they served as they go,
+and their request counts, CPU seconds and the rest when told to stop; the parent merges them and reads
+the claim history from the simulator.
 
 Measured, per run, from the moment every worker is watching until every session has been released:
 
 * **requests**: every HTTP request the workers send, counted by a wrapper around each client's transport
   and sorted by kind (list, watch, claim won, claim answered 409, renewal, release, get, other);
-  "claim POSTs" counts every claim request (won, 409 and renewals);
+  "claim POSTs" counts every claim request the server may have seen (won, 409, renewals, and those
+  whose answer was lost); a request whose connection never opened is counted apart (``*_unsent``);
 * **queue wait**: from just before the enqueue request was sent to the session's first ``claim`` record
   in the simulator's claim history (p50/p90/p99/max);
 * **sessions/s**: N / (last release - first enqueue);
@@ -36,14 +43,18 @@ Measured, per run, from the moment every worker is watching until every session 
 * **lost**: sessions never served. A run that has not served every session after ``--run-limit``
   seconds is cut short; its unserved sessions are then marked ``*`` (not necessarily lost: the fleet was
   too slow), and its queue-wait figures cover the served sessions only;
-* CPU seconds of the simulator and of this process (all workers and the driver), and warnings logged.
+* CPU seconds of the simulator and of each model process over the measured run (also as a share of
+  it), the 409s by fifth of the run (where the storms are), and warnings logged.
 
 Each size runs twice when the worker has the ``claim_spread`` option (``WorkerConfig(claim_spread=...)``,
 ``--no-claim-spread``): claims spread over the oldest pending rows, and strict oldest-first as the
 baseline of the same run, printed side by side with their ratios. Without the option only today's
 code runs.
 
-Run: ``.venv/bin/python benchmarks/fleet_model.py [--quick] [--sizes 10:200,50:1000] [--json FILE|-]``.
+Run: ``.venv/bin/python benchmarks/fleet_model.py [--quick] [--sizes 10:200,50:1000] [--procs P]
+[--run-limit S] [--baseline-run-limit S] [--json FILE|-]``. ``--procs`` sets the number of model
+processes; ``--baseline-run-limit`` cuts the strict baseline short sooner than ``--run-limit`` (strict
+oldest-first at 1,000 workers can take far longer than spreading).
 The figures are measurements, not assertions: the exit code is 0 unless the benchmark itself broke.
 """
 
