@@ -147,6 +147,15 @@ def test_without_spreading_every_worker_goes_for_the_oldest(spread: bool) -> Non
         assert first == {"devin-0"}
 
 
+def test_the_strict_baseline_stays_strict_for_a_worker_nobody_has_seen() -> None:
+    (strict,) = feeds(["strict"], spread=False)
+    meet([strict], ["p1", "p2"])  # it has seen others claim; they have never seen it
+    strict.upsert(entry("held", 0, holder="p1", deadline=time.time() + 600))
+    strict.replace_all([entry(f"devin-{n}", n) for n in range(50)])
+    picks = {c.entry.session_id for dummy in range(20) if (c := strict.next_claim()) is not None}
+    assert picks == {"devin-0"}
+
+
 class FakeMonotonic:
     def __init__(self) -> None:
         self.now = 1000.0

@@ -459,11 +459,14 @@ class QueueFeed:
         Without spreading it is :meth:`next_candidate`, at once; so it is with spreading while no idle
         peer is known and no claim of ours lost a race (a lone worker: strictly oldest first). Else the
         module docstring's matching decides. ``conflicts`` is how many 409s in a row the caller has just
-        had (the feed also counts them, :meth:`lost_race`); ``looking_since`` is kept for callers and
-        no longer needed: a backlog's rows each have their own contender.
+        had (the feed also counts them, :meth:`lost_race`); ``looking_since`` is when the caller's slot
+        fell free (``time.monotonic()``; None: now), from which the wait for our release's echo counts.
         """
-        streak = max(conflicts, self.streak()) if self.spread else 0
-        idle = self._idle_peers() if self.spread else []
+        if not self.spread:
+            first = self.next_candidate(exclude)
+            return ClaimChoice(first, 0.0) if first is not None else None
+        streak = max(conflicts, self.streak())
+        idle = self._idle_peers()
         if not idle and not streak and (not self._peers or self.known_to_peers):
             # Alone (nobody seen), or known to peers that are all busy: strictly the oldest row. A worker
             # that sees others claim but has never been seen itself is one of a crowd (a fleet that
