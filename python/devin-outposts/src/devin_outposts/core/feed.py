@@ -88,17 +88,18 @@ FEED_BACKOFF_CAP = 5.0
 QUICK_END_PAUSE = listwatch_module.QUICK_END_PAUSE
 #: Seconds past ``claim_deadline`` before an expired claim of another worker is tried (clock skew).
 EXPIRY_SLACK = 1.0
-#: Spreading: the deferral per rendezvous rank. Long enough for the owner's claim to reach our watch
-#: (a claim round trip plus an SSE event), short enough not to matter next to a session.
+#: Spreading: how long a worker without a row of its own leaves the head to the head's contender, per
+#: place in the order. Long enough for that contender's claim to reach our watch (a claim round trip
+#: plus an SSE event), short enough not to matter next to a session.
 SPREAD_STEP = 0.25
-#: Ranks beyond this wait no longer: a row whose first few owners are gone is still claimed within 2 s.
+#: Places beyond this wait no longer: a head whose first few contenders are gone is claimed within 2 s.
 SPREAD_MAX_RANK = 8
-#: Seconds an acceptor seen claiming on the outpost counts as a peer. Idle peers are only known from
-#: their past claims, so a long memory keeps a quiet outpost spread; a peer that has gone away costs
-#: at most a deferral of SPREAD_STEP per rank on the rows it would have owned.
+#: Seconds an acceptor seen on the outpost counts as a peer. Idle peers are only known from their past
+#: claims and releases, so a long memory keeps a quiet outpost spread; a peer that has gone away costs
+#: at most a deferral of SPREAD_STEP per place on the head while it was matched to it.
 PEER_MEMORY = 600.0
-#: After 409s, a worker without a matched row scatters over the spare rows: first over about twice the
-#: acceptors it knows of (at least 16), doubling after each further 409, at most this many rows.
+#: A worker without a matched row scatters over the spare rows: first over four rows per acceptor it
+#: knows of (at least 32), doubling after each further 409, at most this many rows.
 SCATTER_MAX = 1024
 #: The scattered claim waits a random part of this many seconds, doubling after each further 409 up to
 #: SCATTER_PAUSE_CAP: a crowd of workers that lost the same race comes back spread out in time too.
