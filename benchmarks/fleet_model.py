@@ -631,10 +631,11 @@ class Parts:
         self.served: set[str] = set()
         self.ready: list[float] = []
         self.results: list[dict[str, Any]] = []
+        self.finished: list[Connection] = []
 
     def pump(self, timeout: float) -> None:
         """Read what has come in within ``timeout`` seconds."""
-        for conn in wait(self.conns, timeout):
+        for conn in wait([c for c in self.conns if c not in self.finished], timeout):
             assert isinstance(conn, Connection)
             try:
                 message = conn.recv()
@@ -650,6 +651,7 @@ class Parts:
                 self.served.update(message[1])
             elif kind == "result":
                 self.results.append(message[1])
+                self.finished.append(conn)  # it exits next: its end of the pipe closes
             elif kind == "error":
                 raise BenchError(f"a model process broke: {message[1]}")
 
