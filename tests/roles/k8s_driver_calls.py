@@ -21,6 +21,7 @@ from k8s_fake import FakeKube, Request, run_fake_kube  # noqa: E402
 
 from devin_outposts.orchestrator.drivers import driver_class  # noqa: E402
 from devin_outposts.orchestrator.drivers.base import DriverContext, SessionSpec, WorkerLaunch  # noqa: E402
+from devin_outposts.orchestrator.drivers.status_board import StatusBoard  # noqa: E402
 
 _PATH = re.compile(r"^/(?:api/v1|apis/([^/]+)/v1)/namespaces/[^/]+/([a-z]+)(/[^/]+)?$")
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -70,7 +71,22 @@ async def every_call(fake: FakeKube, directory: Path) -> None:
         await driver.sweep_orphans("orch-1", "outpost_env-1", set())
         await driver.teardown(machine)
         await driver.delete_snapshot(snapshot)
+        await follow_pods(fake, driver)
     await driver.aclose()
+
+
+async def follow_pods(fake: FakeKube, driver: Any) -> None:
+    """The Pod status watch (list, then watch), until its first watch request."""
+    source = driver.status_source("orch-1")
+    assert source is not None
+    task = asyncio.ensure_future(source.run(StatusBoard()))
+    deadline = asyncio.get_running_loop().time() + 60
+    while not fake.count("watch"):
+        if asyncio.get_running_loop().time() > deadline or task.done():
+            raise AssertionError("the pod watch did not start")
+        await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def main() -> None:

@@ -152,7 +152,7 @@ def test_the_role_is_namespaced_and_least_privilege(default_render: tuple[Path, 
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "devin-outposts"
     # Exactly the kubernetes driver's needs (docs/orchestrator-kubernetes.md, "RBAC").
     assert granted_by(role) == {
-        ("", "pods"): {"get", "list", "create", "delete"},
+        ("", "pods"): {"get", "list", "watch", "create", "delete"},
         ("", "secrets"): {"list", "create", "delete", "patch"},
         ("", "persistentvolumeclaims"): {"get", "list", "create", "delete", "patch"},
         ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "delete", "patch"},
@@ -237,6 +237,21 @@ def test_every_option_still_renders_valid_objects(tmp_path: Path) -> None:
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
 
 
+def test_several_outposts_run_in_one_deployment_with_one_acceptor_id(tmp_path: Path) -> None:
+    """One Deployment (one Lease, one acceptor id) serves every outpost of the list, each cap where given."""
+    role_vars = {**BASE_VARS, "devin_outposts_orchestrator_outpost": "",
+                 "devin_outposts_orchestrator_outposts": [{"outpost": "gpu-pool", "max_concurrent": 2},
+                                                          {"outpost": "cpu-pool"}]}  # fmt: skip
+    done = render(tmp_path, role_vars)
+    assert done.returncode == 0, done.stdout + done.stderr
+    objects = manifests(tmp_path)
+    assert_valid(objects)
+    pod = objects["50-deployment.yml"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["containers"][0]["env"]}
+    assert env["DEVIN_ORCHESTRATOR_OUTPOST"] == "gpu-pool=2,cpu-pool"
+    assert env["DEVIN_ORCHESTRATOR_ACCEPTOR_ID"].startswith("k8s-devin-outposts-")
+
+
 def test_a_broken_object_is_caught(default_render: tuple[Path, Any]) -> None:
     """The validation can fail: a misspelt field and a wrong type are both reported."""
     tmp_path, done = default_render
@@ -259,11 +274,16 @@ def test_a_broken_object_is_caught(default_render: tuple[Path, Any]) -> None:
         ({"devin_outposts_orchestrator_token": ""}, "no token: set devin_outposts_orchestrator_token"),
         ({"devin_outposts_orchestrator_outpost": ""}, "no outpost: set devin_outposts_orchestrator_outpost"),
         ({"devin_outposts_orchestrator_validate_certs": False}, "the orchestrator always verifies TLS"),
+        ({"devin_outposts_orchestrator_outposts": [{"outpost": "other"}]}, "not both"),
+        ({"devin_outposts_orchestrator_outpost": "", "devin_outposts_orchestrator_outposts": [
+            {"outpost": "a", "max_concurrent": 0}]}, "max_concurrent 1 or more"),
+        ({"devin_outposts_orchestrator_outpost": "", "devin_outposts_orchestrator_outposts": [
+            {"outpost": "a"}, {"outpost": "a"}]}, "each outpost of the list once"),
         ({"devin_outposts_orchestrator_k8s_metrics_addr": "8080"}, "must be HOST:PORT"),
         ({"devin_outposts_orchestrator_driver_config": {"namespace": "elsewhere"}}, "the Role only grants access there"),
     ],
-    ids=["no-image", "bad-namespace", "no-token", "no-outpost", "validate-certs-false", "bad-metrics-addr",
-         "other-namespace"],
+    ids=["no-image", "bad-namespace", "no-token", "no-outpost", "validate-certs-false", "outpost-and-outposts",
+         "outpost-cap-zero", "outpost-twice", "bad-metrics-addr", "other-namespace"],
 )
 def test_bad_inputs_are_refused_before_anything_is_written(tmp_path: Path, role_vars: dict[str, Any],
                                                            expected: str) -> None:

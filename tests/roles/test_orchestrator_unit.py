@@ -97,3 +97,20 @@ def test_the_podman_driver_leaves_out_what_would_stop_podman(tmp_path: Path) -> 
     conflicts = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_devin_outposts_orchestrator_podman_conflicts"]
     assert not set(conflicts) & set(unit), sorted(set(conflicts) & set(unit))
     assert unit["KillMode"] == "process" and unit["UMask"] == "0027"
+
+
+def test_several_outposts_render_as_one_list_with_their_caps(tmp_path: Path) -> None:
+    """devin_outposts_orchestrator_outposts: one orchestrator for several outposts, each cap where one is given."""
+    outposts = [{"outpost": "alpha", "max_concurrent": 2}, {"outpost": "beta"},
+                {"outpost": "gamma", "max_concurrent": 3}]  # fmt: skip
+    role_vars = {**BASE, "devin_outposts_orchestrator_outpost": "", "devin_outposts_orchestrator_outposts": outposts,
+                 "devin_outposts_orchestrator_max_concurrent": 4}  # fmt: skip
+    out = render(tmp_path, role_vars)
+    env = dict(line.split("=", 1) for line in out["env"].splitlines() if not line.startswith("#"))
+    assert env["DEVIN_ORCHESTRATOR_OUTPOST"] == '"alpha=2,beta,gamma=3"'
+    assert env["DEVIN_ORCHESTRATOR_MAX_CONCURRENT"] == '"4"'
+    assert "claims sessions of alpha=2,beta,gamma=3 " in out["unit"]
+    # The single outpost, as before.
+    lines = render(tmp_path, BASE)["env"].splitlines()
+    assert '"build-pool"' == dict(line.split("=", 1) for line in lines if not line.startswith("#"))[
+        "DEVIN_ORCHESTRATOR_OUTPOST"]  # fmt: skip

@@ -85,7 +85,11 @@ class ScriptedDriver(Driver):
 
     async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
         with self.lock:
-            return [m for m in self.machines.values() if m.acceptor_id == acceptor_id]
+            return [
+                m
+                for m in self.machines.values()
+                if m.acceptor_id == acceptor_id and m.outpost_id == outpost_id
+            ]
 
     async def snapshot(self, machine: Machine) -> Snapshot:
         raise DriverError("no snapshots here")

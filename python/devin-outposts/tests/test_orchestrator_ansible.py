@@ -8,23 +8,37 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from orchestrator_fakes import Running
 
+from devin_outposts.api.models import Outpost
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.ansible import AnsibleDriver, parse_unit_state
-from devin_outposts.orchestrator.drivers.ansible._run import runner_environment
-from devin_outposts.orchestrator.drivers.ansible.records import machine_of
+from devin_outposts.orchestrator.drivers.ansible._run import RunResult, runner_environment
+from devin_outposts.orchestrator.drivers.ansible.records import MachineRecords, machine_of
+from devin_outposts.orchestrator.drivers.ansible.status import AnsibleStatusSource
 from devin_outposts.orchestrator.drivers.base import (
     DriverContext,
     DriverError,
+    Machine,
     SessionSpec,
     WorkerLaunch,
     WorkerState,
+    WorkerStatus,
+    machine_name,
 )
+from devin_outposts.orchestrator.drivers.status_board import StatusBoard
+from devin_outposts.orchestrator.options import OrchestratorConfig
+from devin_outposts.orchestrator.runner import Orchestrator
+from devin_outposts_sim.testing import SimHandle
+
+from worker_fakes import wait_for
 
 pytest.importorskip(
     "ansible_runner", reason="the ansible driver needs ansible-runner (devin-outposts[ansible])"
@@ -405,3 +419,265 @@ def test_an_unreachable_host_is_an_error_then_missing(tmp_path: Path, playbooks:
     assert third.state is WorkerState.MISSING, third
     # The bad id was refused before any token file was written.
     assert not (tmp_path / "state" / "ansible" / "secrets").exists()
+
+
+# --- the status source: every machine read by one run ----------------------------------------------------
+
+# Three hosts: box-a holds two sessions' units, box-b one, box-away is never reachable.
+PROVISION_BOXES = """
+- name: Provision onto shared hosts
+  hosts: localhost
+  gather_facts: false
+  vars:
+    here: {ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}"}
+    away: {ansible_host: 127.0.0.1, ansible_port: 1}
+    box: "{{ {'1': 'box-a', '2': 'box-a', '3': 'box-b'}.get(devin_outposts_session_id[-1], 'box-away') }}"
+  tasks:
+    - name: Report the host
+      ansible.builtin.set_stats:
+        data:
+          devin_outposts_machine: {host: "{{ box }}", vars: "{{ away if box == 'box-away' else here }}"}
+        aggregate: false
+"""
+# A stand-in for `systemctl show` on the hosts: each unit's state from a file of the test (absent: not
+# found), in the order asked, blank-line apart, as systemd prints several units; every call logged.
+SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "$FAKE_UNITS/calls.log"
+shift 2
+first=1
+for unit in "$@"; do
+  [ "$first" = 1 ] || echo
+  first=0
+  echo "Id=$unit"
+  if [ -f "$FAKE_UNITS/$unit" ]; then cat "$FAKE_UNITS/$unit"
+  else printf 'LoadState=not-found\\nActiveState=inactive\\nSubState=dead\\n'; fi
+done
+"""
+RUNNING = "LoadState=loaded\nActiveState=active\nSubState=running\nExecMainStartTimestampMonotonic=5\n"
+STOPPED = (
+    "LoadState=loaded\nActiveState=failed\nSubState=failed\nResult=exit-code\nExecMainCode=1\n"
+    "ExecMainStatus=3\nExecMainStartTimestampMonotonic=5\n"
+)
+
+
+class CountingAnsibleDriver(AnsibleDriver):
+    """The real driver, counting the direct status reads (each one a whole run)."""
+
+    direct_reads = 0
+
+    async def status(self, machine: Machine) -> WorkerStatus:
+        type(self).direct_reads += 1
+        return await super().status(machine)
+
+
+def _unit(units: Path, session_id: str, state: str) -> None:
+    (units / f"devin-outposts-session@{session_id}.service").write_text(state)
+
+
+async def _row(board: StatusBoard, name: str, done: Any) -> WorkerStatus:
+    for dummy in range(1200):  # at most 120 s (each read is an ansible run): only shows nothing hangs
+        row = board.row(name)
+        if row is not None and done(row.status):
+            return row.status
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{name}: {board.row(name)}")
+
+
+@pytest.mark.timeout(300)
+def test_one_run_reads_every_machine_and_a_stopped_unit_ends_its_worker(
+    tmp_path: Path, playbooks: dict[str, Path]
+) -> None:
+    fakebin, units = tmp_path / "bin", tmp_path / "units"
+    fakebin.mkdir()
+    units.mkdir()
+    (fakebin / "systemctl").write_text(SYSTEMCTL)
+    (fakebin / "systemctl").chmod(0o755)
+    provision = _write(tmp_path / "boxes.yml", PROVISION_BOXES)
+    path = os.pathsep.join([str(fakebin), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    driver = CountingAnsibleDriver.from_options(
+        DriverContext(state_dir=tmp_path / "state"),
+        {
+            "provision_playbook": str(provision),
+            "teardown_playbook": str(playbooks["teardown"]),
+            "start_playbook": str(playbooks["start"]),
+            "extra_vars_file": str(playbooks["vars"]),
+            "env": {"PATH": path, "FAKE_UNITS": str(units)},
+            "status_interval": "1",
+        },
+    )
+    sids = ["devin-s1", "devin-s2", "devin-s3", "devin-s4"]
+    source = driver.status_source("orch-1")
+    assert isinstance(source, AnsibleStatusSource)
+
+    async def scenario() -> dict[str, Any]:
+        board = StatusBoard()
+        task = asyncio.ensure_future(source.run(board))
+        machines = {sid: await driver.provision(replace(SPEC, session_id=sid)) for sid in sids}
+        for sid in sids[:3]:
+            _unit(units, sid, RUNNING)
+            await driver.start(machines[sid], WorkerLaunch(sid, CONNECT_TOKEN, "wss://gw.example"))
+        log = units / "calls.log"
+        runs, mark = source.runs, len(log.read_text().splitlines()) if log.exists() else 0
+        seen = {}
+        for sid in sids[:3]:
+            seen[sid] = await _row(board, machines[sid].name, lambda s: s.state is WorkerState.RUNNING)
+        # The calls since every machine was made (three start runs later: a run under way now began after).
+        calls_running = log.read_text().splitlines()[mark:]
+        runs = source.runs - runs + 1
+        _unit(units, "devin-s2", STOPPED)  # the worker died; its session is still live
+        stopped = await _row(board, machines["devin-s2"].name, lambda s: s.state is WorkerState.EXITED)
+        away = await _row(board, machines["devin-s4"].name, lambda s: s.state is WorkerState.MISSING)
+        others = [board.row(machines[sid].name) for sid in ("devin-s1", "devin-s3")]
+        task.cancel()
+        for machine in machines.values():
+            await driver.teardown(machine)
+        return {
+            "seen": seen, "calls": calls_running, "runs": runs, "stopped": stopped, "away": away,
+            "others": others,
+        }  # fmt: skip
+
+    found = asyncio.run(scenario())
+    assert {s.state for s in found["seen"].values()} == {WorkerState.RUNNING}
+    assert (found["stopped"].state, found["stopped"].exit_code) == (WorkerState.EXITED, 3)
+    assert [r.status.state for r in found["others"] if r is not None] == [WorkerState.RUNNING] * 2
+    assert (found["away"].detail) == "box-away unreachable 3 times in a row", found["away"]
+    # Each run is one call of systemctl per host, with every unit of that host: box-a's two in one call.
+    calls = found["calls"]
+    box_a = " ".join(f"devin-outposts-session@devin-s{i}.service" for i in (1, 2))
+    assert calls and all(c.endswith(box_a) or c.endswith("@devin-s3.service") for c in calls), calls
+    assert sum(c.endswith(box_a) for c in calls) == sum(c.endswith("@devin-s3.service") for c in calls)
+    assert len(calls) <= 2 * found["runs"]
+    assert CountingAnsibleDriver.direct_reads == 0  # no machine was read on its own
+
+
+# A stand-in start playbook that counts its runs (each one a worker started on the host).
+START_COUNTED = (
+    START
+    + """    - name: Count the starts
+      ansible.builtin.shell: echo start >> {{ out }}/starts.log
+      changed_when: true
+"""
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_unit_that_stopped_ends_its_worker_and_the_session_starts_another(
+    tmp_path: Path, playbooks: dict[str, Path], sim: SimHandle, outpost: Outpost
+) -> None:
+    fakebin, units = tmp_path / "bin", tmp_path / "units"
+    fakebin.mkdir()
+    units.mkdir()
+    (fakebin / "systemctl").write_text(SYSTEMCTL)
+    (fakebin / "systemctl").chmod(0o755)
+    path = os.pathsep.join([str(fakebin), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    options = {
+        "provision_playbook": str(playbooks["provision"]),
+        "teardown_playbook": str(playbooks["teardown"]),
+        "start_playbook": str(_write(tmp_path / "start-counted.yml", START_COUNTED)),
+        "extra_vars_file": str(playbooks["vars"]),
+        "env": {"PATH": path, "FAKE_UNITS": str(units)},
+        "status_interval": "1",
+    }
+    driver = CountingAnsibleDriver.from_options(DriverContext(state_dir=tmp_path / "state"), options)
+    CountingAnsibleDriver.direct_reads = 0
+    sid = "devin-unit-stops"
+    _unit(units, sid, RUNNING)
+    # A boot timeout past the test's: only the unit's stop can start a second worker.
+    config = OrchestratorConfig(
+        outpost=outpost.name, driver="ansible", max_concurrent=1, state_dir=tmp_path / "state",
+        acceptor_id="orch-1", api_url=sim.url, token=sim.create_token("orchestrator"), status_interval=0.05,
+        poll_interval=0.2, confirm_interval=0.05, confirm_reads=2, gc_interval=30.0, backoff_max=1.0,
+        boot_timeout=600.0,
+    )  # fmt: skip
+    orch = Running(Orchestrator(config, driver=driver))
+    try:
+        sim.admin.enqueue(outpost.outpost_id, session_id=sid)
+        starts = playbooks["out"] / "starts.log"
+        machine = machine_name("devin", sid)
+        board = orch.orchestrator.board
+        wait_for(starts.exists, timeout=120, what="the worker started")
+        wait_for(
+            lambda: (row := board.row(machine)) is not None and row.status.state is WorkerState.RUNNING,
+            timeout=120,
+            what="the unit seen running",
+        )
+        _unit(units, sid, STOPPED)  # the worker died; the session is still in the queue
+        wait_for(lambda: len(starts.read_text().splitlines()) >= 2, timeout=120, what="a second start")
+        _unit(units, sid, RUNNING)  # the second worker runs
+    finally:
+        orch.stop()
+    assert CountingAnsibleDriver.direct_reads == 0  # the session never read its machine on its own
+
+
+class ScriptedReader:
+    """The ansible driver as its status source sees it, with scripted runs: each answer is a mapping of
+    host -> the ``systemctl show`` output (or ``None``: unreachable); ``{}``: a run that answered nothing."""
+
+    unreachable_limit = 3
+
+    def __init__(self, root: Path, answers: list[dict[str, Any]]) -> None:
+        self.sources: set[AnsibleStatusSource] = set()
+        self.records = MachineRecords(root)
+        self.answers = answers
+        self.during_run: list[Any] = []
+
+    async def read_units(self, hosts: Any, *, forks: int) -> RunResult:
+        for action in self.during_run:
+            action()
+        self.during_run = []
+        events = [
+            {
+                "event": "runner_on_ok" if show is not None else "runner_on_unreachable",
+                "event_data": {
+                    "host": host,
+                    "res": {"stdout": show} if show is not None else {"msg": "down"},
+                },
+            }
+            for host, show in self.answers.pop(0).items()
+        ]
+        return RunResult(
+            "successful" if events else "failed", 0 if events else 1, Path("/nonexistent"), events
+        )
+
+
+def test_the_source_keeps_what_a_run_cannot_tell_and_ignores_what_a_start_made_stale(tmp_path: Path) -> None:
+    running = "Id=devin-outposts-session@devin-{}.service\n" + RUNNING
+    stopped = "Id=devin-outposts-session@devin-{}.service\n" + STOPPED
+    reader = ScriptedReader(
+        tmp_path,
+        [
+            {"host-a": running.format(1), "host-b": running.format(2)},
+            {"host-a": stopped.format(1), "host-b": None},  # host-b unreachable: m2 keeps its status
+            {},  # nothing answered: every status kept
+            {"host-a": stopped.format(1), "host-b": running.format(2)},  # m1 restarted meanwhile
+        ],
+    )
+    for number, host in ((1, "host-a"), (2, "host-b")):
+        reader.records.write(
+            {"name": f"m{number}", "session_id": f"devin-{number}", "outpost_id": "o",
+             "acceptor_id": "orch-1", "created_at": 0.0, "session": {}, "host": host, "host_vars": {}}
+        )  # fmt: skip
+    source = AnsibleStatusSource(reader, "orch-1", interval=3600)
+
+    async def scenario() -> list[Any]:
+        board = StatusBoard()
+        task = asyncio.ensure_future(source.run(board))  # its first run, then an hour's wait
+        await asyncio.sleep(0.1)
+        seen = [(board.row("m1"), board.row("m2"))]
+        for dummy in range(2):
+            answered = await source.read_all(board)
+            seen.append((answered, board.row("m1"), board.row("m2"), board.synced))
+        reader.during_run.append(lambda: source.started("m1", "orch-1"))
+        seen.append((await source.read_all(board), board.row("m1"), board.row("m2")))
+        task.cancel()
+        return seen
+
+    first, unreachable, nothing, restarted = asyncio.run(scenario())
+    assert [r.status.state for r in first] == [WorkerState.RUNNING] * 2
+    answered, m1, m2, synced = unreachable
+    assert (answered, m1.status.exit_code, m2.status.state, synced) == (True, 3, WorkerState.RUNNING, True)
+    answered, m1, m2, synced = nothing
+    assert (answered, m1.status.exit_code, m2.status.state, synced) == (False, 3, WorkerState.RUNNING, True)
+    # The run saw the worker m1's start replaced: its row stays the new worker's, not the old one's exit.
+    answered, m1, m2 = restarted
+    assert (answered, m1.status.state, m2.status.state) == (True, WorkerState.STARTING, WorkerState.RUNNING)

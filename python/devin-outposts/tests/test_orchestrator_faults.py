@@ -192,13 +192,13 @@ def _comm(pid: int) -> str:
 #: Loaded by the first orchestrator of the test below (PYTHONPATH): it SIGKILLs itself the moment its
 #: first worker's process exists, before it can note anything about it: a kill in that window, every time.
 DIE_AFTER_SPAWN = """
-import asyncio, os, signal
-_spawn = asyncio.create_subprocess_exec
-async def _spawn_then_die(*args, **kwargs):
-    proc = await _spawn(*args, **kwargs)
-    os.kill(os.getpid(), signal.SIGKILL)
-    return proc
-asyncio.create_subprocess_exec = _spawn_then_die
+import os, signal, subprocess
+class _SpawnThenDie(subprocess.Popen):
+    def __init__(self, args, *more, **kwargs):
+        super().__init__(args, *more, **kwargs)
+        if list(args)[:2] == ["/bin/sh", "-c"]:  # the process driver's worker group leader
+            os.kill(os.getpid(), signal.SIGKILL)
+subprocess.Popen = _SpawnThenDie
 """
 
 

@@ -86,7 +86,9 @@ def test_one_of_two_replicas_leads_and_the_other_adopts_its_pod_when_it_stops(
     assert claims == []
     # The session ends: the pod exits 0, the status says terminated; pod and secret go, the claim is released.
     sim.admin.set_status(sid, "terminated")
-    fake.set_pod_status(NS, pod["metadata"]["name"], {"phase": "Succeeded"})
+    with fake.lock:  # the fleet's word may have reached the session first: its pod is then deleted already
+        if fake.get("Pod", NS, pod["metadata"]["name"]) is not None:
+            fake.set_pod_status(NS, pod["metadata"]["name"], {"phase": "Succeeded"})
     wait_for(lambda: any(r["action"] == "release" for r in sim.admin.claims(session_id=sid)), timeout=30,
              what="the release")  # fmt: skip
     fake.finish_deletions()

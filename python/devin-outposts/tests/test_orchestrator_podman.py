@@ -45,6 +45,7 @@ from devin_outposts.orchestrator.drivers.base import (
     machine_name,
 )
 from devin_outposts.orchestrator.drivers.podman import LABEL_KIND, OPTIONS, WORKDIR, PodmanDriver
+from devin_outposts.orchestrator.drivers.podman.objects import Result
 from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle
 from devin_outposts_sim.testing.remote import claim_session
@@ -615,18 +616,18 @@ def test_a_sweep_during_a_provision_keeps_the_new_state_volume(pod: Podman) -> N
     removed it, and the container create then failed: seen in a loaded suite run)."""
     driver = pod.driver
     spec = pod.spec("devin-podman-in-flight")
-    real_check = driver.cli.check
+    real_run = driver.cli.run
 
     async def scenario() -> tuple[int, Machine]:
         volume_made, go_on = asyncio.Event(), asyncio.Event()
 
-        async def held_check(*args: str, what: str, stdin: Optional[bytes] = None) -> Any:
+        async def held_run(*args: str, what: str, stdin: Optional[bytes] = None) -> Result:
             if args and args[0] == "create":  # the container create: after the volume's
                 volume_made.set()
                 await go_on.wait()
-            return await real_check(*args, what=what, stdin=stdin)
+            return await real_run(*args, what=what, stdin=stdin)
 
-        driver.cli.check = held_check  # type: ignore[method-assign]
+        driver.cli.run = held_run  # type: ignore[method-assign]
         try:
             provision = asyncio.ensure_future(driver.provision(spec))
             await asyncio.wait_for(volume_made.wait(), timeout=60)
@@ -634,7 +635,7 @@ def test_a_sweep_during_a_provision_keeps_the_new_state_volume(pod: Podman) -> N
             go_on.set()
             return removed, await provision
         finally:
-            driver.cli.check = real_check  # type: ignore[method-assign]
+            driver.cli.run = real_run  # type: ignore[method-assign]
 
     removed, machine = run(scenario())
     assert removed == 0

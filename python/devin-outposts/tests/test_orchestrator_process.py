@@ -229,6 +229,31 @@ def test_after_kill_9_a_restarted_orchestrator_adopts_running_sessions_and_serve
         assert len(h.connections(sid)) == 1, sid  # the first worker kept serving; none was started again
 
 
+def test_an_adopted_worker_killed_from_outside_is_replaced_through_the_status_stream(
+    harness: Harness,
+) -> None:
+    h = harness
+    first = h.orchestrator(name="first")
+    sessions = [h.sim.admin.enqueue(h.outpost.outpost_id).session_id for dummy in range(2)]
+    h.wait(lambda: all(h.connections(s) for s in sessions), "two sessions to be served")
+    first.kill9()
+    # Direct reads and listings once an hour: within this test a worker's end reaches its session through
+    # the status stream alone (the adopted worker's pidfd).
+    h.orchestrator(
+        "--status-interval-secs", "3600", "--driver-opt", "reconcile_interval=3600", name="second"
+    )  # fmt: skip
+    h.wait(lambda: h.processes[1].log().count("adopting machine") == 2, "the two machines to be adopted")
+    machine = h.machines_dir / machine_name("outpost-worker", sessions[0])
+    leader = json.loads((machine / "worker.pid").read_text())["pid"]
+    os.killpg(leader, signal.SIGKILL)
+    h.wait(lambda: len(h.connections(sessions[0])) == 2, "a new worker to serve the session", timeout=60)
+    for sid in sessions:
+        h.sim.admin.end_session(sid, "terminated")
+    h.wait(lambda: all(h.released(s) for s in sessions), "every claim released")
+    h.wait(lambda: not h.machines(), "every machine torn down")
+    assert len(h.connections(sessions[1])) == 1  # the other adopted worker served on, untouched
+
+
 def test_a_leaked_machine_of_a_dead_session_is_collected(harness: Harness) -> None:
     h = harness
     dead = h.sim.admin.enqueue(h.outpost.outpost_id).session_id

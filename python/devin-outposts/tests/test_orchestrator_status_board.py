@@ -117,7 +117,7 @@ def test_sessions_wait_on_the_stream_and_read_directly_only_while_it_is_out_of_s
     driver = ScriptedDriver(lambda sid, starts: EXITED if sid in ended else RUNNING)
     driver.source = ScriptedSource(driver)
     orch = start(driver)
-    sids = [sim.admin.enqueue(outpost.outpost_id).session_id for _ in range(3)]
+    sids = [sim.admin.enqueue(outpost.outpost_id).session_id for dummy in range(3)]
     wait_for(lambda: len(driver.machines) == 3, timeout=20, what="three machines")
     time.sleep(1.0)  # 20 status intervals: polling would have read each machine about 20 times
     with driver.lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import stat
 import subprocess
 import sys
@@ -538,6 +539,23 @@ def test_renew_delay() -> None:
     assert renew_delay(-5, 60) == 0
     for remaining in (0.2, 1, 10, 100, 1000):
         assert 0 < renew_delay(remaining, 60) < remaining
+
+
+def test_renewals_are_brought_forward_at_random_never_past_the_margin_nor_before_a_third() -> None:
+    """Claims taken in one burst must not renew in one burst forever: each renewal comes up to a tenth of
+    the remaining time early (a 300 s claim: between 170 s and 200 s), never later than without jitter and
+    never before a third of the remaining time."""
+    assert renew_delay(300, 60, jitter=1.0) == pytest.approx(170)
+    assert renew_delay(300, 60, jitter=0.5) == pytest.approx(185)
+    assert renew_delay(3, 60, jitter=1.0) == pytest.approx(1)  # already at the one-third floor
+    waits = [renew_delay(300, 60, jitter=random.random()) for dummy in range(200)]
+    assert all(170 <= wait <= 200 for wait in waits)
+    assert max(waits) - min(waits) > 15  # spread, not one instant
+    for remaining in (0.2, 1, 10, 100, 1000):
+        for jitter in (0.0, 0.3, 1.0, 7.0, -1.0):  # out-of-range jitter is clamped
+            wait = renew_delay(remaining, 60, jitter=jitter)
+            assert remaining / 3 - 1e-9 <= wait or wait == 0.05
+            assert wait <= renew_delay(remaining, 60)
 
 
 # --- queue picture --------------------------------------------------------------------------------

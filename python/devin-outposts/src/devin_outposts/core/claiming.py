@@ -20,7 +20,9 @@ never reaches into its owner, and the host never into the loop):
    next attempt; a 404 forgets the row (one log line); other API errors back off with jitter (1 s
    doubling to ``--backoff-max-secs``); 401/403 end the run (exit 3). An error no reply explains is the
    host's to judge (:meth:`SessionHost.claim_failed`): the worker ends on it, the orchestrator logs it
-   and tries again. ``--once`` stops claiming after its first claim.
+   and tries again. ``--once`` stops claiming after its first claim. The host may hold claims back
+   (:meth:`SessionHost.claim_pause`: the orchestrator's driver keeps failing to start workers); the
+   worker never does.
 
 It uses the pool's public methods only, the fleet client and the host.
 """
@@ -33,7 +35,7 @@ import enum
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Callable, Optional, Protocol
 
@@ -41,7 +43,7 @@ from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetAuthError, FleetConflict, FleetError, FleetNotFound
 from devin_outposts.api.models import Outpost, Phase, QueueEntry
 from devin_outposts.core.feed import QueueFeed, oldest_first
-from devin_outposts.core.metrics import Health, Metrics
+from devin_outposts.core.metrics import Health, HealthReport, Metrics
 from devin_outposts.core.outposts import check_platform, entry_platform_ok, resolve_outpost
 from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
@@ -136,6 +138,13 @@ class SessionHost(Protocol):
 
     def loop_failed(self) -> None:
         """The claim loop is ending on an error or a cancellation, before the pool drains."""
+
+    def claim_pause(self) -> float:
+        """Seconds to hold new claims back (0: claim when a slot is free). Asked before each claim; a
+        finished session wakes the loop to ask again."""
+
+    def pause_report(self) -> Optional[Mapping[str, object]]:
+        """Why claims are held back, for ``/healthz`` (:attr:`Health.BACKING_OFF`); None when they are not."""
 
 
 @contextlib.asynccontextmanager
@@ -295,7 +304,8 @@ class ClaimLoop:
                 await release_claim(client, sid, me, {"session_id": sid})
                 continue
             try:
-                claim = await client.claim(sid, me)  # a renewal: fresh connect token
+                with pool.reserving():  # its place under a cap shared with other pools
+                    claim = await client.claim(sid, me)  # a renewal: fresh connect token
             except (FleetConflict, FleetNotFound) as exc:
                 log.info("could not take back session %s: %s", sid, exc, extra={"session_id": sid})
                 continue
@@ -333,10 +343,11 @@ class ClaimLoop:
                 self._start_feed()
                 continue
             outcome: Optional[ClaimOutcome] = None
+            pause = 0.0
             if self.config.once and claimed_once:
                 if not pool.running:
                     return
-            elif pool.free_slot() is not None:
+            elif pool.free_slot() is not None and (pause := self.host.claim_pause()) <= 0:
                 outcome = await self.claim_next()
                 if outcome is ClaimOutcome.CLAIMED:
                     claimed_once = True
@@ -353,6 +364,8 @@ class ClaimLoop:
             wakeup = self.feed.next_wakeup()
             if outcome is ClaimOutcome.DEFER and self.defer is not None:
                 wakeup = self.defer if wakeup is None else min(wakeup, self.defer)
+            if pause > 0:
+                wakeup = pause if wakeup is None else min(wakeup, pause)
             if pool.is_draining():  # a signal may have come while we were claiming
                 break
             await pool.wait(wakeup)
@@ -407,7 +420,8 @@ class ClaimLoop:
                 feed.penalize(sid, 3600)
                 continue
             try:
-                claim = await self.client.claim(sid, self.acceptor_id)
+                with pool.reserving():  # its place under a cap shared with other pools
+                    claim = await self.client.claim(sid, self.acceptor_id)
             except FleetConflict:
                 self.metrics.inc("claim_conflicts")
                 log.debug("session %s was claimed by another worker", sid, extra={"session_id": sid})
@@ -450,4 +464,14 @@ def health(pool: SessionPool, loop: Optional[ClaimLoop], *, ready: bool) -> Heal
         return Health.FEED_STOPPED
     if pool.draining:
         return Health.DRAINING
+    if loop is not None and loop.host.pause_report() is not None:
+        return Health.BACKING_OFF
     return Health.OK if ready else Health.STARTING
+
+
+def health_report(pool: SessionPool, loop: Optional[ClaimLoop], *, ready: bool) -> HealthReport:
+    """:func:`health`, with why claims are held back while the host backs off."""
+    state = health(pool, loop, ready=ready)
+    if state is Health.BACKING_OFF and loop is not None:
+        return HealthReport(state, loop.host.pause_report() or {})
+    return HealthReport(state)

@@ -253,6 +253,9 @@ class Option:
     choices: Optional[tuple[str, ...]] = None
     #: How the variable is read when it is more than one plain variable (the token: its descriptor or file).
     read_env: Optional[Callable[[Mapping[str, str]], Optional[str]]] = None
+    #: The flag may be given more than once; its values reach ``parse`` joined by commas (the variable's
+    #: own text may list several too).
+    repeatable: bool = False
 
     @property
     def flag(self) -> str:
@@ -278,6 +281,7 @@ class SharedOption:
     switch: bool = False
     choices: Optional[tuple[str, ...]] = None
     read_env: Optional[Callable[[Mapping[str, str]], Optional[str]]] = None
+    repeatable: Union[bool, ByProgram[bool]] = False
 
     def of(self, program: Program, group: str) -> Option:
         def part(value: Any) -> Any:
@@ -288,7 +292,7 @@ class SharedOption:
             self.name, part(self.flags), part(self.help), group,
             env=None if env is None else env.format(prefix=program.env_prefix),
             parse=part(self.parse), default=part(self.default), switch=self.switch, choices=self.choices,
-            read_env=self.read_env,
+            read_env=self.read_env, repeatable=part(self.repeatable),
         )  # fmt: skip
 
 
@@ -300,9 +304,12 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
     for row in (
         # `devin worker start` reads no variable for it, and asks when it is not given; the orchestrator
         # needs it.
-        SharedOption("outpost", ("--outpost",), "outpost to serve, by name or id", parse=stripped,
-                     env=_W(worker=None, orchestrator="{prefix}_OUTPOST"),
-                     default=_W(worker=None, orchestrator="")),
+        SharedOption("outpost", ("--outpost",), _W(
+            worker="outpost to serve, by name or id",
+            orchestrator="an outpost to serve, by name or id, with its own cap as NAME=CAP (repeatable; the "
+                         "variable may list several, separated by commas or spaces)",
+        ), parse=stripped, env=_W(worker=None, orchestrator="{prefix}_OUTPOST"),
+            default=_W(worker=None, orchestrator=""), repeatable=_W(worker=False, orchestrator=True)),
         SharedOption("acceptor_id", ("--acceptor-id",), _W(
             worker="stable worker identity (default: generated once and stored in the data directory)",
             orchestrator="stable orchestrator identity (default: generated once and stored in the state "
@@ -426,6 +433,8 @@ def add_table_arguments(
             kwargs["action"] = argparse.BooleanOptionalAction if option.negatable else "store_true"
         elif option.choices:
             kwargs["choices"] = option.choices
+        if option.repeatable:
+            kwargs["action"] = "append"
         sections[option.group].add_argument(*option.flags, **kwargs)
 
 
@@ -440,6 +449,8 @@ def resolve_table(
             continue
         if isinstance(raw, bool):  # a switch given on the command line
             values[option.name] = raw
+        elif isinstance(raw, list):  # a repeatable flag, given that many times
+            values[option.name] = option.parse(option.flag, ",".join(str(item) for item in raw))
         else:
             values[option.name] = option.parse(option.flag, str(raw))
     return values

@@ -2,19 +2,22 @@
 
 The server runs on the program's own event loop, so an answer from ``/healthz`` also proves that the loop
 is not blocked; the runner's health callback (:func:`devin_outposts.core.claiming.health`) adds whether
-its queue feed and main loop are alive, as a :class:`Health`. The worker's names are prefixed
-``devin_outposts_worker_`` (the orchestrator's table is its own); counters end in ``_total``.
+its queue feed and main loop are alive, as a :class:`Health` (or a :class:`HealthReport`, whose detail
+the answer carries: the orchestrator's back-off says its driver, reason and until when). The worker's
+names are prefixed ``devin_outposts_worker_`` (the orchestrator's table is its own); counters end in
+``_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Union
 
 from devin_outposts.core.exits import ExitCode, ProgramExit
 
@@ -62,10 +65,38 @@ class Health(str, enum.Enum):
     DRAINING = "draining"  # stopping after a signal: no new claims
     UNAUTHORIZED = "unauthorized"  # the token was refused: the run ends
     FEED_STOPPED = "queue feed stopped"  # the queue feed died (it is being restarted)
+    # Claims are held back: what runs the sessions keeps failing to start them (the orchestrator's
+    # driver). Healthy: the process works as it should, and a liveness probe that restarted it would
+    # only start the same failures afresh (docs/orchestrator.md, "Observability").
+    BACKING_OFF = "backing off"
 
     @property
     def healthy(self) -> bool:
         return self not in (Health.UNAUTHORIZED, Health.FEED_STOPPED)
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthReport:
+    """A :class:`Health` and what explains it: ``/healthz`` answers ``{"status": state, **detail}``."""
+
+    state: Health
+    detail: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return self.state.healthy
+
+
+#: What the metrics server asks for ``/healthz``.
+HealthCheck = Callable[[], Union[Health, HealthReport]]
+
+
+class Renders(Protocol):
+    """What ``/metrics`` serves: a :class:`Metrics`, or several rendered as one (the orchestrator's
+    outposts)."""
+
+    def render(self) -> str:
+        """The Prometheus text."""
 
 
 class MetricsAddrLike(Protocol):
@@ -223,7 +254,7 @@ def _label_value(value: str) -> str:
 class MetricsServer:
     """``GET /metrics`` and ``GET /healthz`` (200 when ``health()`` is healthy, else 503)."""
 
-    def __init__(self, metrics: Metrics, health: Callable[[], Health], host: str, port: int) -> None:
+    def __init__(self, metrics: Renders, health: HealthCheck, host: str, port: int) -> None:
         self.metrics = metrics
         self.health = health
         self.host = host
@@ -259,9 +290,12 @@ class MetricsServer:
                 status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
                 body = self.metrics.render().encode()
             elif path in ("/healthz", "/health", "/livez"):
-                state = self.health()
-                status = "200 OK" if state.healthy else "503 Service Unavailable"
-                ctype, body = "application/json", json.dumps({"status": state.value}).encode() + b"\n"
+                report = self.health()
+                if isinstance(report, Health):
+                    report = HealthReport(report)
+                status = "200 OK" if report.healthy else "503 Service Unavailable"
+                answer = {"status": report.state.value, **report.detail}
+                ctype, body = "application/json", json.dumps(answer).encode() + b"\n"
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
             head = (
@@ -279,7 +313,7 @@ class MetricsServer:
 
 
 async def serve_metrics(
-    metrics: Metrics, health: Callable[[], Health], addr: Optional[MetricsAddrLike]
+    metrics: Renders, health: HealthCheck, addr: Optional[MetricsAddrLike]
 ) -> Optional[MetricsServer]:
     """Start ``/metrics`` and ``/healthz`` on ``addr`` (None: off); a port in use ends the process with
     exit code 2 and one line."""

@@ -5,6 +5,11 @@ its slots from the queue, the worker's ``--session`` and direct-serve modes star
 pool knows nothing of the queue or the fleet API; it runs :class:`~devin_outposts.core.serving.ClaimedSession`
 objects (the worker's local remotes, the orchestrator's machines), which do.
 
+Several pools may share a :class:`SharedCap` (the orchestrator's outposts, each a pool with its own cap,
+under one cap for the whole process): a pool then offers a slot only while both have room, and a claim
+in flight holds its place (:meth:`SessionPool.reserving`), so that two pools' claims cannot both take
+the process's last slot.
+
 The wake-up event is the pool's alone. Anything that may change what the owner of the pool should do
 next calls :meth:`SessionPool.wake` (a session finished, the queue changed, a signal came); the owner's
 loop calls :meth:`SessionPool.wait`, which returns at once when a wake came since the last wait, so a wake
@@ -16,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -39,11 +44,40 @@ class _Running:
     slot: int
 
 
+class SharedCap:
+    """A cap over several pools' sessions together (the orchestrator's ``--max-concurrent`` over its
+    outposts): sessions running and claims in flight count, in every pool that joined."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.pools: list[SessionPool] = []
+
+    def in_use(self) -> int:
+        return sum(len(pool.running) + pool.reserved for pool in self.pools)
+
+    def full(self) -> bool:
+        return self.in_use() >= self.size
+
+    def freed(self, by: SessionPool) -> None:
+        """A place may have come free: the other pools' loops look again (one may be waiting on it)."""
+        for pool in self.pools:
+            if pool is not by:
+                pool.wake()
+
+
 class SessionPool:
     """``size`` slots of sessions, the drain, and the wake-up event of the loop that fills them."""
 
-    def __init__(self, size: int, metrics: Metrics, *, drain_timeout: float) -> None:
+    def __init__(
+        self, size: int, metrics: Metrics, *, drain_timeout: float, shared: Optional[SharedCap] = None
+    ) -> None:
         self.size = size
+        #: The cap this pool shares with others, if any (:meth:`free_slot` asks it too).
+        self.shared = shared
+        if shared is not None:
+            shared.pools.append(self)
+        #: Claims in flight (:meth:`reserving`): they count against the shared cap.
+        self.reserved = 0
         self.metrics = metrics
         self.drain_timeout = drain_timeout
         self.running: dict[str, _Running] = {}
@@ -99,6 +133,8 @@ class SessionPool:
         orchestrator keeps every live one when the cap was lowered): no slot is free until fewer run."""
         if len(self.running) >= self.size:
             return None
+        if self.shared is not None and self.shared.full():
+            return None
         used = {running.slot for running in self.running.values()}
         for slot in range(self.size):
             if slot not in used:
@@ -110,6 +146,19 @@ class SessionPool:
         cap)."""
         used = {running.slot for running in self.running.values()}
         return next(slot for slot in range(len(used) + 1) if slot not in used)
+
+    @contextlib.contextmanager
+    def reserving(self) -> Iterator[None]:
+        """Hold a place under the shared cap while a claim is in flight (its slot came from
+        :meth:`free_slot`): another pool asking meanwhile sees it taken. The claim's session starts (or
+        the claim is given up) before anything else runs on the loop, so the place passes straight to it."""
+        self.reserved += 1
+        try:
+            yield
+        finally:
+            self.reserved -= 1
+            if self.shared is not None:
+                self.shared.freed(self)
 
     @property
     def held(self) -> Collection[str]:
@@ -152,6 +201,8 @@ class SessionPool:
             finished.append(result)
             if self.on_finished is not None:
                 self.on_finished(result)
+        if finished and self.shared is not None:
+            self.shared.freed(self)
         return finished
 
     # --- stopping ------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import abc
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from typing import Any, ClassVar, Optional
 
@@ -54,6 +55,9 @@ from devin_outposts.core.sessions import (
 )
 
 log = logging.getLogger(__name__)
+
+#: The share of the poll interval by which each status read of a session comes early, at random.
+CHECK_JITTER = 0.2
 
 
 class ClaimedSession(abc.ABC):
@@ -341,11 +345,16 @@ class ClaimedSession(abc.ABC):
         self._latest = entry
         return self._evaluate(entry)
 
+    def _check_delay(self) -> float:
+        """Seconds to the next status read of the session: the poll interval, less up to a fifth at
+        random, so that sessions claimed together do not read together for the rest of their lives."""
+        return self.settings.poll_interval * (1.0 - CHECK_JITTER * random.random())  # noqa: S311 (spreading load)
+
     async def _supervise(self, run: Run) -> Stop:
         """Wait until the launch exits (EXITED) or must be stopped (any other :class:`Stop`)."""
         exited = asyncio.ensure_future(run.wait_exit())
         stop = asyncio.ensure_future(self._stop.wait())
-        next_check = time.monotonic() + self.settings.poll_interval
+        next_check = time.monotonic() + self._check_delay()
         # The watch may have reported a change while we were preparing or launching: that notice is
         # still flagged, so the latest known state is judged before the first wait. The flag is cleared
         # only right before the state is judged, so a notice that arrives at any other moment is seen on
@@ -362,7 +371,7 @@ class ClaimedSession(abc.ABC):
                     if self._poll_soon:  # the entry was deleted: ask the server what became of it
                         self._poll_soon = False
                         why = await self._check_status()
-                        next_check = time.monotonic() + self.settings.poll_interval
+                        next_check = time.monotonic() + self._check_delay()
                     elif self._latest is not None:
                         why = self._evaluate(self._latest)
                 else:
@@ -382,7 +391,7 @@ class ClaimedSession(abc.ABC):
                         continue  # judged at the top of the next turn
                     self._poll_soon = False
                     why = await self._check_status()
-                    next_check = time.monotonic() + self.settings.poll_interval
+                    next_check = time.monotonic() + self._check_delay()
                 if why is not None:
                     self._ended = why if why is not Stop.FATAL else None
                     return why
@@ -438,7 +447,7 @@ class ClaimedSession(abc.ABC):
         while True:
             deadline = self.claim.status.claim_deadline if self.claim else None
             remaining = (deadline - time.time()) if deadline is not None else self.settings.renew_margin * 2
-            wait = renew_delay(remaining, self.settings.renew_margin)
+            wait = renew_delay(remaining, self.settings.renew_margin, jitter=random.random())  # noqa: S311
             if failures:
                 wait = min(wait, 2.0 * failures, 10.0)
                 if deadline is not None:  # look again when the claim runs out, at the latest

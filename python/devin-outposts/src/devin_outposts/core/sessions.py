@@ -177,14 +177,22 @@ async def release_claim(
     return False
 
 
-def renew_delay(remaining: float, margin: float) -> float:
+#: The share of a claim's remaining time by which a renewal may come early (see :func:`renew_delay`).
+RENEW_JITTER = 0.1
+
+
+def renew_delay(remaining: float, margin: float, jitter: float = 0.0) -> float:
     """Seconds to wait before renewing a claim that expires in ``remaining`` seconds.
 
     Renew ``margin`` seconds before the deadline, but never later than when two thirds of the remaining
     time have passed nor sooner than one third: a 300 s claim with a 60 s margin renews after 200 s, a 3 s
-    test claim after 1 s.
+    test claim after 1 s. ``jitter`` (0 to 1, a fresh random number per renewal) brings the renewal
+    forward by up to :data:`RENEW_JITTER` of the remaining time (never before the one-third point): claims
+    taken in one burst (an orchestrator's start, a queue filled at once) would otherwise be renewed in
+    one burst at every turn, for as long as they run. Earlier is always safe; later never happens.
     """
     if remaining <= 0:
         return 0.0
     wait = max(min(remaining - margin, remaining * 2 / 3), remaining / 3)
+    wait -= min(1.0, max(0.0, jitter)) * min(wait - remaining / 3, remaining * RENEW_JITTER)
     return max(wait, 0.05)

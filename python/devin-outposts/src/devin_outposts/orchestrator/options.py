@@ -9,6 +9,10 @@ every user of the machine. The options that matter inside a session machine (``-
 ``--cache-dir``, ``--remote-binary-sha``) keep the worker's variables and are handed to the worker each
 machine runs. The rows the worker declares too are :data:`devin_outposts.core.config.SHARED_OPTIONS`'.
 
+Several outposts: ``--outpost`` is repeatable, each ``NAME`` or ``NAME=CAP`` (its own cap), and the
+variable may list several (``a=2,b=3`` or ``"a b"``); ``--max-concurrent`` caps the whole process
+(:func:`parse_outposts`, :attr:`OrchestratorConfig.outposts`).
+
 A driver's own options come from ``--driver-config FILE`` (a JSON mapping, or YAML when PyYAML is
 installed) and ``--driver-opt KEY=VALUE`` (repeatable; it wins over the file). The driver checks them.
 """
@@ -16,9 +20,11 @@ installed) and ``--driver-opt KEY=VALUE`` (repeatable; it wins over the file). T
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +61,45 @@ class MachineStatus(str, enum.Enum):
 
 MACHINE_STATUSES = tuple(mode.value for mode in MachineStatus)
 _policy = co.choice(*RESUME_POLICIES)
+
+
+@dataclass(frozen=True)
+class OutpostSpec:
+    """One outpost to serve (``--outpost NAME[=CAP]``): its name or id, and its own cap (None: only the
+    process's ``--max-concurrent``)."""
+
+    outpost: str
+    max_concurrent: Optional[int] = None
+
+    def __str__(self) -> str:
+        return self.outpost if self.max_concurrent is None else f"{self.outpost}={self.max_concurrent}"
+
+
+def parse_outposts(text: str) -> tuple[OutpostSpec, ...]:
+    """``--outpost``'s values (joined by commas when the flag is repeated): each ``NAME`` or ``NAME=CAP``,
+    separated by commas or white space; an outpost named twice is an error (two claim loops would serve
+    it, each counting only its own sessions)."""
+    specs: list[OutpostSpec] = []
+    for item in (part for part in re.split(r"[,\s]+", text) if part):
+        name, sep, cap_text = item.rpartition("=")
+        if not sep:
+            name, cap_text = item, ""
+        cap: Optional[int] = None
+        if sep:
+            try:
+                cap = int(cap_text)
+            except ValueError:
+                cap = 0
+            if cap < 1 or not name:
+                raise ConfigError(
+                    f"--outpost must be NAME or NAME=CAP with CAP a whole number >= 1, got {item!r}"
+                )
+        if any(spec.outpost == name for spec in specs):
+            raise ConfigError(f"--outpost names {name!r} twice")
+        specs.append(OutpostSpec(name, cap))
+    return tuple(specs)
+
+
 #: Our variables' prefix (the shared rows' ``{prefix}``).
 ENV_PREFIX = Program.ORCHESTRATOR.env_prefix
 
@@ -64,8 +109,9 @@ OPTIONS: tuple[Option, ...] = (
     shared_option("outpost", "main", _O),
     Option("driver", ("--driver",), "what each session runs on", "main", env="DEVIN_ORCHESTRATOR_DRIVER",
            parse=co.choice(*DRIVERS), default="", choices=tuple(DRIVERS)),
-    Option("max_concurrent", ("--max-concurrent",), "sessions served at once; more stay queued (default "
-           "{default})", "main", env="DEVIN_ORCHESTRATOR_MAX_CONCURRENT", parse=_N(int, 1), default=10),
+    Option("max_concurrent", ("--max-concurrent",), "sessions served at once by the whole process, over "
+           "every outpost; more stay queued (default {default})", "main",
+           env="DEVIN_ORCHESTRATOR_MAX_CONCURRENT", parse=_N(int, 1), default=10),
     Option("driver_config", ("--driver-config",), "the driver's options: a JSON (or YAML) mapping", "main",
            env="DEVIN_ORCHESTRATOR_DRIVER_CONFIG", parse=co.path),
     Option("state_dir", ("--state-dir",), "the orchestrator's own files (default {default})", "main",
@@ -107,8 +153,8 @@ OPTIONS: tuple[Option, ...] = (
            parse=_N(float, 0), default=30.0),
     shared_option("poll_interval", "tuning", _O),
     Option("session_check_interval", ("--session-check-secs",), "seconds between each running session's "
-           "status reads; the watch reports changes sooner ({default})", "tuning", parse=_N(float, 0.05),
-           default=30.0),
+           "status reads, a safety net: the queue watch brings every change at once ({default})", "tuning",
+           parse=_N(float, 0.05), default=300.0),
     shared_option("restart_limit", "tuning", _O),
     shared_option("renew_margin", "tuning", _O),
     shared_option("confirm_reads", "tuning", _O),
@@ -131,6 +177,8 @@ class OrchestratorConfig:
     the rows' (:data:`OPTIONS`)."""
 
     outpost: str = _DEFAULT["outpost"]
+    #: ``outpost`` read as a list (:func:`parse_outposts`); computed when not given.
+    outposts: tuple[OutpostSpec, ...] = ()
     driver: str = _DEFAULT["driver"]
     max_concurrent: int = _DEFAULT["max_concurrent"]
     driver_config: Optional[Path] = None
@@ -167,6 +215,18 @@ class OrchestratorConfig:
         # A config made in code (tests, embedding) may give the policy as its text.
         object.__setattr__(self, "resume_policy", ResumePolicy(self.resume_policy))
         object.__setattr__(self, "machine_status", MachineStatus(self.machine_status))
+        if not self.outposts and self.outpost:
+            object.__setattr__(self, "outposts", parse_outposts(self.outpost))
+
+    def for_outpost(self, spec: OutpostSpec) -> OrchestratorConfig:
+        """The config one outpost's claim loop, host and sweep read: that outpost only, and its cap (never
+        above the process's)."""
+        cap = (
+            self.max_concurrent
+            if spec.max_concurrent is None
+            else min(spec.max_concurrent, self.max_concurrent)
+        )
+        return dataclasses.replace(self, outpost=spec.outpost, outposts=(spec,), max_concurrent=cap)
 
     # What the claim loop and serving read besides the above (the worker's names).
     @property
@@ -247,7 +307,7 @@ def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
         values.get("driver_config"), getattr(args, "driver_opts", None) or []
     )
     config = OrchestratorConfig(**values)
-    if not config.outpost:
+    if not config.outposts:
         raise ConfigError("--outpost is required (or DEVIN_ORCHESTRATOR_OUTPOST)")
     if not config.driver:
         raise ConfigError(f"--driver is required: one of {', '.join(DRIVERS)} (or DEVIN_ORCHESTRATOR_DRIVER)")
@@ -263,4 +323,4 @@ def parse_args(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None)
     return build_config(parser.parse_args(list(argv)), environ)
 
 
-co.check_table(OPTIONS, OrchestratorConfig, computed=("driver_options",))
+co.check_table(OPTIONS, OrchestratorConfig, computed=("driver_options", "outposts"))

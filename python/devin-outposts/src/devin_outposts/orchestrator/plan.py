@@ -98,7 +98,8 @@ def judge_worker(
     if status.reason and failing_for >= failure_grace:
         return WorkerReading(
             Verdict.GIVE_UP,
-            why=f"the worker in machine {machine} did not start: {_cause(status)} for {failing_for:.0f}s",
+            why=f"the worker in machine {machine} did not start: {_cause(status)} "
+            f"for {_seconds(failing_for)}",
             reason=status.reason,
         )
     if booting_too_long:
@@ -109,6 +110,11 @@ def judge_worker(
             reason=status.reason or "boot-timeout",
         )
     return WAIT
+
+
+def _seconds(seconds: float) -> str:
+    """``45s``, or ``0.3s`` below ten seconds (a test's short grace must not read as ``0s``)."""
+    return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
 
 
 def _cause(status: WorkerStatus) -> str:

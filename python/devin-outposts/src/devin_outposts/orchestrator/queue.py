@@ -11,18 +11,23 @@ orchestrator's rules differ from the worker's (docs/orchestrator.md, "The loop")
 * no single reply stops the claim loop: any error in a claim turn is one log line and a retry, any error
   in recovery a :class:`~devin_outposts.api.errors.FleetError` that recovery retries;
 * a claim loop that ends on an error all the same detaches every running session first, so that the run
-  ends at once (exit 1) instead of waiting on sessions nobody stops.
+  ends at once (exit 1) instead of waiting on sessions nobody stops;
+* a driver that keeps failing to start workers holds new claims back (:mod:`.backoff`): the host counts
+  each session whose worker never ran (``start_failures{reason}``), and a worker seen running ends the
+  back-off.
 
-The host keeps what it learns (the outpost, the machines to adopt) to itself; the runner and the sweep
-read it from here.
+One host per outpost served (:class:`~devin_outposts.orchestrator.outpost.OutpostRunner`). The host keeps
+what it learns (the outpost, the machines to adopt) to itself; the outpost's runner and sweep read it from
+here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Optional
 
 from devin_outposts.api.client import FleetClient
@@ -32,6 +37,7 @@ from devin_outposts.core.claiming import KeepOverCap
 from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.pool import SessionPool
 from devin_outposts.core.sessions import SessionResult
+from devin_outposts.orchestrator.backoff import DriverBackoff
 from devin_outposts.orchestrator.drivers.base import Driver, DriverError, Machine
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
 from devin_outposts.orchestrator.machine import MachineSession
@@ -56,6 +62,13 @@ def detach_sessions(pool: SessionPool) -> None:
     for running in pool.running.values():
         running.server.request_detach()
     pool.start_drain()
+
+
+def start_failure_reason(result: SessionResult, session: MachineSession) -> str:
+    """The label of a session whose worker never ran: the platform's reason, else what failed."""
+    if result.reason:
+        return result.reason
+    return "provision-failed" if session.machine is None else "start-failed"
 
 
 class MachineHost:
@@ -84,6 +97,10 @@ class MachineHost:
         self.outpost: Optional[Outpost] = None
         #: Machines found at start-up, by session, while recovery takes back its claims.
         self.adoptable: dict[str, Machine] = {}
+        #: The sessions running, by id (to tell, when one ends, whether its worker ever ran).
+        self.sessions: dict[str, MachineSession] = {}
+        #: Holds new claims back while the driver keeps failing to start workers.
+        self.backoff = DriverBackoff()
 
     @property
     def outpost_id(self) -> Optional[str]:
@@ -112,8 +129,9 @@ class MachineHost:
     @contextlib.asynccontextmanager
     async def recovery(self, outpost_id: str) -> AsyncIterator[KeepOverCap]:
         """Find the machines a previous run left; the claim loop then takes back our claims, keeping each
-        session whose machine is still there even over ``--max-concurrent`` (a restart with a lower cap
-        must not evict live sessions: claiming simply waits until fewer sessions run than the cap).
+        session whose machine is still there even over the caps (the outpost's own and
+        ``--max-concurrent``: a restart with a lower cap must not evict live sessions; claiming simply waits
+        until fewer sessions run than the caps).
 
         Any failure is a :class:`FleetError`, which the claim loop retries: a reply that could not be
         read (or any other surprise) must not end the run with every adopted machine left alone.
@@ -138,9 +156,10 @@ class MachineHost:
         over = len(pool.running) - pool.size
         if over > 0:
             log.warning(
-                "%d sessions taken back, %d more than --max-concurrent %d: every one keeps its machine; "
+                "%d sessions of outpost %s taken back, %d more than its cap %d: every one keeps its machine; "
                 "no new claim until fewer than %d run",
                 len(pool.running),
+                self.outpost_id or "?",
                 over,
                 pool.size,
                 pool.size,
@@ -159,6 +178,8 @@ class MachineHost:
             on_started=self._worker_started,
             board=self.board,
         )
+        self.sessions[claim.session_id] = session
+        self.backoff.claimed(claim.session_id)
         self.metrics.set("active_workers", len(self.pool.running) + 1)
         return session
 
@@ -172,6 +193,10 @@ class MachineHost:
             session.machine.name if session.machine else "?",
             extra={"session_id": session.session_id},
         )
+        if self.backoff.succeeded():
+            log.info("a %s worker runs again: claiming again", self.driver.name)
+            self.metrics.set("driver_backoff_seconds", 0)
+            self.pool.wake()  # every free slot may claim now
 
     def finished(self, result: SessionResult) -> None:
         self.metrics.set("active_workers", len(self.pool.running))
@@ -179,6 +204,45 @@ class MachineHost:
             self.metrics.inc("infrastructure_errors")
         elif result.gave_up:
             self.metrics.inc("workers_given_up")
+        session = self.sessions.pop(result.session_id, None)
+        if session is None or session.started_once:
+            return
+        if not result.infrastructure:  # stopped, or the session ended while its worker was starting
+            self.backoff.ended(result.session_id)
+            return
+        reason = start_failure_reason(result, session)
+        self.metrics.inc_labelled("start_failures", (reason,))
+        if self.backoff.failed(result.session_id, reason):
+            pause = self.backoff.pause
+            self.metrics.inc("driver_backoffs")
+            self.metrics.set("driver_backoff_seconds", round(pause, 1))
+            log.warning(
+                "the %s driver failed to start %d workers in a row (last: %s): no new claims for %.1fs, "
+                "then one session to try",
+                self.driver.name,
+                self.backoff.failures,
+                reason,
+                pause,
+                extra={"outpost": self.outpost_id or "?", "error_kind": "infrastructure"},
+            )
+
+    def claim_pause(self) -> float:
+        return self.backoff.claim_pause()
+
+    def pause_report(self) -> Optional[Mapping[str, object]]:
+        state = self.backoff.state()
+        if state is None:
+            return None
+        until = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=state.remaining)
+        return {
+            "driver": self.driver.name,
+            "reason": state.reason,
+            "failures": state.failures,
+            "pause_seconds": round(state.pause, 1),
+            # When the pause ends; then one session is claimed (``probe``) and claiming waits on it.
+            "until": until.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "probe": state.probe,
+        }
 
     def claim_failed(self, error: Exception) -> bool:
         """No single reply may stop the claim loop: one log line, and a retry after the backoff."""

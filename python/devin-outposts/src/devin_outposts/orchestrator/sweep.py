@@ -1,7 +1,7 @@
 """The garbage-collection sweep: what the orchestrator made and no session of ours needs any more.
 
-Every ``--gc-interval`` seconds (and once right after restart recovery) :class:`Sweeper` looks at
-everything the driver finds under this acceptor id and outpost (docs/orchestrator.md, "Garbage
+Every ``--gc-interval`` seconds (and once right after restart recovery) each outpost's :class:`Sweeper`
+looks at everything the driver finds under this acceptor id and that outpost (docs/orchestrator.md, "Garbage
 collection"):
 
 * **machines** no running session of ours is on: their session is gone, over, claimed by someone else,
@@ -53,7 +53,8 @@ class Following(Protocol):
 
 
 class SweepOwner(Protocol):
-    """What the sweep reads of the orchestrator (:class:`~.runner.Orchestrator`)."""
+    """What the sweep reads of the outpost it sweeps for (:class:`~.outpost.OutpostRunner`): that
+    outpost's sessions only, so a machine of another outpost served by the same process is never its."""
 
     config: OrchestratorConfig
     driver: Optional[Driver]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -251,3 +252,9 @@ class WorkerHost:
 
     def loop_failed(self) -> None:
         return  # the pool's drain stops every session and releases its claim
+
+    def claim_pause(self) -> float:
+        return 0.0  # a remote that cannot start fails its session; the next claim is not held back
+
+    def pause_report(self) -> Optional[Mapping[str, object]]:
+        return None

@@ -5,7 +5,8 @@ Kubernetes client. The modules:
 
 * :mod:`.base`: the interface, the values that cross it, and the option table (:class:`~.base.OptionTable`
   of :class:`~.base.DriverOption` rows) in which every driver declares its options once;
-* :mod:`.process`: a local process per session, in one module;
+* :mod:`.process`: a local process per session (:mod:`.process_status`: how its workers' ends are
+  awaited, and its status source);
 * :mod:`.podman`, :mod:`.kubernetes`, :mod:`.ansible`: one package per driver, each with ``driver.py``
   (the class) and ``options.py`` (its option table), the rest named for what it holds.
 """

@@ -42,13 +42,10 @@ import time
 from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Protocol
+from typing import Any, Callable, ClassVar, Optional, Protocol
 
 from devin_outposts.core.config import truth
 from devin_outposts.core.netpolicy.confinement import ENV_SESSION_NETWORK_POLICY
-
-if TYPE_CHECKING:
-    from devin_outposts.orchestrator.drivers.status_board import StatusSource
 
 #: Where a session machine's worker keeps its state, relative to the machine's root. Snapshots keep
 #: exactly these two: the worker data dir (per-session state dir, binary cache) and the repos workdir.
@@ -67,7 +64,12 @@ _UNSAFE = re.compile(r"[^a-z0-9-]+")
 
 
 class DriverError(Exception):
-    """A machine could not be made, started, read or destroyed. The message is one line, without secrets."""
+    """A machine could not be made, started, read or destroyed. The message is one line, without secrets;
+    ``reason`` is the platform's short name for the cause when the driver knows it (``pull-error``)."""
+
+    def __init__(self, message: str = "", *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def fnv1a32(text: str) -> str:
@@ -465,6 +467,32 @@ class OptionTable(Mapping[str, DriverOption]):
         lines = ["| option | default | meaning |", "|---|---|---|"]
         lines += [f"| `{row.name}` | {row.shown_default()} | {row.doc} |" for row in self._rows.values()]
         return "\n".join(lines) + "\n"
+
+
+class StatusSink(Protocol):
+    """Where a :class:`StatusSource` writes (the orchestrator's
+    :class:`~devin_outposts.orchestrator.drivers.status_board.StatusBoard`)."""
+
+    def replace_all(self, statuses: Mapping[str, WorkerStatus], *, as_of: float) -> None:
+        """A full listing, taken at ``as_of`` (monotonic, when the listing began)."""
+
+    def put(self, name: str, status: WorkerStatus) -> None:
+        """One machine's status changed (by its :attr:`Machine.name`)."""
+
+    def gone(self, name: str, detail: str = "deleted") -> None:
+        """One machine was deleted."""
+
+    def lost_sync(self) -> None:
+        """The stream broke: nothing on the board is trusted until the next listing."""
+
+
+class StatusSource(Protocol):
+    """A driver's one stream of its machines' statuses (:meth:`Driver.status_source`)."""
+
+    async def run(self, board: StatusSink) -> None:
+        """List, then follow, forever (until cancelled): :meth:`StatusSink.replace_all` after each
+        listing, :meth:`StatusSink.put` or :meth:`StatusSink.gone` per event, and
+        :meth:`StatusSink.lost_sync` as soon as the stream breaks (then list again, with a back-off)."""
 
 
 class Leadership(Protocol):

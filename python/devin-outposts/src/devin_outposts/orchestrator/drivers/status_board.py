@@ -3,7 +3,8 @@
 Reading each machine's status on a timer costs one request per machine per interval (a GET per Pod, a
 ``podman inspect`` per container): at hundreds of machines that is most of the orchestrator's work and
 of the platform's load. A driver that can follow its machines as a stream instead (one list-and-watch
-of its Pods, one ``podman events`` child, its own children's exits) implements :class:`StatusSource`;
+of its Pods, one ``podman events`` child, its own children's exits) offers a :class:`StatusSource`
+(declared with the driver interface, in :mod:`~devin_outposts.orchestrator.drivers.base`);
 the orchestrator runs that one source per process, it writes into a :class:`StatusBoard`, and each
 session's :class:`~devin_outposts.orchestrator.machine.MachineRun` waits on its machine's row instead of
 reading (docs/orchestrator.md, "Machine status").
@@ -20,9 +21,11 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional
 
-from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
+from devin_outposts.orchestrator.drivers.base import StatusSink, StatusSource, WorkerState, WorkerStatus
+
+__all__ = ["Row", "StatusBoard", "StatusSink", "StatusSource"]
 
 
 @dataclass
@@ -36,7 +39,8 @@ class Row:
 
 
 class StatusBoard:
-    """The latest :class:`WorkerStatus` per machine name, fed by one :class:`StatusSource`."""
+    """The latest :class:`WorkerStatus` per machine name, fed by one :class:`StatusSource` (it is the
+    :class:`~devin_outposts.orchestrator.drivers.base.StatusSink` sources write to)."""
 
     def __init__(self) -> None:
         self._rows: dict[str, Row] = {}
@@ -134,12 +138,3 @@ class StatusBoard:
 
     def __len__(self) -> int:
         return len(self._rows)
-
-
-class StatusSource(Protocol):
-    """A driver's one stream of its machines' statuses (see the module docs)."""
-
-    async def run(self, board: StatusBoard) -> None:
-        """List, then follow, forever (until cancelled): :meth:`StatusBoard.replace_all` after each
-        listing, :meth:`StatusBoard.put` or :meth:`StatusBoard.gone` per event, and
-        :meth:`StatusBoard.lost_sync` as soon as the stream breaks (then list again, with a back-off)."""

@@ -125,6 +125,7 @@ async def run(
     inventory: Optional[str] = None,
     inventory_hosts: Optional[Mapping[str, Mapping[str, Any]]] = None,
     rotate: int = 0,
+    forks: Optional[int] = None,
 ) -> RunResult:
     """Run a playbook (or one module on ``hosts``) through ansible-runner; its artifacts go to
     ``artifact_root/ident``, its private data directory is a fresh one under ``work_root``.
@@ -138,6 +139,8 @@ async def run(
         argv = [*command, "run", str(private), "--ident", ident, "--artifact-dir", str(artifact_root), "-q"]
         if rotate:
             argv += ["--rotate-artifacts", str(rotate)]
+        if forks:
+            argv += ["--forks", str(forks)]
         if cmdline:
             argv += ["--cmdline", cmdline]
         if inventory_hosts is not None:

@@ -7,7 +7,8 @@
 * :meth:`AnsibleDriver.start` runs the collection's ``devin.outposts.orchestrator_session`` playbook (the
   ``devin.outposts.worker`` role in one-session mode) against that host, with the session's connect token in a
   0600 file outside every artifact, deleted when the run ends.
-* :meth:`AnsibleDriver.status` reads the session unit's state on the host (``systemctl show``, ad hoc).
+* :meth:`AnsibleDriver.status` reads the session unit's state on the host (``systemctl show``, ad hoc);
+  its status source (:mod:`.status`) reads every machine's unit with one ad-hoc run per ``status_interval``.
 * :meth:`AnsibleDriver.teardown` runs the user's **teardown playbook** with the same variables and the host.
 
 Playbook-made hosts carry no labels the driver could query, so it keeps one record per machine under
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -38,6 +38,13 @@ from devin_outposts.orchestrator.drivers.ansible.records import (
     private_dir,
     sweep_files,
 )
+from devin_outposts.orchestrator.drivers.ansible.status import UNITS_VAR, AnsibleStatusSource
+from devin_outposts.orchestrator.drivers.ansible.units import (
+    SESSION_UNIT,
+    parse_unit_state,
+    show_command,
+    unit_of,
+)
 from devin_outposts.orchestrator.drivers.base import (
     Driver,
     DriverContext,
@@ -45,6 +52,7 @@ from devin_outposts.orchestrator.drivers.base import (
     Machine,
     SessionSpec,
     Snapshot,
+    StatusSource,
     WorkerLaunch,
     WorkerState,
     WorkerStatus,
@@ -52,31 +60,22 @@ from devin_outposts.orchestrator.drivers.base import (
     name_taken,
 )
 
-#: The session unit of the worker role's one-session mode, and the ids the role accepts.
-SESSION_UNIT = "devin-outposts-session@{}.service"
-SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 #: What the provision playbook reports with set_stats.
 MACHINE_FACT = "devin_outposts_machine"
 #: Consecutive unreachable status reads after which a machine counts as gone (one may be a network blip).
 UNREACHABLE_LIMIT = 3
-#: Status runs kept per machine (each status read is a run with artifacts of its own).
+#: Status runs kept per machine (each status read is a run with artifacts of its own), and of the status
+#: source's runs (kept under STATUS_ARTIFACTS: no machine name lacks a dash).
 STATUS_RUNS_KEPT = 3
+STATUS_ARTIFACTS = "_status"
 
 SNAPSHOT_REFUSAL = "the ansible driver does not snapshot; use resume policy start_fresh"
-_SHOW = (
-    "LoadState",
-    "ActiveState",
-    "SubState",
-    "Result",
-    "ExecMainCode",
-    "ExecMainStatus",
-    "ExecMainStartTimestampMonotonic",
-)
 
 
 class AnsibleDriver(Driver):
     name: ClassVar[str] = "ansible"
     option_table = OPTIONS
+    unreachable_limit: ClassVar[int] = UNREACHABLE_LIMIT
 
     def __init__(
         self,
@@ -94,6 +93,7 @@ class AnsibleDriver(Driver):
         machine_name_length: int = OPTIONS["machine_name_length"].default,
         timeouts: Optional[Mapping[str, float]] = None,
         runner_command: tuple[str, ...] = (sys.executable, "-m", "ansible_runner"),
+        status_interval: float = OPTIONS["status_interval"].default,
     ) -> None:
         self.context = context
         self.provision_playbook = provision_playbook
@@ -114,7 +114,10 @@ class AnsibleDriver(Driver):
             **(timeouts or {}),
         }
         self.runner_command = runner_command
+        self.status_interval = status_interval
         self._unreachable: dict[str, int] = {}
+        #: The status sources running on this driver (told of each start at once).
+        self.sources: set[AnsibleStatusSource] = set()
 
     @classmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> AnsibleDriver:
@@ -138,7 +141,11 @@ class AnsibleDriver(Driver):
             machine_prefix=prefix,
             machine_name_length=length,
             timeouts={name: values[name] for name in TIMEOUTS if values[name] is not None},
+            status_interval=values["status_interval"],
         )
+
+    def status_source(self, acceptor_id: str) -> StatusSource:
+        return AnsibleStatusSource(self, acceptor_id, interval=self.status_interval)
 
     # --- start-up ---------------------------------------------------------------------------------------
 
@@ -205,7 +212,7 @@ class AnsibleDriver(Driver):
 
     async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
         record = self.records.require(machine, "start the worker on")
-        if not SESSION_ID.fullmatch(launch.session_id) or launch.session_id.endswith("."):
+        if unit_of(launch.session_id) is None:
             raise DriverError(
                 f"session id {launch.session_id!r} cannot name a systemd unit; the ansible driver refuses it"
             )
@@ -245,6 +252,8 @@ class AnsibleDriver(Driver):
                 f"{result.failure()} "
                 f"(artifacts in {result.artifact_dir})"
             )
+        for source in list(self.sources):  # the new worker's row, and a read of its unit soon
+            source.started(machine.name, machine.acceptor_id)
 
     async def status(self, machine: Machine) -> WorkerStatus:
         record = self.records.read(machine.name)
@@ -264,7 +273,7 @@ class AnsibleDriver(Driver):
             cmdline=self._cmdline(),
             timeout=self.timeouts["status_timeout"],
             module="ansible.builtin.command",
-            module_args=f"systemctl show --property={','.join(_SHOW)} {unit}",
+            module_args=show_command(unit),
             hosts=host,
             inventory_hosts={host: record["host_vars"]},
             rotate=STATUS_RUNS_KEPT,
@@ -284,6 +293,26 @@ class AnsibleDriver(Driver):
                 f"Could not read the worker of session {machine.session_id}: {result.failure()}"
             )
         return parse_unit_state(str((answers[-1].get("res") or {}).get("stdout", "")))
+
+    async def read_units(self, hosts: Mapping[str, Mapping[str, Any]], *, forks: int) -> _run.RunResult:
+        """One ad-hoc run of ``systemctl show`` on every host of ``hosts`` (host -> its connection variables
+        and, in ``devin_outposts_status_units``, its session units): the status source's one read."""
+        return await _run.run(
+            self.runner_command,
+            artifact_root=self.artifact_dir / STATUS_ARTIFACTS,
+            work_root=self.root / "runs",
+            ident=self._ident("status"),
+            env=self.env,
+            extravars={},
+            cmdline=self._cmdline(),
+            timeout=self.timeouts["status_timeout"],
+            module="ansible.builtin.command",
+            module_args=show_command(f"{{{{ {UNITS_VAR} }}}}"),
+            hosts="all",
+            inventory_hosts=hosts,
+            rotate=STATUS_RUNS_KEPT,
+            forks=forks,
+        )
 
     async def teardown(self, machine: Machine) -> None:
         record = self.records.read(machine.name)
@@ -391,21 +420,3 @@ class AnsibleDriver(Driver):
         if not isinstance(fact.get("vars", {}), dict):
             return f"{MACHINE_FACT}.vars must be a mapping of connection variables"
         return None
-
-
-def parse_unit_state(show: str) -> WorkerStatus:
-    """The worker's state from ``systemctl show`` of its unit (``Type=simple``, ``RemainAfterExit=yes``)."""
-    props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
-    active, sub = props.get("ActiveState", ""), props.get("SubState", "")
-    detail = f"{active}/{sub} result={props.get('Result', '?')}"
-    if props.get("LoadState") != "loaded" or active in ("activating", "reloading"):
-        return WorkerStatus(WorkerState.STARTING, detail=detail)
-    if active in ("active", "deactivating") and sub != "exited":
-        return WorkerStatus(WorkerState.RUNNING, detail=detail)
-    started = props.get("ExecMainStartTimestampMonotonic", "0") not in ("", "0")
-    if active == "inactive" and not started:
-        return WorkerStatus(WorkerState.STARTING, detail=detail)
-    status = int(props["ExecMainStatus"]) if props.get("ExecMainStatus", "").isdigit() else 1
-    # ExecMainCode is a siginfo code: 1 exited (status: exit code), 2 killed, 3 dumped (status: signal).
-    code = status if props.get("ExecMainCode", "1") == "1" else 128 + status
-    return WorkerStatus(WorkerState.EXITED, exit_code=code, detail=detail)

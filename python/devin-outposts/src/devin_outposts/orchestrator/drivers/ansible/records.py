@@ -86,10 +86,20 @@ class MachineRecords:
 
     def owned(self, acceptor_id: str, outpost_id: str) -> list[dict[str, Any]]:
         """The records of ``acceptor_id`` on ``outpost_id``, by machine name."""
+        return [record for record in self.of_acceptor(acceptor_id) if record["outpost_id"] == outpost_id]
+
+    def of_acceptor(self, acceptor_id: str, *, skip_unreadable: bool = False) -> list[dict[str, Any]]:
+        """The records of ``acceptor_id`` on every outpost, by machine name. ``skip_unreadable``: a record
+        that cannot be read is left out instead of raising (a listing that comes again soon)."""
         found = []
         for path in sorted(self.directory.glob("*.json")) if self.directory.is_dir() else ():
-            record = self.read(path.stem)
-            if record and record["acceptor_id"] == acceptor_id and record["outpost_id"] == outpost_id:
+            try:
+                record = self.read(path.stem)
+            except DriverError:
+                if skip_unreadable:
+                    continue
+                raise
+            if record and record["acceptor_id"] == acceptor_id:
                 found.append(record)
         return found
 

@@ -12,6 +12,8 @@ works where ``lightkube`` (the ``kubernetes`` extra) is not installed; :class:`K
 * :mod:`.render`: :func:`render_session_manifests`, for the role, docs examples and tests;
 * :mod:`.cluster`: the lightkube client in one namespace, its failures as one-line driver errors;
 * :mod:`.lease`: leader election through a Lease;
+* :mod:`.pod_status`: a Pod read as a worker's status, start failures named (no client library);
+* :mod:`.informer`: one list-and-watch of the Pods' statuses, the driver's status source;
 * :mod:`.driver`: :class:`KubernetesDriver`, what each driver call does to the cluster.
 """
 

@@ -90,6 +90,19 @@ class Cluster:
         return self._client
 
     @property
+    def http(self) -> httpx.AsyncClient:
+        """The client's own HTTP connection (base URL, credentials, TLS), for the Pod watch
+        (:mod:`.informer`): lightkube's watch cannot ask for bookmarks, waits on a silent stream forever
+        and re-connects by itself, so the informer speaks the list-and-watch protocol itself."""
+        adapter: Any = self._connect()._client  # lightkube's generic client
+        http: httpx.AsyncClient = adapter._client
+        return http
+
+    def path(self, plural: str) -> str:
+        """The URL path of a core/v1 collection in the namespace (``pods``)."""
+        return f"/api/v1/namespaces/{self.namespace}/{plural}"
+
+    @property
     def namespace(self) -> str:
         if self._namespace is None:
             self._connect()  # the namespace comes with the configuration

@@ -58,6 +58,7 @@ from devin_outposts.orchestrator.drivers.base import (
     name_taken,
 )
 from devin_outposts.orchestrator.drivers.kubernetes.cluster import Cluster
+from devin_outposts.orchestrator.drivers.kubernetes.informer import PodInformer, PodTracker
 from devin_outposts.orchestrator.drivers.kubernetes.lease import LeaseLock
 from devin_outposts.orchestrator.drivers.kubernetes.manifests import (
     ANNOTATION_ACCEPTOR,
@@ -79,6 +80,7 @@ from devin_outposts.orchestrator.drivers.kubernetes.network_policy import (
     render_network_policy,
 )
 from devin_outposts.orchestrator.drivers.kubernetes.options import OPTIONS, KubernetesOptions, parse_options
+from devin_outposts.orchestrator.drivers.kubernetes.pod_status import pod_status
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,9 @@ class KubernetesDriver(Driver):
             delete_timeout=options.delete_timeout,
         )
         self._owner = options.pod.owner
+        #: The Pods being replaced, for the Pod watch (:mod:`.informer`).
+        self.pods = PodTracker()
+        self._informer: Optional[PodInformer] = None
 
     @classmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> KubernetesDriver:
@@ -231,9 +236,7 @@ class KubernetesDriver(Driver):
 
     async def start(self, machine: Machine, launch: WorkerLaunch) -> None:
         spec = self._spec(machine)
-        restored = bool(machine.details.get("restored"))
-        settings = self._settings()
-        pod_body = render_pod(self.namespace, spec, launch, settings)
+        pod_body = render_pod(self.namespace, spec, launch, self._settings())
         fence = render_network_policy(
             self.namespace,
             spec,
@@ -241,12 +244,33 @@ class KubernetesDriver(Driver):
             dns_peer=self.options.network_policy_dns,
             extra_cidrs=self.options.network_policy_cidrs,
         )
+        secret = render_secret(self.namespace, spec, launch.connect_token)
+        self.pods.replacing(machine.ref, machine.details.get("uid"))
+        uid: Optional[str] = None
+        try:
+            uid = await self._replace(machine, spec, pod_body, secret, fence)
+        finally:
+            self.pods.replaced(machine.ref, uid)
+        machine.details["started"] = True
+        machine.details["uid"] = uid
+
+    async def _replace(
+        self,
+        machine: Machine,
+        spec: SessionSpec,
+        pod_body: dict[str, Any],
+        secret_body: dict[str, Any],
+        fence: Optional[dict[str, Any]],
+    ) -> str:
+        """The Pod and what it needs made anew (see the module docs); the new Pod's uid."""
+        settings = self._settings()
+        restored = bool(machine.details.get("restored"))
         await self.cluster.delete(Pod, machine.ref, wait=True)
         if settings.state_volume:
             await self._ensure_pvc(spec, fresh=not restored)
         secret = secret_name(spec.session_id)
         await self.cluster.delete(Secret, secret)
-        await self.cluster.create(Secret, render_secret(self.namespace, spec, launch.connect_token))
+        await self.cluster.create(Secret, secret_body)
         dependents: list[tuple[Any, str]] = [(Secret, secret)]
         fence_name = network_policy_name(spec.session_id)
         await self.cluster.delete(NetworkPolicy, fence_name, wait=True)
@@ -267,8 +291,7 @@ class KubernetesDriver(Driver):
             except DriverError as exc:
                 # The Pod runs; the object is still deleted by teardown or swept by sweep_orphans.
                 log.warning("%s", exc)
-        machine.details["started"] = True
-        machine.details["uid"] = str(pod.metadata.uid)
+        return str(pod.metadata.uid)
 
     async def _create_network_policy(self, spec: SessionSpec, body: dict[str, Any]) -> None:
         """Create the session's NetworkPolicy. One of its name already there (made between the delete and
@@ -295,47 +318,21 @@ class KubernetesDriver(Driver):
             if not machine.details.get("started") and not machine.details.get("adopted"):
                 return WorkerStatus(WorkerState.STARTING, detail="not started")
             return WorkerStatus(WorkerState.MISSING, detail=f"pod {machine.ref} not found")
-        status = pod.get("status") or {}
-        phase = status.get("phase") or "Pending"
-        ours: dict[str, Any] = next(
-            (
-                c
-                for c in status.get("containerStatuses") or []
-                if c.get("name") == self.options.pod.container_name
-            ),
-            {},
+        return pod_status(pod, self.options.pod.container_name)
+
+    def status_source(self, acceptor_id: str) -> PodInformer:
+        """One list-and-watch of every Pod made for ``acceptor_id``, all outposts (:mod:`.informer`)."""
+        selector = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_ACCEPTOR: label_value(acceptor_id)}
+        self._informer = PodInformer(
+            self.cluster,
+            selector=selector,
+            container_name=self.options.pod.container_name,
+            tracker=self.pods,
         )
-        restarts = int(ours.get("restartCount") or 0)
-        state = ours.get("state") or {}
-        waiting = (state.get("waiting") or {}).get("reason") or ""
-        if phase == "Succeeded":
-            return WorkerStatus(WorkerState.EXITED, exit_code=0, restarts=restarts, detail=phase)
-        if phase == "Failed":
-            terminated = state.get("terminated") or (ours.get("lastState") or {}).get("terminated") or {}
-            code = terminated.get("exitCode")
-            reason = terminated.get("reason") or status.get("reason") or ""
-            # A Pod failed without a container exit (evicted, deadline exceeded) still failed.
-            return WorkerStatus(
-                WorkerState.EXITED,
-                exit_code=int(code) if code is not None else 1,
-                restarts=restarts,
-                detail=f"{phase} {reason}".strip(),
-            )
-        if phase == "Running" or phase == "Unknown":
-            # After a restart in place, the code the last run exited with: the orchestrator ends the session
-            # at once on some (9: this Pod cannot enforce the session's network policy) instead of waiting
-            # for the restart limit.
-            last = (ours.get("lastState") or {}).get("terminated") or {}
-            code = last.get("exitCode") if restarts else None
-            return WorkerStatus(
-                WorkerState.RUNNING,
-                exit_code=int(code) if code is not None else None,
-                restarts=restarts,
-                detail=f"{phase} {waiting}".strip(),
-            )
-        return WorkerStatus(WorkerState.STARTING, restarts=restarts, detail=f"{phase} {waiting}".strip())
+        return self._informer
 
     async def teardown(self, machine: Machine) -> None:
+        self.pods.forget(machine.ref)
         await self.cluster.delete(Pod, machine.ref)
         await self.cluster.delete(Secret, secret_name(machine.session_id))
         await self.cluster.delete(NetworkPolicy, network_policy_name(machine.session_id))
@@ -368,6 +365,11 @@ class KubernetesDriver(Driver):
         return spec
 
     async def list_owned(self, acceptor_id: str, outpost_id: str) -> list[Machine]:
+        if self._informer is not None:
+            # Machines found here are adopted next, each session looking at its Pod's status at once:
+            # with the watch's first listing on the board, they find it there instead of each reading
+            # its Pod (a GET per Pod at every restart). Bounded: a watch that cannot list costs reads.
+            await self._informer.first_listing(timeout=self.options.request_timeout)
         machines = []
         for pod in await self.cluster.list(Pod, self._selector(acceptor_id, outpost_id)):
             spec = self._identity(pod)

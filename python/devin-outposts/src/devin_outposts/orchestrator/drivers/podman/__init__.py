@@ -29,6 +29,12 @@ itself plus a *marker*: an empty volume ``<state volume>-snapshot`` labelled ``k
 it. Teardown keeps every state volume a marker names; :meth:`PodmanDriver.restore` re-creates the new
 machine's container on the kept volume, then drops the marker and the machine's fresh volume; deleting a
 snapshot removes both. Nothing is copied, whatever the size of ``repos/``.
+
+**Status.** :meth:`PodmanDriver.status_source` follows every container of an acceptor id with one
+``podman events`` child and a ``podman ps`` every ``reconcile_interval`` seconds (:mod:`.events`);
+:meth:`PodmanDriver.status` (one ``podman inspect``) stays for polling and adoption. A worker that cannot
+start (exit 125-127, a ``podman start`` the runtime refused) is ``FAILED`` with a reason; an image that
+cannot be pulled fails the provision with one (:func:`.objects.failure_of`).
 """
 
 from __future__ import annotations

@@ -29,12 +29,15 @@ from devin_outposts.orchestrator.drivers.base import (
     Machine,
     SessionSpec,
     Snapshot,
+    StatusSource,
     WorkerLaunch,
+    WorkerState,
     WorkerStatus,
     machine_name,
     name_taken,
 )
 from devin_outposts.orchestrator.drivers.podman.cli import PodmanCli
+from devin_outposts.orchestrator.drivers.podman.events import PodmanEvents
 from devin_outposts.orchestrator.drivers.podman.objects import (
     DATA_DIR,
     KIND_MACHINE,
@@ -51,8 +54,11 @@ from devin_outposts.orchestrator.drivers.podman.objects import (
     TOKEN_TARGET,
     TOKEN_VARIABLE,
     WORKDIR,
+    PodmanFailure,
+    Result,
     created_at_of,
     env_file_text,
+    failure_of,
     ids_label,
     ids_of,
     labels_of,
@@ -87,6 +93,11 @@ class PodmanDriver(Driver):
         self._provisioning: set[str] = set()
         #: The uid the image's worker runs as (the owner of the token file in the container), once known.
         self._uid: Optional[int] = None
+        #: Per container name, why its ``podman start`` failed (podman still calls it ``created``): read
+        #: by :meth:`status` and the status source until the container is replaced or torn down.
+        self._start_failures: dict[str, WorkerStatus] = {}
+        #: The status sources following our containers (:meth:`status_source`), told what we know first.
+        self._sources: list[PodmanEvents] = []
 
     @classmethod
     def from_options(cls, context: DriverContext, options: Mapping[str, Any]) -> PodmanDriver:
@@ -214,10 +225,7 @@ class PodmanDriver(Driver):
         try:
             await self.volumes.create(volume, {**common, LABEL_KIND: KIND_STATE})
             try:
-                await self.cli.check(
-                    *self._create_arguments(name, labels, volume, spec.session_id, None),
-                    what=f"create container {name}",
-                )
+                await self._create(name, self._create_arguments(name, labels, volume, spec.session_id, None))
             except DriverError:
                 with contextlib.suppress(DriverError):
                     await self.volumes.remove(volume)
@@ -263,10 +271,10 @@ class PodmanDriver(Driver):
     ) -> None:
         """Replace the machine's container by a new one on ``volume`` (with ``launch``'s environment)."""
         await self._stop_and_remove(machine.name)
+        self._start_failures.pop(machine.name, None)
         if launch is None:
-            await self.cli.check(
-                *self._create_arguments(machine.name, labels, volume, machine.session_id),
-                what=f"create container {machine.name}",
+            await self._create(
+                machine.name, self._create_arguments(machine.name, labels, volume, machine.session_id)
             )
             return
         env = launch.environment()
@@ -282,11 +290,11 @@ class PodmanDriver(Driver):
         try:
             await self.secrets.create(secret, token, labels)
             # podman copies the secret into the container when it creates it: the secret can go at once.
-            await self.cli.check(
-                *self._create_arguments(
+            await self._create(
+                machine.name,
+                self._create_arguments(
                     machine.name, labels, volume, machine.session_id, (env_file, secret, uid)
                 ),
-                what=f"create container {machine.name}",
             )
         finally:
             self._env_files_in_use.discard(env_file)
@@ -294,6 +302,23 @@ class PodmanDriver(Driver):
                 env_file.unlink()
             await self.secrets.remove(secret)
             self.secrets.in_use.discard(secret)
+
+    async def _create(self, name: str, args: list[str]) -> None:
+        """``podman create``; an image it cannot pull is a :class:`PodmanFailure` naming the reason. The
+        status sources learn the new container's id at once (the replaced one's events are stale)."""
+        what = f"create container {name}"
+        result = await self.cli.run(*args, what=what)
+        if result.code != 0:
+            raise self._failure(result, what)
+        container_id = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+        for source in self._sources:
+            source.expect(name, container_id)
+
+    @staticmethod
+    def _failure(result: Result, what: str) -> DriverError:
+        reason = failure_of(result)
+        message = f"Could not {what}: {result.error_line()}"
+        return PodmanFailure(message, reason) if reason else DriverError(message)
 
     def _write_env_file(self, name: str, env: Mapping[str, str]) -> Path:
         text = env_file_text(env)
@@ -318,10 +343,33 @@ class PodmanDriver(Driver):
         if not volume:
             raise DriverError(f"container {machine.name} names no state volume")
         await self._recreate(machine, ours, volume, launch)
-        await self.cli.check("start", machine.name, what=f"start container {machine.name}")
+        what = f"start container {machine.name}"
+        result = await self.cli.run("start", machine.name, what=what)
+        if result.code == 0:
+            return
+        reason = failure_of(result)
+        if not reason:
+            raise DriverError(f"Could not {what}: {result.error_line()}")
+        # The container exists and cannot run (its command is missing, the runtime refused it): a status,
+        # as a Pod's CreateContainerError is, so the session is released at once with the reason.
+        failed = WorkerStatus(WorkerState.FAILED, reason=reason, detail=result.error_line())
+        self._start_failures[machine.name] = failed
+        for source in self._sources:
+            source.report(machine.name, failed)
 
     async def status(self, machine: Machine) -> WorkerStatus:
-        return worker_status_of(await self.cli.inspect("container", machine.name))
+        status = worker_status_of(await self.cli.inspect("container", machine.name))
+        failed = self._start_failures.get(machine.name)
+        return failed if failed is not None and status.state is WorkerState.STARTING else status
+
+    def status_source(self, acceptor_id: str) -> Optional[StatusSource]:
+        """One ``podman events`` child for every container of ``acceptor_id``, and a ``podman ps`` every
+        ``reconcile_interval`` seconds (:mod:`.events`)."""
+        source = PodmanEvents(
+            self.cli, acceptor_id, self._start_failures, reconcile_interval=self.settings.reconcile_interval
+        )
+        self._sources.append(source)
+        return source
 
     async def teardown(self, machine: Machine) -> None:
         found = await self.cli.inspect("container", machine.name)
@@ -333,6 +381,7 @@ class PodmanDriver(Driver):
             if labels.get(LABEL_STATE_VOLUME):
                 volumes.add(labels[LABEL_STATE_VOLUME])
             await self._stop_and_remove(machine.name)
+        self._start_failures.pop(machine.name, None)
         # Also the session's state volumes no container names any more (a provision or restore that was
         # interrupted), but never one a snapshot keeps. Listed by this session's label alone: a listing
         # of every session's volumes fails when another session's teardown removes one meanwhile.

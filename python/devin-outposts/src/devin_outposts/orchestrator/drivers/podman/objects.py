@@ -56,7 +56,7 @@ TOKEN_SECRET = re.compile(TOKEN_SECRET_PREFIX + "[0-9a-f]{16}")
 #: The container's entrypoint before the worker command: it hands the token file to the worker in its
 #: environment, so the token is in no container configuration `podman inspect` shows.
 TOKEN_ENTRYPOINT = (
-    f'if [ -r /run/secrets/{TOKEN_TARGET} ]; then {TOKEN_VARIABLE}=$(cat /run/secrets/{TOKEN_TARGET}) '
+    f"if [ -r /run/secrets/{TOKEN_TARGET} ]; then {TOKEN_VARIABLE}=$(cat /run/secrets/{TOKEN_TARGET}) "
     f'|| exit 78; export {TOKEN_VARIABLE}; fi; exec "$@"'
 )
 #: What podman writes to stderr when the container or volume asked for does not exist (its exit code,
@@ -69,6 +69,37 @@ NOT_FOUND_TEXT = (
     "no container with name",
     "no volume with name",
     "no such secret",
+)
+#: The reasons a worker cannot start in podman (docs/orchestrator-podman.md, "Fast failure").
+REASON_PULL_ERROR = "pull-error"
+REASON_INVALID_IMAGE = "invalid-image"
+REASON_EXEC_FAILED = "exec-failed"
+REASON_START_ERROR = "start-error"
+#: What podman 4.3 writes to stderr for each of them (lower case; the first reason that matches wins).
+FAILURE_TEXT = (
+    (REASON_INVALID_IMAGE, ("invalid reference format", "repository name must be lowercase")),
+    (
+        REASON_PULL_ERROR,
+        (
+            "initializing source",
+            "pinging container registry",
+            "manifest unknown",
+            "unable to pull",
+            "reading manifest",
+            "requested access to the resource is denied",
+            "short-name resolution",
+        ),
+    ),
+    (
+        REASON_EXEC_FAILED,
+        (
+            "attempted to invoke a command that was not found",
+            "permission denied: oci permission denied",
+            "executable file not found",
+            "exec format error",
+        ),
+    ),
+    (REASON_START_ERROR, ("oci runtime error", "runc create failed", "crun: ", "unable to start container")),
 )
 #: Attempts at a listing that failed because an object in it vanished meanwhile (``podman volume ls``
 #: inspects every volume it lists: one removed by a concurrent teardown fails the whole listing).
@@ -182,19 +213,71 @@ def worker_status_of(container: Optional[Mapping[str, Any]]) -> WorkerStatus:
         return WorkerStatus(WorkerState.MISSING, detail="container gone")
     raw_state = container.get("State")
     state: Mapping[str, Any] = raw_state if isinstance(raw_state, dict) else {}
-    status = str(state.get("Status", "")).lower()
+    return status_of_state(
+        state.get("Status"), state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled"))
+    )
+
+
+def listed_status(item: Mapping[str, Any]) -> WorkerStatus:
+    """The worker's state from one entry of ``podman ps --all --format json`` (``State``, ``ExitCode``;
+    a listing does not say whether the kernel killed it for memory)."""
+    return status_of_state(item.get("State"), item.get("ExitCode"))
+
+
+def status_of_state(state: Any, exit_code: Any, *, oom_killed: bool = False) -> WorkerStatus:
+    """A container's state name (``created``, ``running``, ``exited``...) read as its worker's."""
+    status = str(state or "").lower()
     if status in ("created", "configured", "initialized"):
         return WorkerStatus(WorkerState.STARTING, detail=f"container {status}")
     if status in ("running", "paused", "stopping"):
         return WorkerStatus(WorkerState.RUNNING, detail="" if status == "running" else f"container {status}")
     if status in ("exited", "stopped"):
         try:
-            code = int(state.get("ExitCode", 1))
+            code = int(exit_code if exit_code is not None else 1)
         except (TypeError, ValueError):
             code = 1
-        detail = "killed for lack of memory" if state.get("OOMKilled") else ""
-        return WorkerStatus(WorkerState.EXITED, exit_code=code, detail=detail)
+        return ended_status(code, oom_killed=oom_killed)
     if status == "removing":
         return WorkerStatus(WorkerState.MISSING, detail="container being removed")
     # A state this driver does not know: not running, not ended; the boot timeout bounds it.
     return WorkerStatus(WorkerState.STARTING, detail=f"container state {status or 'unknown'}")
+
+
+def ended_status(code: int, *, oom_killed: bool = False) -> WorkerStatus:
+    """The worker's end from its container's exit code. 125-127 are never the worker's own codes
+    (core/exits.py stops at 9; a signal gives 128+n): they say the worker never ran, and no restart in
+    the same image can change that, so the session is released at once with the reason (FAILED)."""
+    cannot_run = CANNOT_RUN_EXITS.get(code)
+    if cannot_run is not None:
+        reason, why = cannot_run
+        return WorkerStatus(WorkerState.FAILED, exit_code=code, reason=reason, detail=f"exit {code}: {why}")
+    return WorkerStatus(
+        WorkerState.EXITED, exit_code=code, detail="killed for lack of memory" if oom_killed else ""
+    )
+
+
+#: Exit codes of a container whose worker never ran: what podman (125) and our ``/bin/sh`` entrypoint
+#: (126, 127: POSIX's "found but not executable" and "not found") exit with, and the reason they become.
+CANNOT_RUN_EXITS = {
+    125: (REASON_START_ERROR, "the container's runtime could not run it"),
+    126: (REASON_EXEC_FAILED, "the worker command is not executable in the image"),
+    127: (REASON_EXEC_FAILED, "the worker command is not in the image"),
+}
+
+
+def failure_of(result: Result) -> str:
+    """The reason a failed ``podman create`` or ``podman start`` names (:data:`FAILURE_TEXT`), or ``""``
+    when its error is not one that a retry of the same machine cannot fix (then it is a plain error)."""
+    text = result.stderr.lower()
+    for reason, markers in FAILURE_TEXT:
+        if any(marker in text for marker in markers):
+            return reason
+    return ""
+
+
+class PodmanFailure(DriverError):
+    """A machine that cannot be made or started for a reason podman named (:func:`failure_of`); the
+    reason leads the message, and is :attr:`reason` for a caller that carries it on."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(f"{message} ({reason})", reason=reason)

@@ -123,6 +123,12 @@ OPTIONS = OptionTable(
         "seconds any one podman command may take; a step the orchestrator cancels kills its podman call",
         default=120.0, above=0,
     ),
+    DriverOption(
+        "reconcile_interval", OptionKind.SECONDS,
+        "seconds between two listings (`podman ps --all`) that correct the status watch (`--machine-status "
+        "watch`: one `podman events` child; see \"Machine status\")",
+        default=30.0, above=0,
+    ),
 )
 
 
@@ -140,6 +146,7 @@ class Settings:
     podman: str = "podman"
     stop_grace: float = 10.0
     command_timeout: float = 120.0
+    reconcile_interval: float = 30.0
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], worker_command: Sequence[str]) -> Settings:
@@ -159,4 +166,5 @@ class Settings:
             podman=values["podman"],
             stop_grace=values["stop_grace"],
             command_timeout=values["command_timeout"],
+            reconcile_interval=values["reconcile_interval"],
         )
