@@ -1,8 +1,11 @@
-"""Fleet model: many workers in one process, the real claim code, the real client, a real simulator.
+"""Fleet model: many workers in a few processes, the real claim code, the real client, a real simulator.
 
 ``claim_latency.py`` runs one ``devin-outposts worker start`` process per worker, which caps a 2-core
-machine at about 50 workers. This model runs W :class:`~devin_outposts.worker.runner.Worker` objects on
-one event loop instead, so that 10, 50, 200 and 1,000 workers can be measured. Each worker is the real
+machine at about 50 workers. This model runs W :class:`~devin_outposts.worker.runner.Worker` objects
+spread over ``--procs`` model processes (forked from this one; by default one per
+:data:`WORKERS_PER_PROC` workers, at most one per CPU), each running its share on one event loop, so
+that 10, 50, 200 and 1,000 workers can be measured, and the model's own CPU (reported per process) is
+not what sets the pace at 1,000. Each worker is the real
 code from end to end (``Worker``, ``ClaimLoop``, ``QueueFeed``, ``SessionServer`` and ``FleetClient``:
 list, watch, claims, 409 handling, renewals, status checks, confirm reads, release), each with its own
 acceptor id, data directory, working directory and HTTP connections, over real sockets to a
@@ -15,17 +18,21 @@ things are stood in for, because a process per session would be the whole cost a
   SIGTERM at once when the worker stops it;
 * the binary store: ``resolve_sha``/``ensure`` return a fixed SHA and path without downloading.
 
-The driver enqueues N sessions through the simulator's admin API (one thread, back to back, as fast as
-the simulator takes them; session ids and lengths are drawn from ``--seed`` so every run gets the same
-sessions). A session's length (uniform in ``--min-duration``..``--max-duration``) starts when its
-stand-in remote starts; at its end the driver marks the session ``terminated`` through the admin API and
-then lets the remote exit 0, as a real remote exits when its session ends.
+Once every model process says its workers watch the queue, this (parent) process enqueues N sessions
+through the simulator's admin API (back to back, as fast as the simulator takes them; session ids and
+lengths are drawn from ``--seed`` so every run gets the same sessions). A session's length (uniform in
+``--min-duration``..``--max-duration``) starts when its stand-in remote starts; at its end the model
+process marks the session ``terminated`` through the admin API and then lets the remote exit 0, as a
+real remote exits when its session ends. The model processes send the sessions they served as they go,
+and their request counts, CPU seconds and the rest when told to stop; the parent merges them and reads
+the claim history from the simulator.
 
 Measured, per run, from the moment every worker is watching until every session has been released:
 
 * **requests**: every HTTP request the workers send, counted by a wrapper around each client's transport
   and sorted by kind (list, watch, claim won, claim answered 409, renewal, release, get, other);
-  "claim POSTs" counts every claim request (won, 409 and renewals);
+  "claim POSTs" counts every claim request the server may have seen (won, 409, renewals, and those
+  whose answer was lost); a request whose connection never opened is counted apart (``*_unsent``);
 * **queue wait**: from just before the enqueue request was sent to the session's first ``claim`` record
   in the simulator's claim history (p50/p90/p99/max);
 * **sessions/s**: N / (last release - first enqueue);
@@ -36,14 +43,18 @@ Measured, per run, from the moment every worker is watching until every session 
 * **lost**: sessions never served. A run that has not served every session after ``--run-limit``
   seconds is cut short; its unserved sessions are then marked ``*`` (not necessarily lost: the fleet was
   too slow), and its queue-wait figures cover the served sessions only;
-* CPU seconds of the simulator and of this process (all workers and the driver), and warnings logged.
+* CPU seconds of the simulator and of each model process over the measured run (also as a share of
+  it), the 409s by fifth of the run (where the storms are), and warnings logged.
 
 Each size runs twice when the worker has the ``claim_spread`` option (``WorkerConfig(claim_spread=...)``,
 ``--no-claim-spread``): claims spread over the oldest pending rows, and strict oldest-first as the
 baseline of the same run, printed side by side with their ratios. Without the option only today's
 code runs.
 
-Run: ``.venv/bin/python benchmarks/fleet_model.py [--quick] [--sizes 10:200,50:1000] [--json FILE|-]``.
+Run: ``.venv/bin/python benchmarks/fleet_model.py [--quick] [--sizes 10:200,50:1000] [--procs P]
+[--run-limit S] [--baseline-run-limit S] [--json FILE|-]``. ``--procs`` sets the number of model
+processes; ``--baseline-run-limit`` cuts the strict baseline short sooner than ``--run-limit`` (strict
+oldest-first at 1,000 workers can take far longer than spreading).
 The figures are measurements, not assertions: the exit code is 0 unless the benchmark itself broke.
 """
 
@@ -57,6 +68,8 @@ import functools
 import json
 import logging
 import math
+import multiprocessing
+import os
 import random
 import resource
 import signal
@@ -68,6 +81,8 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, TextIO, cast
 from urllib.parse import unquote
@@ -91,9 +106,9 @@ FIXED_SHA = "0123456789abcdef0123456789abcdef01234567"
 START_BATCH = 50
 #: The headline of issue 14 is checked at this size (workers, sessions).
 HEADLINE = (50, 1000)
-#: 1,000 workers get 200 sessions: with today's claim storms (hundreds of 409s per session) this process
-#: is saturated there and serves well under one session a second; pass --sizes 1000:1000 to try more.
-DEFAULT_SIZES = "10:200,50:1000,200:1000,1000:200"
+DEFAULT_SIZES = "10:200,50:1000,200:1000,1000:1000"
+#: Workers per model process when --procs is not given (one process per this many, at most the CPUs).
+WORKERS_PER_PROC = 250
 QUICK_SIZES = "10:40,50:100"
 
 
@@ -134,13 +149,16 @@ class CountingTransport(httpx.AsyncBaseTransport):
         self.failures: Counter[str] = Counter()  #: transport errors by exception type (not requests)
         self.held: set[str] = set()
         self.watching = False
+        self.conflicts_at: list[float] = []  #: when (epoch) each claim got its 409
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         kind, sid = request_kind(request)
         try:
             response = await self.inner.handle_async_request(request)
         except httpx.TransportError as exc:
-            self.counts[f"{kind}_failed"] += 1
+            # A connection that never opened carried no request: not a claim the server saw.
+            unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+            self.counts[f"{kind}_unsent" if unsent else f"{kind}_failed"] += 1
             self.failures[f"{kind}: {type(exc).__name__}"] += 1
             raise
         status = response.status_code
@@ -148,6 +166,7 @@ class CountingTransport(httpx.AsyncBaseTransport):
             renewal = sid in self.held
             if status == 409:
                 kind = "renew_409" if renewal else "claim_409"
+                self.conflicts_at.append(time.time())
                 self.held.discard(sid)
             elif status < 300:
                 kind = "renew" if renewal else "claim"
@@ -207,7 +226,7 @@ class StandinProc:
 class StandinRemote:
     """Replaces ``RemoteProcess`` in ``devin_outposts.worker.session`` for the length of a run."""
 
-    driver: ClassVar[Optional[Driver]] = None
+    driver: ClassVar[Optional[Ender]] = None
     _next_pid: ClassVar[int] = 4_000_000  # above pid_max, so it can never name a real process
 
     def __init__(self, session_id: str) -> None:
@@ -218,7 +237,14 @@ class StandinRemote:
 
     @classmethod
     async def start(
-        cls, binary: Path, *, cwd: Path, env: Mapping[str, str], state_dir: Path, session_id: str
+        cls,
+        binary: Path,
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        state_dir: Path,
+        session_id: str,
+        wrap: Optional[Callable[[list[str]], list[str]]] = None,
     ) -> StandinRemote:
         remote = cls(session_id)
         if cls.driver is None:
@@ -249,7 +275,7 @@ class StandinRemote:
 
 
 @contextlib.contextmanager
-def standin_process_layer(driver: Driver) -> Iterator[None]:
+def standin_process_layer(driver: Ender) -> Iterator[None]:
     saved = session_module.RemoteProcess
     session_module.RemoteProcess = StandinRemote  # type: ignore[misc,assignment]
     StandinRemote.driver = driver
@@ -281,23 +307,56 @@ class Plan:
         return sum(self.durations.values()) / max(len(self.durations), 1)
 
 
-class Driver:
-    """Enqueues the plan and ends each session when its length has passed since its remote started.
+@dataclasses.dataclass(frozen=True)
+class SimAddress:
+    """What a model process needs of the simulator (plain values: it crosses a fork)."""
+
+    url: str
+    admin_token: str
+    token: str
+    outpost_id: str
+    static_base_url: str
+    pid: int
+
+    @classmethod
+    def of(cls, sim: BenchSim) -> SimAddress:
+        return cls(sim.proc.url, sim.proc.admin_token, sim.token, sim.outpost_id,
+                   sim.admin.static_base_url, sim.proc.pid or 0)  # fmt: skip
+
+    def new_admin(self) -> SimAdmin:
+        return SimAdmin(self.url, self.admin_token, timeout=60)
+
+
+def enqueue_all(address: SimAddress, plan: Plan) -> tuple[dict[str, float], tuple[float, float]]:
+    """The driver's burst, back to back from one connection: when each request was sent, and the window."""
+    sent_at: dict[str, float] = {}
+    admin = address.new_admin()
+    try:
+        first = time.time()
+        for sid in plan.ids:
+            sent = time.time()
+            admin.enqueue(address.outpost_id, session_id=sid)
+            sent_at[sid] = sent
+        return sent_at, (first, time.time())
+    finally:
+        admin.close()
+
+
+class Ender:
+    """Ends each session when its length has passed since its remote started (in each model process).
 
     Admin calls are blocking (``SimAdmin``), so they run on a small thread pool, one ``SimAdmin`` per
     thread, off the event loop the workers run on.
     """
 
-    def __init__(self, sim: BenchSim, plan: Plan, loop: asyncio.AbstractEventLoop) -> None:
-        self.sim = sim
+    def __init__(self, address: SimAddress, plan: Plan, loop: asyncio.AbstractEventLoop) -> None:
+        self.address = address
         self.plan = plan
         self.loop = loop
-        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="driver")
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ender")
         self._local = threading.local()
         self._admins: list[SimAdmin] = []
         self._admins_lock = threading.Lock()
-        self.sent_at: dict[str, float] = {}
-        self.enqueue_window: list[float] = []
         self.starts: Counter[str] = Counter()
         self.ended_at: dict[str, float] = {}
         self.stopped_by_worker = 0
@@ -306,7 +365,7 @@ class Driver:
     def admin(self) -> SimAdmin:
         admin: Optional[SimAdmin] = getattr(self._local, "admin", None)
         if admin is None:
-            admin = SimAdmin(self.sim.proc.url, self.sim.proc.admin_token, timeout=60)
+            admin = self.address.new_admin()
             self._local.admin = admin
             with self._admins_lock:
                 self._admins.append(admin)
@@ -316,22 +375,6 @@ class Driver:
         self.pool.shutdown(wait=True)
         for admin in self._admins:
             admin.close()
-
-    # enqueue (a pool thread) ------------------------------------------------------------------------
-
-    def _enqueue_all(self) -> None:
-        admin = self.admin()
-        self.enqueue_window.append(time.time())
-        for sid in self.plan.ids:
-            sent = time.time()
-            admin.enqueue(self.sim.outpost_id, session_id=sid)
-            self.sent_at[sid] = sent
-        self.enqueue_window.append(time.time())
-
-    def enqueue_all(self) -> asyncio.Future[None]:
-        return self.loop.run_in_executor(self.pool, self._enqueue_all)
-
-    # ends (on the loop, admin call on a pool thread) ------------------------------------------------
 
     def started(self, remote: StandinRemote) -> None:
         sid = remote.session_id
@@ -357,7 +400,7 @@ class Driver:
             self.errors.append(f"set_status {sid}: {exc}")
 
 
-# --- one run ----------------------------------------------------------------------------------------
+# --- one model process ------------------------------------------------------------------------------
 
 
 class CountingLog(logging.Handler):
@@ -375,16 +418,16 @@ class CountingLog(logging.Handler):
             self.samples[key] = self.samples.get(key, 0) + 1
 
 
-def worker_config(sim: BenchSim, root: Path, index: int, spread: Optional[bool]) -> WorkerConfig:
+def worker_config(address: SimAddress, root: Path, index: int, spread: Optional[bool]) -> WorkerConfig:
     home = root / f"w{index:04d}"
     options: dict[str, Any] = {
-        "api_url": sim.proc.url,
-        "token": sim.token,
-        "outpost": sim.outpost_id,
+        "api_url": address.url,
+        "token": address.token,
+        "outpost": address.outpost_id,
         "acceptor_id": f"fleet-{index:04d}",
         "cache_dir": home / "data" / "cache",
         "workdir": home / "work",
-        "static_base_url": sim.admin.static_base_url,
+        "static_base_url": address.static_base_url,
         "drain_timeout": 5.0,
     }
     if spread is not None:
@@ -399,82 +442,127 @@ def counts_of(transports: Sequence[CountingTransport]) -> Counter[str]:
     return total
 
 
-async def run_fleet(
-    sim: BenchSim, workers: int, plan: Plan, spread: Optional[bool], run_limit: float
-) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class PartSpec:
+    """One model process's share of the fleet: workers ``first`` .. ``first + count - 1``."""
+
+    address: SimAddress
+    root: Path
+    first: int
+    count: int
+    plan: Plan
+    spread: Optional[bool]
+
+
+class Parent:
+    """The model process's line to the parent: messages over a pipe, read on the event loop."""
+
+    def __init__(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        self.conn = conn
+        self.inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self.arrived = asyncio.Event()
+        loop.add_reader(conn.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        while self.conn.poll():
+            self.inbox.put_nowait(self.conn.recv())
+            self.arrived.set()
+
+    def send(self, *message: Any) -> None:
+        self.conn.send(message)
+
+
+async def run_part(spec: PartSpec, conn: Connection) -> None:
+    """Run this process's workers: start them, say ready, serve from "go" to "stop", send the figures."""
     loop = asyncio.get_running_loop()
-    driver = Driver(sim, plan, loop)
+    parent = Parent(conn, loop)
+    ender = Ender(spec.address, spec.plan, loop)
     shared_tls = httpx.create_ssl_context()  # one context for all: each one costs megabytes
-    transports = [CountingTransport(shared_tls) for dummy in range(workers)]
-    root = sim.root
-    binary = root / "devin-remote-standin"
+    transports = [CountingTransport(shared_tls) for dummy in range(spec.count)]
+    binary = spec.root / "devin-remote-standin"
     binary.write_text("#!/bin/sh\nexit 0\n")  # never run: the stand-in remote replaces the process
     fleet: list[Worker] = []
-    for index, transport in enumerate(transports):
+    for index, transport in enumerate(transports, start=spec.first):
 
         def factory(config: WorkerConfig, transport: CountingTransport = transport) -> FleetClient:
             return FleetClient(config.api_url, config.token, transport=transport)
 
         fleet.append(
             Worker(
-                worker_config(sim, root / "workers", index, spread),
+                worker_config(spec.address, spec.root / "workers", index, spec.spread),
                 client_factory=factory,
                 binaries=cast(BinaryStore, FixedBinaries(binary)),
             )
         )
+    StandinRemote._next_pid = 4_000_000 + spec.first * 1_000  # above pid_max: never a real process
     tasks: list[asyncio.Task[int]] = []
     log_counter = CountingLog()
     logging.getLogger().addHandler(log_counter)
-    result: dict[str, Any] = {}
     try:
-        with standin_process_layer(driver):
+        with standin_process_layer(ender):
             boot = time.monotonic()
-            for start in range(0, workers, START_BATCH):
+            for start in range(0, len(fleet), START_BATCH):
                 batch = fleet[start : start + START_BATCH]
                 tasks.extend(asyncio.ensure_future(worker.run()) for worker in batch)
                 await wait_for(
                     functools.partial(all_watching, fleet[: start + len(batch)], transports, tasks),
-                    timeout=120 + workers * 0.5,
-                    what=f"workers {start}..{start + len(batch) - 1} to watch the queue",
+                    timeout=120 + spec.count * 0.5,
+                    what=f"workers {spec.first + start}.. to watch the queue",
                 )
-            boot_s = time.monotonic() - boot
-            before = counts_of(transports)
-            cpu_before = (cpu_seconds_of(sim.proc.pid or 0), time.process_time())
-            await driver.enqueue_all()
-            # the driver ends sessions; wait until every one has been served and released, or give up
-            deadline = time.monotonic() + run_limit
-            while served(fleet) < len(plan.ids) and time.monotonic() < deadline:
+            parent.send("ready", time.monotonic() - boot)
+            await parent.inbox.get()  # "go": the parent enqueues now
+            parent.arrived.clear()
+            before, cpu_before = counts_of(transports), time.process_time()
+            reported: set[str] = set()
+            while parent.inbox.empty():  # until "stop"
                 check_alive(tasks)
-                await asyncio.sleep(0.2)
-            cpu_after = (cpu_seconds_of(sim.proc.pid or 0), time.process_time())
-            after = counts_of(transports)
-            timed_out = served(fleet) < len(plan.ids)
-            records = await loop.run_in_executor(driver.pool, lambda: driver.admin().claims(
-                outpost_id=sim.outpost_id))  # fmt: skip
+                fresh = served_ids(fleet) - reported
+                if fresh:
+                    parent.send("served", sorted(fresh))
+                    reported |= fresh
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(parent.arrived.wait(), 0.2)
+            cpu_s, after = time.process_time() - cpu_before, counts_of(transports)
             for worker in fleet:
                 worker.on_signal(signal.SIGTERM)
             codes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-            result = analyse(plan, driver, fleet, records, after - before, workers, timed_out)
-            result.update(
-                workers_ready_s=boot_s,
-                cpu_s={"simulator": cpu_after[0] - cpu_before[0], "model": cpu_after[1] - cpu_before[1]},
-                worker_exit_codes=dict(Counter(str(code) for code in codes)),
-                warnings=dict(log_counter.counts),
-                warning_samples=sorted(log_counter.samples.items(), key=lambda kv: -kv[1])[:5],
-                stopped_by_worker=driver.stopped_by_worker,
-                driver_errors=driver.errors[:5],
-                failures=dict(sum((t.failures for t in transports), Counter())),
-                enqueue_per_s=len(plan.ids) / (driver.enqueue_window[1] - driver.enqueue_window[0]),
-                max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            )
+            parent.send("result", {
+                "requests": dict(after - before),
+                "cpu_s": cpu_s,
+                "served": sorted(served_ids(fleet)),
+                "outcomes": dict(Counter(r.outcome for worker in fleet for r in worker.results)),
+                "starts": dict(ender.starts),
+                "ended_at": ender.ended_at,
+                "stopped_by_worker": ender.stopped_by_worker,
+                "driver_errors": ender.errors[:5],
+                "worker_exit_codes": dict(Counter(str(code) for code in codes)),
+                "warnings": dict(log_counter.counts),
+                "warning_samples": dict(log_counter.samples),
+                "failures": dict(sum((t.failures for t in transports), Counter())),
+                "conflicts_at": [at for t in transports for at in t.conflicts_at],
+                "per_worker": {w.config.acceptor_id: sum(1 for r in w.results if r.outcome == SERVED)
+                               for w in fleet},
+                "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            })  # fmt: skip
     finally:
         logging.getLogger().removeHandler(log_counter)
         for task in tasks:
             task.cancel()
         for transport in transports:
             await transport.aclose()
-        driver.close()
-    return result
+        ender.close()
+
+
+def part_main(spec: PartSpec, conn: Connection) -> None:
+    """The entry point of a model process (forked): its workers on one event loop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    logging.basicConfig(level=logging.WARNING, handlers=[logging.NullHandler()])
+    try:
+        asyncio.run(run_part(spec, conn))
+    except BaseException as exc:  # the parent reports it and stops the run
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise
 
 
 def all_watching(
@@ -507,39 +595,188 @@ async def wait_for(predicate: Callable[[], bool], *, timeout: float, what: str) 
         await asyncio.sleep(0.1)
 
 
-def served(fleet: Sequence[Worker]) -> int:
-    return len({r.session_id for worker in fleet for r in worker.results if r.outcome == SERVED})
+def served_ids(fleet: Sequence[Worker]) -> set[str]:
+    return {r.session_id for worker in fleet for r in worker.results if r.outcome == SERVED}
+
+
+# --- one run: the parent ----------------------------------------------------------------------------
+
+
+def split(workers: int, procs: int) -> list[tuple[int, int]]:
+    """(first, count) of each model process's workers, as even as can be."""
+    procs = max(1, min(procs, workers))
+    base, extra = divmod(workers, procs)
+    parts, first = [], 0
+    for number in range(procs):
+        count = base + (1 if number < extra else 0)
+        parts.append((first, count))
+        first += count
+    return parts
+
+
+class Parts:
+    """The model processes of one run, and what they say."""
+
+    def __init__(self, specs: Sequence[PartSpec]) -> None:
+        context = multiprocessing.get_context("fork")  # the workers' code is imported once, here
+        self.conns: list[Connection] = []
+        self.procs: list[BaseProcess] = []
+        for spec in specs:
+            mine, theirs = context.Pipe()
+            proc = context.Process(target=part_main, args=(spec, theirs), name=f"fleet-{spec.first}")
+            proc.start()
+            theirs.close()
+            self.conns.append(mine)
+            self.procs.append(proc)
+        self.served: set[str] = set()
+        self.ready: list[float] = []
+        self.results: list[dict[str, Any]] = []
+        self.finished: list[Connection] = []
+
+    def pump(self, timeout: float) -> None:
+        """Read what has come in within ``timeout`` seconds."""
+        for conn in wait([c for c in self.conns if c not in self.finished], timeout):
+            assert isinstance(conn, Connection)
+            try:
+                message = conn.recv()
+            except EOFError:
+                number = self.conns.index(conn)
+                raise BenchError(
+                    f"model process {number} ended (exit {self.procs[number].exitcode})"
+                ) from None
+            kind = message[0]
+            if kind == "ready":
+                self.ready.append(message[1])
+            elif kind == "served":
+                self.served.update(message[1])
+            elif kind == "result":
+                self.results.append(message[1])
+                self.finished.append(conn)  # it exits next: its end of the pipe closes
+            elif kind == "error":
+                raise BenchError(f"a model process broke: {message[1]}")
+
+    def until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise BenchError(f"timed out after {timeout:g}s waiting for {what}")
+            self.pump(0.2)
+
+    def tell(self, *message: Any) -> None:
+        for conn in self.conns:
+            conn.send(message)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+
+
+def run_fleet(
+    sim: BenchSim, workers: int, plan: Plan, spread: Optional[bool], run_limit: float, procs: int
+) -> dict[str, Any]:
+    address = SimAddress.of(sim)
+    specs = [
+        PartSpec(address, sim.root, first, count, plan, spread) for first, count in split(workers, procs)
+    ]
+    boot = time.monotonic()
+    parts = Parts(specs)
+    try:
+        parts.until(lambda: len(parts.ready) == len(specs), 180 + workers, "the workers to watch the queue")
+        boot_s = time.monotonic() - boot
+        parts.tell("go")
+        cpu_before = (cpu_seconds_of(address.pid), time.process_time())
+        sent_at, window = enqueue_all(address, plan)
+        deadline = time.monotonic() + run_limit
+        while len(parts.served) < len(plan.ids) and time.monotonic() < deadline:
+            parts.pump(0.2)
+        cpu_after = (cpu_seconds_of(address.pid), time.process_time())
+        run_s = time.monotonic() - (deadline - run_limit)
+        timed_out = len(parts.served) < len(plan.ids)
+        parts.tell("stop")
+        parts.until(lambda: len(parts.results) == len(specs), 120, "the model processes' figures")
+    finally:
+        parts.close()
+    records = sim.admin.claims(outpost_id=sim.outpost_id)
+    merged = merge(parts.results)
+    result = analyse(plan, sent_at, window, merged, records, workers, timed_out)
+    result.update(
+        workers_ready_s=boot_s,
+        procs=len(specs),
+        run_s=run_s,
+        cpu_s={"simulator": cpu_after[0] - cpu_before[0], "driver": cpu_after[1] - cpu_before[1],
+               "model": sum(r["cpu_s"] for r in parts.results),
+               "model_per_process": [r["cpu_s"] for r in parts.results]},
+        worker_exit_codes=merged["worker_exit_codes"],
+        warnings=merged["warnings"],
+        warning_samples=sorted(merged["warning_samples"].items(), key=lambda kv: -kv[1])[:5],
+        stopped_by_worker=merged["stopped_by_worker"],
+        driver_errors=merged["driver_errors"][:5],
+        failures=merged["failures"],
+        enqueue_per_s=len(plan.ids) / max(window[1] - window[0], 1e-9),
+        max_rss_mib=max(r["max_rss_mib"] for r in parts.results),
+    )  # fmt: skip
+    return result
+
+
+def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The model processes' figures as one fleet's."""
+    merged: dict[str, Any] = {"served": set(), "ended_at": {}, "driver_errors": [], "stopped_by_worker": 0,
+                              "per_worker": {}, "conflicts_at": []}  # fmt: skip
+    counters = (
+        "requests",
+        "outcomes",
+        "starts",
+        "worker_exit_codes",
+        "warnings",
+        "warning_samples",
+        "failures",
+    )
+    for name in counters:
+        merged[name] = Counter()
+    for part in results:
+        merged["served"].update(part["served"])
+        merged["ended_at"].update(part["ended_at"])
+        merged["driver_errors"].extend(part["driver_errors"])
+        merged["stopped_by_worker"] += part["stopped_by_worker"]
+        merged["per_worker"].update(part["per_worker"])
+        merged["conflicts_at"].extend(part["conflicts_at"])
+        for name in counters:
+            merged[name].update(part[name])
+    return merged
 
 
 def analyse(
     plan: Plan,
-    driver: Driver,
-    fleet: Sequence[Worker],
+    sent_at: dict[str, float],
+    window: tuple[float, float],
+    merged: dict[str, Any],
     records: list[dict[str, Any]],
-    requests: Counter[str],
     workers: int,
     timed_out: bool,
 ) -> dict[str, Any]:
-    found = analyse_claims(records, driver.ended_at)
-    served_ids = {r.session_id for worker in fleet for r in worker.results if r.outcome == SERVED}
-    n = max(len(served_ids), 1)
-    waits = [
-        found.first_claim_at[sid] - at for sid, at in driver.sent_at.items() if sid in found.first_claim_at
-    ]
-    releases = [found.first_release_at[sid] for sid in served_ids if sid in found.first_release_at]
-    wall = (max(releases) - driver.enqueue_window[0]) if releases else math.nan
+    found = analyse_claims(records, merged["ended_at"])
+    served_set: set[str] = merged["served"]
+    requests: Counter[str] = merged["requests"]
+    n = max(len(served_set), 1)
+    waits = [found.first_claim_at[sid] - at for sid, at in sent_at.items() if sid in found.first_claim_at]
+    releases = [found.first_release_at[sid] for sid in served_set if sid in found.first_release_at]
+    wall = (max(releases) - window[0]) if releases else math.nan
     claim_posts = sum(requests[k] for k in ("claim", "claim_409", "renew", "renew_409", "claim_failed"))
     per_worker = Counter(r["acceptor_id"] for r in records if r["action"] == "claim")
-    outcomes = Counter(r.outcome for worker in fleet for r in worker.results)
     return {
         "workers": workers,
         "sessions": len(plan.ids),
-        "served": len(served_ids),
+        "served": len(served_set),
         "timed_out": timed_out,
-        "lost": len(plan.ids) - len(served_ids),
-        "outcomes": dict(outcomes),
+        "lost": len(plan.ids) - len(served_set),
+        "outcomes": dict(merged["outcomes"]),
         "wall_s": wall,
-        "sessions_per_s": len(served_ids) / wall if releases else math.nan,
+        "sessions_per_s": len(served_set) / wall if releases else math.nan,
         "ideal_sessions_per_s": workers / plan.mean_duration,
         "queue_wait": summarize(waits),
         "requests": dict(requests),
@@ -548,12 +785,24 @@ def analyse(
         "conflicts_per_session": (requests["claim_409"] + requests["renew_409"]) / n,
         "overlapping_claims": found.overlapping,
         "reclaimed_live": found.reclaimed_live,
-        "double_remote_starts": sum(1 for count in driver.starts.values() if count > 1),
+        "double_remote_starts": sum(1 for count in merged["starts"].values() if count > 1),
         "reclaimed_after_end": found.reclaimed_after_end,
         "expired_claims": sum(1 for r in records if r["action"] == "expire"),
         "sessions_per_worker": f"{min(per_worker.values(), default=0)}-{max(per_worker.values(), default=0)}",
         "mean_duration_s": plan.mean_duration,
+        "conflicts_by_fifth": by_fifth(merged["conflicts_at"], window[0], window[0] + wall),
     }
+
+
+def by_fifth(times: Sequence[float], start: float, end: float) -> list[int]:
+    """How many of ``times`` fell in each fifth of [start, end] (the last fifth takes what comes later)."""
+    counts = [0] * 5
+    span = end - start
+    if not span > 0:
+        return counts
+    for at in times:
+        counts[min(4, max(0, int(5 * (at - start) / span)))] += 1
+    return counts
 
 
 def lost_cell(part: Mapping[str, Any]) -> str:
@@ -595,8 +844,9 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
             f"{fmt_s(wait['max']):>6} "
             f"{double_serves(part):6d} {part['reclaimed_after_end']:5d} {lost_cell(part):>4} "
             f"{part['cpu_s']['simulator']:6.1f}s {part['cpu_s']['model']:8.1f}s")  # fmt: skip
-    say("(per served session: req/s. = HTTP requests, claim/s. = claim POSTs incl. 409s and renewals, "
-        "409/s. = 409 answers; queue wait in seconds, enqueue -> first claim; stale = claims of sessions "
+    say("(per served session: req/s. = HTTP requests, claim/s. = claim POSTs incl. 409s, renewals and claims "
+        "whose answer was lost (not those whose connection never opened), 409/s. = 409 answers; queue wait "
+        "in seconds, enqueue -> first claim; stale = claims of sessions "
         "already marked terminated; lost * = unserved when the run was cut short)")  # fmt: skip
     say("")
     say("requests per served session, by kind:")
@@ -604,7 +854,7 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
     for part in results:
         n = max(part["served"], 1)
         requests = part["requests"]
-        failed = sum(count for kind, count in requests.items() if kind.endswith("_failed"))
+        failed = sum(count for kind, count in requests.items() if kind.endswith(("_failed", "_unsent")))
         values = [requests.get(k, 0) for k in (*KIND_COLUMNS, "5xx")] + [failed]
         cells = " ".join(f"{value / n:9.3f}" for value in values)
         say(f"{part['workers']:>4} x {part['sessions']:<4} {part['mode']:7} {cells}")
@@ -631,9 +881,11 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
                  f"enqueues {part['enqueue_per_s']:.0f}/s",
                  f"sessions per worker {part['sessions_per_worker']}",
                  f"expired claims {part['expired_claims']}",
+                 f"409s by fifth of the run {part['conflicts_by_fifth']}",
                  f"remotes stopped by the worker {part['stopped_by_worker']}",
                  f"worker exits {part['worker_exit_codes']}",
-                 f"peak RSS {part['max_rss_mib']:.0f} MiB"]  # fmt: skip
+                 f"peak RSS {part['max_rss_mib']:.0f} MiB (largest model process)",
+                 model_cpu(part)]  # fmt: skip
         if part["warnings"]:
             notes.append(f"log {part['warnings']}")
         if part.get("failures"):
@@ -645,6 +897,17 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
             say(f"{'':21}{count:5d} x {message}")
         for error in part["driver_errors"]:
             say(f"{'':21}driver: {error}")
+
+
+def model_cpu(part: Mapping[str, Any]) -> str:
+    """The model processes' CPU over the measured run: near 100 % of a core means the model, not the
+    workers' protocol, may be setting the pace."""
+    run_s = max(part["run_s"], 1e-9)
+    each = ", ".join(f"{cpu:.0f} s ({100 * cpu / run_s:.0f} %)" for cpu in part["cpu_s"]["model_per_process"])
+    return (
+        f"{part['procs']} model process(es), CPU over the {run_s:.0f} s run: {each}; "
+        f"simulator {part['cpu_s']['simulator']:.0f} s ({100 * part['cpu_s']['simulator'] / run_s:.0f} %)"
+    )
 
 
 def paired(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -717,11 +980,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--run-limit", type=float, default=900.0,
                         help="seconds a run may take to serve its sessions before it is cut short "
                         "(900)")  # fmt: skip
+    parser.add_argument("--baseline-run-limit", type=float, default=None,
+                        help="--run-limit of the strict baseline (default: --run-limit)")  # fmt: skip
+    parser.add_argument("--procs", type=int, default=None,
+                        help=f"model processes the workers are spread over (default: one per "
+                        f"{WORKERS_PER_PROC} workers, at most the CPUs)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: sizes {QUICK_SIZES}")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-' = stdout)")
     args = parser.parse_args()
     if args.sizes is None:
         args.sizes = parse_sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    if args.baseline_run_limit is None:
+        args.baseline_run_limit = args.run_limit
+    if args.procs is not None and args.procs < 1:
+        parser.error("--procs must be at least 1")
     if not 0 < args.min_duration <= args.max_duration:
         parser.error("--min-duration must be positive and at most --max-duration")
     return args
@@ -736,6 +1008,12 @@ def raise_fd_limit(workers: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     if wanted < workers * 4 + 256:
         print(f"warning: RLIMIT_NOFILE {wanted} may be too low for {workers} workers", file=sys.stderr)
+
+
+def procs_for(asked: Optional[int], workers: int) -> int:
+    if asked is not None:
+        return asked
+    return max(1, min(os.cpu_count() or 1, math.ceil(workers / WORKERS_PER_PROC)))
 
 
 def main() -> int:
@@ -765,8 +1043,9 @@ def main() -> int:
                     name = f"{workers}x{sessions}-{mode}"
                     say(f"... {workers} workers x {sessions} sessions, {mode}")
                     spread = None if mode == "today" else mode == "spread"
+                    limit = args.run_limit if mode != "strict" else args.baseline_run_limit
                     with bench_sim(root, name) as sim:
-                        part = asyncio.run(run_fleet(sim, workers, plan, spread, args.run_limit))
+                        part = run_fleet(sim, workers, plan, spread, limit, procs_for(args.procs, workers))
                     part["mode"] = mode
                     results.append(part)
     except (BenchError, SimAdminError, OSError, RuntimeError) as exc:

@@ -1,8 +1,8 @@
-"""Spreading the claims: rendezvous ownership of rows among the workers of an outpost (queue.py).
+"""Spreading the claims: a matching of the oldest rows to the idle workers of an outpost (core/feed.py).
 
-Several feeds that see the same queue must agree on who claims which row first, without talking to each
-other: each row has exactly one owner among the contenders, a lone worker claims strictly oldest first,
-busy peers are not contenders, and a deferred row is claimed after a bounded wait.
+Several feeds that see the same queue must agree on who claims which row, without talking to each
+other: the same view gives disjoint picks, a lone worker claims strictly oldest first, busy peers are not
+contenders, the head is claimed within a bounded wait, and a crowd that lost a race scatters.
 """
 
 from __future__ import annotations
@@ -13,7 +13,17 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.core.feed import SPREAD_MAX_RANK, SPREAD_STEP, QueueFeed, rendezvous_score
+from devin_outposts.core.feed import (
+    ECHO_WAIT,
+    FIRST_CLAIM_JITTER,
+    SCATTER_MAX,
+    SCATTER_PAUSE,
+    SPREAD_MAX_RANK,
+    SPREAD_STEP,
+    QueueFeed,
+    contender_order,
+    scatter_width,
+)
 
 
 def entry(sid: str, created: int, *, holder: Optional[str] = None, deadline: float = 0.0) -> QueueEntry:
@@ -48,13 +58,23 @@ def test_a_lone_worker_claims_strictly_oldest_first() -> None:
     feed.replace_all([entry("c", 3), entry("a", 1), entry("b", 2)])
     taken = []
     while (choice := feed.next_claim(exclude=taken)) is not None:
-        assert choice.wait == 0.0
+        # Having seen nobody, it may be one of a fleet that started together: its first claim waits a
+        # random moment (once), but the order is exact.
+        assert choice.wait <= FIRST_CLAIM_JITTER
         taken.append(choice.entry.session_id)
     assert taken == ["a", "b", "c"]
     assert feed.contenders() == ["solo"]
+    feed.upsert(entry("a", 1, holder="solo", deadline=time.time() + 600))  # its claim, on the watch
+    choice = feed.next_claim(exclude=["a"])
+    assert choice is not None and choice.entry.session_id == "b" and choice.wait == 0.0
 
 
-def test_each_row_has_exactly_one_owner_among_idle_peers() -> None:
+def immediate_picks(group: list[QueueFeed], **kwargs: Any) -> list[str]:
+    """What each worker would claim right now (not what it would wait for)."""
+    return [c.entry.session_id for f in group if (c := f.next_claim(**kwargs)) is not None and c.wait == 0.0]
+
+
+def test_the_same_view_gives_disjoint_picks_of_the_oldest_rows() -> None:
     names = [f"worker-{n}" for n in range(6)]
     group = feeds(names)
     meet(group, names)
@@ -62,47 +82,41 @@ def test_each_row_has_exactly_one_owner_among_idle_peers() -> None:
     for feed in group:
         feed.replace_all(rows)
         assert sorted(feed.contenders()) == sorted(names)
-    for row in rows:
-        scores = {name: rendezvous_score(name, row.session_id) for name in names}
-        owners = [name for name in names if scores[name] == max(scores.values())]
-        assert len(owners) == 1
-    # What each worker would claim right now: never the same row twice, and the oldest row is one of them.
-    immediate = [c.entry.session_id for f in group if (c := f.next_claim()) is not None and c.wait == 0.0]
-    assert len(immediate) == len(set(immediate))
-    assert "devin-000" in immediate
+    picks = immediate_picks(group)
+    # Every idle worker claims at once, no two the same row, and together the oldest six: the matching.
+    assert sorted(picks) == [f"devin-{n:03d}" for n in range(6)]
 
 
-def test_a_non_owner_waits_its_rank_then_claims() -> None:
-    names = ["alpha", "beta"]
-    group = feeds(names)
-    meet(group, names)
-    row = entry("devin-x", 1)
-    for feed in group:
-        feed.replace_all([row])
-    choices = {feed.acceptor_id: feed.next_claim() for feed in group}
-    waits = sorted(choice.wait for choice in choices.values() if choice is not None)
-    assert waits[0] == 0.0
-    assert SPREAD_STEP - 0.1 <= waits[1] <= SPREAD_STEP
-    # The wait counts from when the row became claimable, not from each look at it.
-    loser = next(f for f in group if (c := choices[f.acceptor_id]) is not None and c.wait > 0)
-    time.sleep(SPREAD_STEP)
-    later = loser.next_claim()
-    assert later is not None and later.wait == 0.0
-
-
-def test_the_longest_wait_is_bounded() -> None:
+def test_more_workers_than_rows_one_claim_per_row() -> None:
     names = [f"w{n:02d}" for n in range(20)]
     group = feeds(names)
     meet(group, names)
-    row = entry("devin-y", 1)
-    waits = []
+    rows = [entry("devin-a", 1), entry("devin-b", 2), entry("devin-c", 3)]
     for feed in group:
-        feed.replace_all([row])
-        choice = feed.next_claim()
-        assert choice is not None
-        waits.append(choice.wait)
-    assert waits.count(0.0) == 1
-    assert max(waits) <= SPREAD_MAX_RANK * SPREAD_STEP
+        feed.replace_all(rows)
+    assert sorted(immediate_picks(group)) == ["devin-a", "devin-b", "devin-c"]
+    waits = [c.wait for f in group if (c := f.next_claim()) is not None]
+    assert max(waits) <= SPREAD_MAX_RANK * SPREAD_STEP  # the others wait for the head, bounded
+
+
+def test_a_matched_claim_leaves_the_other_pairs_alone() -> None:
+    # Workers whose views lag by one event must still agree: a contender that claims its own row takes
+    # itself and that row out of the matching together, so every other pair stays as it was.
+    names = [f"worker-{n}" for n in range(5)]
+    group = feeds(names)
+    meet(group, names)
+    rows = [entry(f"devin-{n:03d}", n) for n in range(8)]
+    for feed in group:
+        feed.replace_all(rows)
+    before = {f.acceptor_id: f.next_claim() for f in group}
+    first = next(name for name, c in before.items() if c is not None and c.entry.session_id == "devin-000")
+    claimed = entry("devin-000", 0, holder=first, deadline=time.time() + 600)
+    for feed in group:
+        feed.upsert(claimed)
+    for feed in group:
+        if feed.acceptor_id != first:
+            now, then = feed.next_claim(), before[feed.acceptor_id]
+            assert now is not None and then is not None and now.entry.session_id == then.entry.session_id
 
 
 def test_busy_peers_are_not_contenders() -> None:
@@ -133,6 +147,15 @@ def test_without_spreading_every_worker_goes_for_the_oldest(spread: bool) -> Non
         assert first == {"devin-0"}
 
 
+def test_the_strict_baseline_stays_strict_for_a_worker_nobody_has_seen() -> None:
+    (strict,) = feeds(["strict"], spread=False)
+    meet([strict], ["p1", "p2"])  # it has seen others claim; they have never seen it
+    strict.upsert(entry("held", 0, holder="p1", deadline=time.time() + 600))
+    strict.replace_all([entry(f"devin-{n}", n) for n in range(50)])
+    picks = {c.entry.session_id for dummy in range(20) if (c := strict.next_claim()) is not None}
+    assert picks == {"devin-0"}
+
+
 class FakeMonotonic:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -142,8 +165,7 @@ class FakeMonotonic:
 
 
 def test_workers_falling_free_in_a_backlog_take_different_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every row has been claimable for a minute, longer than any rank's wait. Counted from the rows
-    # alone, every worker falling free would go for the oldest at once (one claim wins, the rest 409).
+    # Every row has been claimable for a minute: each idle worker still has a row of its own at once.
     clock = FakeMonotonic()
     monkeypatch.setattr(time, "monotonic", clock)
     names = [f"worker-{n}" for n in range(6)]
@@ -152,57 +174,103 @@ def test_workers_falling_free_in_a_backlog_take_different_rows(monkeypatch: pyte
     for feed in group:
         feed.replace_all([entry(f"devin-{n:03d}", n) for n in range(40)])
     clock.now += 60.0
-    choices = [feed.next_claim(looking_since=clock.now) for feed in group]
-    immediate = [c.entry.session_id for c in choices if c is not None and c.wait == 0.0]
-    assert len(immediate) == len(set(immediate))  # nobody sends a request that must lose
-    assert len(immediate) >= len(names) - 1  # and (nearly) everyone claims at once
-    assert "devin-000" in immediate  # the head's owner takes the head
+    immediate = immediate_picks(group, looking_since=clock.now)
+    assert len(immediate) == len(set(immediate)) == len(names)  # nobody sends a request that must lose
+    assert "devin-000" in immediate  # the head's contender takes the head
 
 
-def test_a_head_whose_owner_is_gone_is_claimed_by_the_next_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fairness_bound_on_the_head_whose_contender_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeMonotonic()
     monkeypatch.setattr(time, "monotonic", clock)
     names = [f"w{n:02d}" for n in range(8)]
-    rows = [entry(f"devin-{n:03d}", n) for n in range(16)]
-    head = rows[0].session_id
-    ranked = sorted(names, key=lambda name: rendezvous_score(name, head), reverse=True)
+    ranked = sorted(names, key=lambda name: contender_order(name, "o"))
     gone, runner_up = ranked[0], ranked[1]
     present = feeds([name for name in names if name != gone])
-    meet(present, names)  # the gone owner is still remembered as an idle peer
+    meet(present, names)  # the gone contender is still remembered as an idle peer
+    head = entry("devin-head", 0)
     for feed in present:
-        feed.replace_all(rows)
-    clock.now += 60.0
-    looking = clock.now
-    first = {feed.acceptor_id: feed.next_claim(looking_since=looking) for feed in present}
-    assert all(c is not None and c.entry.session_id != head for c in first.values() if c and c.wait == 0.0)
+        feed.replace_all([head])  # one row, matched to the gone worker
+    assert immediate_picks(present) == []
     clock.now += SPREAD_STEP
-    then = {feed.acceptor_id: feed.next_claim(looking_since=looking) for feed in present}
-    takers = [
-        name for name, c in then.items() if c is not None and c.wait == 0.0 and c.entry.session_id == head
+    assert immediate_picks(present) == ["devin-head"]  # the next in order, one step later
+    assert [f.acceptor_id for f in present if (c := f.next_claim()) is not None and c.wait == 0.0] == [
+        runner_up
     ]
-    assert takers == [runner_up]
     clock.now += SPREAD_MAX_RANK * SPREAD_STEP
-    late = [feed.next_claim(looking_since=looking) for feed in present]
-    assert all(c is not None and c.wait == 0.0 and c.entry.session_id == head for c in late)
+    assert len(immediate_picks(present)) == len(present)  # the bound: everyone may take it by now
 
 
-def test_after_a_409_with_no_idle_peer_known_the_next_row_is_scattered() -> None:
-    # A fleet that starts together: nobody has seen anybody claim, so every worker takes itself for alone.
+def test_a_worker_the_others_do_not_count_takes_a_row_beyond_the_matched_ones() -> None:
+    names = ["a1", "a2", "a3"]
+    insiders = feeds(names)
+    meet(insiders, names)
+    (newcomer,) = feeds(["new"])
+    meet([newcomer], names)  # it has seen them; they have never seen it claim
+    rows = [entry(f"devin-{n:03d}", n) for n in range(6)]
+    for feed in [*insiders, newcomer]:
+        feed.replace_all(rows)
+    assert not newcomer.known_to_peers
+    choice = newcomer.next_claim()
+    assert choice is not None and choice.wait == 0.0  # a random row beyond the three matched ones
+    assert choice.entry.session_id in {f"devin-{n:03d}" for n in range(3, 6)}
+    assert sorted(immediate_picks(insiders)) == ["devin-000", "devin-001", "devin-002"]
+
+
+def test_a_peer_that_gives_a_row_back_is_an_idle_contender_at_once() -> None:
+    (feed,) = feeds(["me"])
+    feed.upsert(entry("s1", 1, holder="peer", deadline=time.time() + 600))
+    assert feed.contenders() == ["me"]  # busy
+    feed.upsert(entry("s1", 1))  # released: pending again
+    assert sorted(feed.contenders()) == ["me", "peer"]
+
+
+def test_after_a_409_the_crowd_scatters_over_spare_rows_at_random_moments() -> None:
+    # A fleet that starts together: nobody has seen anybody claim, so every worker takes itself for alone
+    # and goes for the oldest row; the losers must not race again for the next one.
     rows = [entry(f"devin-{n:03d}", n) for n in range(100)]
-    (feed,) = feeds(["fresh"])
     (strict,) = feeds(["strict"], spread=False)
-    for each in (feed, strict):
-        each.replace_all(rows)
-    first = feed.next_claim()
-    assert first is not None and first.entry.session_id == "devin-000"  # no 409 yet: oldest first
-    picks = {n: set() for n in (1, 2, 3, 6)}
-    for conflicts, seen in picks.items():
-        for _attempt in range(200):
-            choice = feed.next_claim(exclude=["devin-000"], conflicts=conflicts)
-            assert choice is not None and choice.wait == 0.0
-            seen.add(int(choice.entry.session_id.split("-")[1]))
-    assert max(picks[1]) <= 8 and len(picks[1]) > 4  # among the oldest 8 (devin-000 excluded)
-    assert max(picks[2]) <= 16 and max(picks[3]) <= 32
-    assert max(picks[6]) <= 64 and len(picks[6]) > 32  # never wider than SCATTER_MAX
+    strict.replace_all(rows)
+    crowd = feeds([f"fresh-{n}" for n in range(40)])
+    for feed in crowd:
+        feed.replace_all(rows)
+        first = feed.next_claim()
+        assert first is not None and first.entry.session_id == "devin-000"
+        assert first.wait <= FIRST_CLAIM_JITTER
+        feed.lost_race("devin-000", 5.0)
+    choices = [c for f in crowd if (c := f.next_claim()) is not None]
+    assert len(choices) == len(crowd)
+    picked = {c.entry.session_id for c in choices}
+    assert "devin-000" not in picked and len(picked) > 12  # spread over the spare rows (32 at first)
+    assert all(0.0 <= c.wait <= SCATTER_PAUSE for c in choices)
+    assert len({c.wait for c in choices}) > 1  # and over time
+    again = crowd[0].next_claim()  # a plan is kept: asking again does not draw anew
+    assert again is not None and again.entry.session_id == choices[0].entry.session_id
+    assert again.wait <= choices[0].wait
+    widest = {scatter_width(streak, 1) for streak in range(1, 30)}
+    assert min(widest) == 32 and max(widest) == SCATTER_MAX
     choice = strict.next_claim(exclude=["devin-000"], conflicts=3)
     assert choice is not None and choice.entry.session_id == "devin-001"  # the baseline stays strict
+
+
+def test_a_claim_of_ours_on_the_watch_ends_the_streak() -> None:
+    (feed,) = feeds(["me"])
+    feed.replace_all([entry("a", 1), entry("b", 2)])
+    feed.lost_race("a", 5.0)
+    assert feed.streak() == 1
+    feed.upsert(entry("b", 2, holder="me", deadline=time.time() + 600))
+    assert feed.streak() == 0 and feed.known_to_peers
+
+
+def test_a_worker_waits_for_the_watch_to_show_its_claim_given_back() -> None:
+    # Its slot is free, but the others still see its last claim: they do not count it idle yet, and
+    # one of them would pick the row matched to it. It waits for the echo (bounded), then claims.
+    names = ["p1", "p2", "me"]
+    (feed,) = feeds(["me"])
+    meet([feed], names)
+    rows = [entry(f"next-{n}", n + 1) for n in range(3)]
+    feed.replace_all([entry("done", 0, holder="me", deadline=time.time() + 600), *rows])
+    choice = feed.next_claim(looking_since=time.monotonic())
+    assert choice is not None and 0.0 < choice.wait <= ECHO_WAIT
+    feed.remove("done")  # given back and gone, on the watch
+    choice = feed.next_claim(looking_since=time.monotonic())
+    assert choice is not None and choice.wait == 0.0

@@ -425,7 +425,7 @@ class ClaimLoop:
             except FleetConflict:
                 self.metrics.inc("claim_conflicts")
                 log.debug("session %s was claimed by another worker", sid, extra={"session_id": sid})
-                feed.penalize(sid, max(2 * self.config.poll_interval, 5.0))
+                feed.lost_race(sid, max(2 * self.config.poll_interval, 5.0))  # set aside; we are in a crowd
                 conflicts += 1
                 await asyncio.sleep(conflict_pause(conflicts))
                 continue

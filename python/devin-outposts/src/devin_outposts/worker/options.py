@@ -148,7 +148,7 @@ class WorkerConfig:
     max_sessions: int = _DEFAULT["max_sessions"]
     workdir: Path = field(default_factory=Path.cwd)
     watch: bool = _DEFAULT["watch"]
-    #: Spread claims over the oldest pending rows by rendezvous hashing (``--no-claim-spread``: strictly
+    #: Share the oldest pending rows out between the outpost's idle workers (``--no-claim-spread``: strictly
     #: the oldest row first, as every worker did before; kept for comparison and as an escape hatch).
     claim_spread: bool = _DEFAULT["claim_spread"]
     drain_timeout: float = _DEFAULT["drain_timeout"]
