@@ -1061,6 +1061,47 @@ def test_claim_next_never_claims_a_row_that_ended_during_an_earlier_attempt(tmp_
     assert mode.metrics.counters["claim_conflicts"] == 1
 
 
+def test_a_session_given_back_whose_release_the_watch_showed_first_is_offered_again_after_its_cool_down() -> (
+    None
+):
+    """The release's watch event may reach the feed before the claim loop hears the session ended. Its copy
+    is then the server's latest word: dropped, no further word would come, and the session would wait for
+    the next full list (300 s) instead of its 60 s cool-down. A copy that still shows our claim is stale
+    and is dropped, as is any copy of a session served here."""
+
+    async def scenario() -> dict[str, bool]:
+        feed = QueueFeed(object(), "o", "me")  # type: ignore[arg-type]
+        feed.replace_all([
+            entry("released-first", 1),  # the watch showed our release already
+            entry("still-ours", 2, phase="claimed", acceptor_id="me"),  # our claim: the release not seen
+            entry("served", 3),
+        ])  # fmt: skip
+        metrics = Metrics()
+        config = WorkerConfig(token=TOKEN, poll_interval=5.0)
+        host = WorkerHost(config, acceptor_id="me", metrics=metrics, server_for=lambda claim, slot: None)
+        pool = SessionPool(1, metrics, drain_timeout=1.0)
+        mode = ClaimLoop(config, object(), pool, metrics, "me", host)  # type: ignore[arg-type]
+        mode.feed = feed
+        mode._finished(SessionResult("released-first", FAILED, "the machine could not be made"))
+        mode._finished(SessionResult("still-ours", FAILED, "the machine could not be made"))
+        mode._finished(SessionResult("served", SERVED, "session terminated"))
+        offered_now = feed.next_candidate() is not None
+        feed._penalties["released-first"] = 0.0  # the cool-down ran out
+        candidate = feed.next_candidate()
+        return {
+            "kept": "released-first" in feed.entries,
+            "stale dropped": "still-ours" not in feed.entries,
+            "served dropped": "served" not in feed.entries,
+            "not offered during the cool-down": not offered_now,
+            "offered after it": candidate is not None and candidate.session_id == "released-first",
+        }
+
+    assert run(scenario()) == dict.fromkeys(
+        ["kept", "stale dropped", "served dropped", "not offered during the cool-down", "offered after it"],
+        True,
+    )
+
+
 class FakeServer:
     """What the pool runs: a session that is served at once."""
 

@@ -259,8 +259,16 @@ class ClaimLoop:
         if self.feed is None:
             return
         sid = result.session_id
-        self.feed.discard(sid)  # our copy is stale now: wait for the server's next word on it
-        if result.outcome in (FAILED, LOST):
+        given_back = result.outcome in (FAILED, LOST)
+        current = self.feed.entries.get(sid)
+        ours = current is not None and current.status.acceptor_id == self.acceptor_id
+        # A copy that still shows our claim (or any copy of a session that ended here) is stale: wait for
+        # the server's next word on it. A session given back whose release the watch has shown already
+        # keeps that copy: no further word would come, and it must be offered again after its cool-down,
+        # not at the next full list of the queue.
+        if not given_back or ours:
+            self.feed.discard(sid)
+        if given_back:
             count = self._failures[sid] = self._failures.get(sid, 0) + 1
             self.feed.penalize(sid, FAILED_SESSION_COOLDOWN * count)
         self.host.finished(result)
