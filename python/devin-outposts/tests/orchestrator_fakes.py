@@ -22,8 +22,14 @@ from devin_outposts.orchestrator.drivers.base import (
 )
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard, StatusSource
 from devin_outposts.orchestrator.runner import Orchestrator
+from devin_outposts_sim.testing import SimHandle
 
 Script = Callable[[str, int], WorkerStatus]
+
+
+def released(sim: SimHandle, session_id: str) -> bool:
+    """The simulator's claim history has a release of ``session_id``."""
+    return any(r["action"] == "release" for r in sim.admin.claims(session_id=session_id))
 
 
 class ScriptedDriver(Driver):

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("lightkube", reason="the kubernetes extra (lightkube) is not installed")
 
 from k8s_fake import FakeKube, run_fake_kube
-from orchestrator_fakes import Running
+from orchestrator_fakes import Running, released
 
 from devin_outposts.api.models import Outpost
 from devin_outposts.orchestrator.drivers import driver_class
@@ -129,10 +129,6 @@ def informer_lists(fake: FakeKube, since: int = 0) -> int:
 
 async def until(predicate: Callable[[], Any], what: str) -> None:
     await asyncio.to_thread(wait_for, predicate, 30, 0.05, what)
-
-
-def released(sim: SimHandle, session_id: str) -> bool:
-    return any(r["action"] == "release" for r in sim.admin.claims(session_id=session_id))
 
 
 def bring_up(sim: SimHandle, outpost: Outpost, fake: FakeKube, orch: Running, count: int) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from orchestrator_fakes import Running, ScriptedDriver, ScriptedSource
+from orchestrator_fakes import Running, ScriptedDriver, ScriptedSource, released
 
 from devin_outposts.api.models import Outpost
 from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
@@ -104,10 +104,6 @@ def start(sim: SimHandle, outpost: Outpost, tmp_path: Path) -> Iterator[Callable
     yield run
     for running in started:
         running.stop()
-
-
-def released(sim: SimHandle, session_id: str) -> bool:
-    return any(r["action"] == "release" for r in sim.admin.claims(session_id=session_id))
 
 
 def test_sessions_wait_on_the_stream_and_read_directly_only_while_it_is_out_of_sync(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from orchestrator_fakes import Running, ScriptedDriver
+from orchestrator_fakes import Running, ScriptedDriver, released
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetError
@@ -64,10 +64,6 @@ def start(sim: SimHandle, outpost: Outpost, tmp_path: Path) -> Iterator[Callable
     yield run
     for running in started:
         running.stop()
-
-
-def released(sim: SimHandle, session_id: str) -> bool:
-    return any(r["action"] == "release" for r in sim.admin.claims(session_id=session_id))
 
 
 def test_a_machine_that_never_boots_is_given_up_and_its_claim_released(
