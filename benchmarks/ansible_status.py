@@ -24,7 +24,7 @@ status_interval``; polling costs N reads every 2 s, so ``N x CPU per read / 2 s`
 polling cannot keep up at all: the reads queue). Not counted: the ssh ControlPersist master (it detaches,
 so it is never reaped here) and what ``sshd`` and ``systemctl`` cost on the hosts.
 
-Run: ``.venv/bin/python benchmarks/ansible_status.py [--sizes 10x1,50x1,200x1,200x2] [--cycles 5]
+Run: ``.venv/bin/python benchmarks/ansible_status.py [--sizes 10x1,50x1,200x1,200x2,200x3] [--cycles 5]
 [--poll-sample 5] [--quick] [--json FILE|-]``. ``--quick``: sizes 10x1 and 50x1, 3 cycles, 3 poll reads.
 Measurements, not assertions: exit 0 unless the benchmark itself broke (no host, a unit not read running).
 """
@@ -127,11 +127,14 @@ class Hosts:
         }
 
     def close(self) -> None:
-        for name in self.leaders:
-            try:
-                self._script("stop", name)
-            except (BenchError, subprocess.TimeoutExpired) as exc:
-                print(f"could not stop {name}: {exc}", file=sys.stderr)
+        """Stop every host at once (each stop may wait for its systemd to shut down)."""
+        stops = {
+            name: subprocess.Popen([str(SCRIPTS / "nspawn-host.sh"), "stop", name], env=self.env)
+            for name in self.leaders
+        }
+        for name, stop in stops.items():
+            if stop.wait(timeout=120):
+                print(f"could not stop {name}: exit {stop.returncode}", file=sys.stderr)
 
 
 @contextmanager
@@ -274,8 +277,8 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add = parser.add_argument
-    add("--sizes", type=parse_sizes, default=parse_sizes("10x1,50x1,200x1,200x2"),
-        help="MACHINESxHOSTS, comma-separated (10x1,50x1,200x1,200x2)")  # fmt: skip
+    add("--sizes", type=parse_sizes, default=parse_sizes("10x1,50x1,200x1,200x2,200x3"),
+        help="MACHINESxHOSTS, comma-separated (10x1,50x1,200x1,200x2,200x3)")  # fmt: skip
     add("--cycles", type=int, default=5, help="measured source runs per size (5)")
     add("--poll-sample", type=int, default=5, help="direct reads per size, one after another (5)")
     add("--quick", action="store_true", help="sizes 10x1,50x1, 3 cycles, 3 reads (a validation run)")
