@@ -204,14 +204,16 @@ async def measure_size(
     first_wall, first_cpu, running = await timed(read_all)  # connections come up: not a steady-state run
     if running != machines:
         raise BenchError(f"the source read {running} of {machines} units running")
-    cycle_wall, cycle_cpu = [], []
+    cycle_wall: list[float] = []
+    cycle_cpu: list[float] = []
     for dummy in range(cycles):
         wall, cpu, running = await timed(read_all)
         if running != machines:
             raise BenchError(f"the source read {running} of {machines} units running")
         cycle_wall.append(wall)
         cycle_cpu.append(cpu)
-    read_wall, read_cpu = [], []
+    read_wall: list[float] = []
+    read_cpu: list[float] = []
     for record in list(driver.records.of_acceptor(ACCEPTOR))[:poll_sample]:
         wall, cpu, status = await timed(functools.partial(driver.status, machine_of(record)))
         if status.state is not WorkerState.RUNNING:
@@ -220,7 +222,7 @@ async def measure_size(
         read_cpu.append(cpu)
     watch_cpu = statistics.median(cycle_cpu)
     poll_cpu = statistics.median(read_cpu)
-    figures = {
+    figures: dict[str, Any] = {
         "machines": machines,
         "source": {
             "first_run_wall_s": first_wall,
