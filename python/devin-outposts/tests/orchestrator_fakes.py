@@ -1,11 +1,14 @@
-"""Test helpers for the orchestrator: a scripted driver and an in-process orchestrator on its own thread."""
+"""Test helpers for the orchestrator: a scripted driver, an in-process orchestrator on its own thread, and
+a factory of those against the simulator."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from devin_outposts.orchestrator.drivers.base import (
@@ -21,6 +24,7 @@ from devin_outposts.orchestrator.drivers.base import (
     machine_name,
 )
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard, StatusSource
+from devin_outposts.orchestrator.options import OrchestratorConfig
 from devin_outposts.orchestrator.runner import Orchestrator
 from devin_outposts_sim.testing import SimHandle
 
@@ -164,3 +168,39 @@ class Running:
             self.loop.call_soon_threadsafe(self.orchestrator.stop)
         self.thread.join(30)
         assert not self.thread.is_alive(), "the orchestrator did not stop"
+
+
+#: The tuning the tests' in-process orchestrators share: loops of a few tens of milliseconds, so that a
+#: scripted status change, a release or a sweep is seen at once; boots are never timed out by accident.
+TEST_TUNING: Mapping[str, Any] = {
+    "driver": "process", "status_interval": 0.05, "poll_interval": 0.2, "confirm_interval": 0.05,
+    "confirm_reads": 2, "gc_interval": 0.2, "backoff_max": 1.0, "boot_timeout": 30.0,
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def orchestrators(sim: SimHandle, state_dir: Path, **defaults: Any) -> Iterator[Callable[..., Running]]:
+    """Start orchestrators against ``sim`` on their own threads: ``start(driver, **overrides)`` runs one
+    with :data:`TEST_TUNING`, then ``defaults`` (the test file's outpost, acceptor id, caps...), then the
+    call's ``overrides``, as :class:`OrchestratorConfig` options. Every one started is stopped on exit."""
+    token = sim.create_token("orchestrator")
+    started: list[Running] = []
+
+    def start(driver: Driver, **overrides: Any) -> Running:
+        options: dict[str, Any] = {
+            **TEST_TUNING,
+            "state_dir": state_dir,
+            "api_url": sim.url,
+            "token": token,
+            **defaults,
+            **overrides,
+        }
+        running = Running(Orchestrator(OrchestratorConfig(**options), driver=driver))
+        started.append(running)
+        return running
+
+    try:
+        yield start
+    finally:
+        for running in started:
+            running.stop()

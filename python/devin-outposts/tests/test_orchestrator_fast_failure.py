@@ -20,15 +20,13 @@ from typing import Any, Callable, Optional
 
 import httpx
 import pytest
-from orchestrator_fakes import Running, ScriptedDriver, ScriptedSource
+from orchestrator_fakes import Running, ScriptedDriver, ScriptedSource, orchestrators
 
 from devin_outposts.api.models import Outpost
 from devin_outposts.core.config import MetricsAddr
 from devin_outposts.orchestrator import backoff
 from devin_outposts.orchestrator.backoff import PROBE_RECHECK, BackoffSchedule, DriverBackoff
 from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
-from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.orchestrator.runner import Orchestrator
 from devin_outposts_sim.testing import SimHandle
 
 from worker_fakes import wait_for
@@ -183,25 +181,22 @@ def start(
     sim: SimHandle, outpost: Outpost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., tuple[Running, Observed]]]:
     monkeypatch.setattr(backoff, "SCHEDULE", FAST)
-    token = sim.create_token("orchestrator")
-    started: list[Running] = []
+    with orchestrators(
+        sim,
+        tmp_path / "state",
+        outpost=outpost.name,
+        max_concurrent=5,
+        acceptor_id=ACCEPTOR,
+        gc_interval=30.0,
+        start_failure_grace=0.3,
+    ) as orchestrator:
 
-    def run(driver: ScriptedDriver, **overrides: Any) -> tuple[Running, Observed]:
-        port = free_port()
-        options: dict[str, Any] = {
-            "outpost": outpost.name, "driver": "process", "max_concurrent": 5,
-            "state_dir": tmp_path / "state", "acceptor_id": ACCEPTOR, "api_url": sim.url, "token": token,
-            "status_interval": 0.05, "poll_interval": 0.2, "confirm_interval": 0.05, "confirm_reads": 2,
-            "gc_interval": 30.0, "backoff_max": 1.0, "boot_timeout": 30.0, "start_failure_grace": 0.3,
-            "metrics_addr": MetricsAddr("127.0.0.1", port), **overrides,
-        }  # fmt: skip
-        running = Running(Orchestrator(OrchestratorConfig(**options), driver=driver))
-        started.append(running)
-        return running, Observed(sim, port)
+        def run(driver: ScriptedDriver, **overrides: Any) -> tuple[Running, Observed]:
+            port = free_port()
+            options: dict[str, Any] = {"metrics_addr": MetricsAddr("127.0.0.1", port), **overrides}
+            return orchestrator(driver, **options), Observed(sim, port)
 
-    yield run
-    for running in started:
-        running.stop()
+        yield run
 
 
 @pytest.mark.timeout(120)

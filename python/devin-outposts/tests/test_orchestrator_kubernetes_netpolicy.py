@@ -36,6 +36,7 @@ from devin_outposts.orchestrator.drivers.base import (
     WorkerLaunch,
 )
 from devin_outposts.orchestrator.drivers.kubernetes import KubernetesDriver, render_session_manifests
+from devin_outposts.orchestrator.drivers.kubernetes.manifests import secret_name
 from devin_outposts.orchestrator.drivers.kubernetes.network_policy import (
     DEFAULT_DNS_PEER,
     render_network_policy,
@@ -333,6 +334,97 @@ def test_a_session_without_a_policy_gets_no_fence_and_loses_a_stale_one(
     run(scenario())
     assert len(fake.objects("Pod", NS)) == 2
     assert fake.objects("NetworkPolicy", NS) == []
+
+
+def uids(fake: FakeKube) -> dict[str, str]:
+    """The uid of each Pod, Secret and NetworkPolicy in the namespace, by kind and name."""
+    return {
+        f"{kind} {obj['metadata']['name']}": obj["metadata"]["uid"]
+        for kind in ("Pod", "Secret", "NetworkPolicy")
+        for obj in fake.objects(kind, NS)
+    }
+
+
+def deletes(fake: FakeKube, since: int) -> dict[str, int]:
+    """Deletes the fake answered since request number ``since``, by resource."""
+    return {
+        resource: fake.count("delete", resource, since) for resource in ("pods", "secrets", "networkpolicies")
+    }
+
+
+@pytest.mark.parametrize("policy", [POLICY, None], ids=["fenced", "unfenced"])
+def test_a_first_start_deletes_nothing_and_a_second_start_still_replaces_everything(
+    fake: FakeKube, tmp_path: Path, policy: Optional[dict[str, Any]]
+) -> None:
+    """On a fresh machine every delete before a create would be a 404: its first start sends none (without a
+    policy it reads whether a NetworkPolicy of the session's name is there instead). Starting the same
+    machine again (a restart) still makes the Pod, the Secret and the NetworkPolicy anew, with new uids:
+    the garbage collector may be deleting the old ones for the old Pod, by uid."""
+    driver = make_driver(fake, tmp_path)
+
+    async def scenario() -> tuple[dict[str, int], dict[str, str], dict[str, int], dict[str, str]]:
+        machine = await driver.provision(spec())
+        began = len(fake.requests)
+        await driver.start(machine, launch(policy=policy))
+        first = (deletes(fake, began), uids(fake))
+        assert fake.count("get", "networkpolicies", began) == (0 if policy else 1)
+        began = len(fake.requests)
+        await driver.start(machine, launch(policy=policy))
+        await driver.aclose()
+        return (*first, deletes(fake, began), uids(fake))
+
+    first_deletes, first_uids, second_deletes, second_uids = run(scenario())
+    assert first_deletes == {"pods": 0, "secrets": 0, "networkpolicies": 0}
+    assert second_deletes == {"pods": 1, "secrets": 1, "networkpolicies": 1}
+    kinds = ["Pod", "Secret", "NetworkPolicy"] if policy else ["Pod", "Secret"]
+    assert sorted(name.split()[0] for name in first_uids) == sorted(kinds)
+    assert first_uids.keys() == second_uids.keys()
+    assert all(first_uids[name] != second_uids[name] for name in first_uids), (first_uids, second_uids)
+    [pod] = fake.objects("Pod", NS)
+    owned = [obj for kind in kinds[1:] for obj in fake.objects(kind, NS)]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"] for o in owned)
+
+
+def test_a_first_start_replaces_what_an_earlier_start_left(fake: FakeKube, tmp_path: Path) -> None:
+    """A start cut short (its claim expired) leaves a Secret and a NetworkPolicy and maybe no Pod: the next
+    first start of that session finds the Secret there and replaces everything as a restart does. A Pod
+    made between provision and start (another orchestrator racing this one) is replaced too."""
+    driver = make_driver(fake, tmp_path)
+    left = {
+        obj["kind"]: fake.put(obj)["metadata"]["uid"]
+        for obj in render_session_manifests(
+            spec(), launch(policy={"enabled": True, "allow": []}), namespace=NS, options={"image": IMAGE}
+        )
+        if obj["kind"] in ("Secret", "NetworkPolicy")
+    }
+    raced = next(
+        obj
+        for obj in render_session_manifests(
+            spec("devin-2"), launch("devin-2"), namespace=NS, options={"image": IMAGE}
+        )
+        if obj["kind"] == "Pod"
+    )
+
+    async def scenario() -> None:
+        await driver.start(await driver.provision(spec()), launch(policy=POLICY))
+        machine = await driver.provision(spec("devin-2"))
+        left["Pod"] = fake.put(raced)["metadata"]["uid"]
+        await driver.start(machine, launch("devin-2"))
+        await driver.aclose()
+
+    run(scenario())
+    body = render_network_policy(NS, spec(), launch(policy=POLICY))
+    assert body is not None
+    fence = fake.get("NetworkPolicy", NS, body["metadata"]["name"])
+    assert (
+        fence is not None
+        and fence["spec"] == body["spec"]
+        and fence["metadata"]["uid"] != left["NetworkPolicy"]
+    )
+    secret = fake.get("Secret", NS, secret_name(spec().session_id))
+    assert secret is not None and secret["metadata"]["uid"] != left["Secret"]
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in fake.objects("Pod", NS)}
+    assert len(pods) == 2 and pods[raced["metadata"]["name"]] != left["Pod"]
 
 
 def test_a_fence_already_there_is_read_and_made_this_sessions(fake: FakeKube, tmp_path: Path) -> None:

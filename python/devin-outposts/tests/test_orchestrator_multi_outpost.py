@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import httpx
 import pytest
-from orchestrator_fakes import Running, ScriptedDriver
+from orchestrator_fakes import Running, ScriptedDriver, orchestrators
 
 from devin_outposts.api.models import Outpost, Phase, QueueEntry
 from devin_outposts.core.config import ConfigError, MetricsAddr
@@ -55,24 +55,11 @@ def outposts(sim: SimHandle) -> dict[str, Outpost]:
 
 @pytest.fixture
 def start(sim: SimHandle, tmp_path: Path) -> Iterator[Callable[..., Running]]:
-    token = sim.create_token("orchestrator")
-    started: list[Running] = []
-
-    def run(driver: ScriptedDriver, **overrides: Any) -> Running:
-        options: dict[str, Any] = {
-            "outpost": ",".join(f"{name}={cap}" for name, cap in CAPS.items()), "driver": "process",
-            "max_concurrent": PROCESS_CAP, "state_dir": tmp_path / "state", "acceptor_id": "orch-multi",
-            "api_url": sim.url, "token": token, "status_interval": 0.05, "poll_interval": 0.2,
-            "confirm_interval": 0.05, "confirm_reads": 2, "gc_interval": 0.2, "backoff_max": 1.0,
-            "boot_timeout": 30.0, **overrides,
-        }  # fmt: skip
-        running = Running(Orchestrator(OrchestratorConfig(**options), driver=driver))
-        started.append(running)
-        return running
-
-    yield run
-    for running in started:
-        running.stop()
+    caps = ",".join(f"{name}={cap}" for name, cap in CAPS.items())
+    with orchestrators(
+        sim, tmp_path / "state", outpost=caps, max_concurrent=PROCESS_CAP, acceptor_id="orch-multi"
+    ) as run:
+        yield run
 
 
 def running_worker() -> ScriptedDriver:

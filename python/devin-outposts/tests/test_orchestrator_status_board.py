@@ -14,16 +14,14 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
-from orchestrator_fakes import Running, ScriptedDriver, ScriptedSource, released
+from orchestrator_fakes import Running, ScriptedDriver, ScriptedSource, orchestrators, released
 
 from devin_outposts.api.models import Outpost
 from devin_outposts.orchestrator.drivers.base import WorkerState, WorkerStatus
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
-from devin_outposts.orchestrator.options import OrchestratorConfig
-from devin_outposts.orchestrator.runner import Orchestrator
 from devin_outposts_sim.testing import SimHandle
 
 from worker_fakes import wait_for
@@ -87,23 +85,15 @@ def test_waiters_wake_on_a_change_or_a_lost_sync_and_not_on_an_unchanged_status(
 
 @pytest.fixture
 def start(sim: SimHandle, outpost: Outpost, tmp_path: Path) -> Iterator[Callable[..., Running]]:
-    token = sim.create_token("orchestrator")
-    started: list[Running] = []
-
-    def run(driver: ScriptedDriver, **overrides: Any) -> Running:
-        options: dict[str, Any] = {
-            "outpost": outpost.name, "driver": "process", "max_concurrent": 3,
-            "state_dir": tmp_path / "state", "acceptor_id": "orch-board", "api_url": sim.url, "token": token,
-            "status_interval": 0.05, "poll_interval": 0.2, "confirm_interval": 0.05, "confirm_reads": 2,
-            "gc_interval": 30.0, "backoff_max": 1.0, "boot_timeout": 30.0, **overrides,
-        }  # fmt: skip
-        running = Running(Orchestrator(OrchestratorConfig(**options), driver=driver))
-        started.append(running)
-        return running
-
-    yield run
-    for running in started:
-        running.stop()
+    with orchestrators(
+        sim,
+        tmp_path / "state",
+        outpost=outpost.name,
+        max_concurrent=3,
+        acceptor_id="orch-board",
+        gc_interval=30.0,
+    ) as run:
+        yield run
 
 
 def test_sessions_wait_on_the_stream_and_read_directly_only_while_it_is_out_of_sync(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from orchestrator_fakes import Running, ScriptedDriver, released
+from orchestrator_fakes import Running, ScriptedDriver, orchestrators, released
 
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.errors import FleetError
@@ -28,7 +28,6 @@ from devin_outposts.core.claiming import ClaimLoop
 from devin_outposts.core.config import ConfigError
 from devin_outposts.core.exits import ExitCode, ProgramExit
 from devin_outposts.orchestrator.drivers.base import (
-    Driver,
     DriverContext,
     DriverError,
     WorkerState,
@@ -45,25 +44,10 @@ from worker_fakes import wait_for
 
 @pytest.fixture
 def start(sim: SimHandle, outpost: Outpost, tmp_path: Path) -> Iterator[Callable[..., Running]]:
-    token = sim.create_token("orchestrator")
-    started: list[Running] = []
-
-    def run(driver: Driver, **overrides: Any) -> Running:
-        options: dict[str, Any] = {
-            "outpost": outpost.name, "driver": "process", "max_concurrent": 2,
-            "state_dir": tmp_path / "state", "acceptor_id": "orch-unit", "api_url": sim.url, "token": token,
-            "status_interval": 0.05,
-            "poll_interval": 0.2, "confirm_interval": 0.05, "confirm_reads": 2, "gc_interval": 0.2,
-            "backoff_max": 1.0, "boot_timeout": 30.0, **overrides,
-        }  # fmt: skip
-        orchestrator = Orchestrator(OrchestratorConfig(**options), driver=driver)
-        running = Running(orchestrator)
-        started.append(running)
-        return running
-
-    yield run
-    for running in started:
-        running.stop()
+    with orchestrators(
+        sim, tmp_path / "state", outpost=outpost.name, max_concurrent=2, acceptor_id="orch-unit"
+    ) as run:
+        yield run
 
 
 def test_a_machine_that_never_boots_is_given_up_and_its_claim_released(

@@ -156,18 +156,19 @@ class Cluster:
             raise self.fail("create", _what(kind, _name(body)), exc) from exc
         return created
 
-    async def create_if_missing(self, kind: Any, body: Mapping[str, Any]) -> bool:
-        """Create the object ``body`` describes unless one of its name is there (``409 Conflict``); True
-        when this call made it."""
+    async def create_if_missing(self, kind: type[T], body: Mapping[str, Any]) -> Optional[T]:
+        """Create the object ``body`` describes unless one of its name is there (``409 Conflict``): the
+        object as the cluster made it, or None when this call made nothing."""
+        obj: Any = load(kind, body)
         try:
-            await self.client.create(load(kind, body))
+            created: T = await self.client.create(obj)
         except ApiError as exc:
             if exc.status.code != 409:
                 raise self.fail("create", _what(kind, _name(body)), exc) from exc
-            return False
+            return None
         except httpx.HTTPError as exc:
             raise self.fail("create", _what(kind, _name(body)), exc) from exc
-        return True
+        return created
 
     async def merge_patch(
         self, kind: Any, name: str, patch: Mapping[str, Any], *, action: str, what: Optional[str] = None

@@ -10,7 +10,12 @@ What each method does to the cluster:
   NetworkPolicy (:mod:`.network_policy`; removed when the policy is not enabled), creates the Pod, then
   makes the Pod their owner. Both are recreated rather than updated so that they have a new uid: the
   cluster's garbage collector may still be about to delete the old ones for the old Pod, and it deletes by
-  uid. The NetworkPolicy exists before the Pod does, so the Pod never runs unfenced;
+  uid. The NetworkPolicy exists before the Pod does, so the Pod never runs unfenced. A machine's first
+  start after :meth:`provision` found no Pod of its name deletes nothing up front (on a fresh machine
+  each delete would be a wasted 404): it creates, and only an object already there (``409``) is deleted,
+  waited for and created again. A Secret already there means an earlier start left objects behind: the
+  start then replaces everything as a restart does. Without a policy, a NetworkPolicy of the session's
+  name is read first and deleted only when there. Restarts and adopted machines always delete first;
 * :meth:`status` reads the Pod: ``restartPolicy: OnFailure`` makes the kubelet restart a failed worker
   in place (``restarts`` is the container's ``restartCount``, ``exit_code`` what its last run exited
   with); ``Succeeded`` is exit 0 and ``Failed`` the container's exit code;
@@ -30,7 +35,7 @@ import socket
 import time
 import uuid
 from collections.abc import Container, Mapping
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, TypeVar
 
 import httpx
 from lightkube import ApiError, AsyncClient
@@ -83,6 +88,7 @@ from devin_outposts.orchestrator.drivers.kubernetes.options import OPTIONS, Kube
 from devin_outposts.orchestrator.drivers.kubernetes.pod_status import pod_status
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _parse_time(text: Any) -> float:
@@ -209,7 +215,8 @@ class KubernetesDriver(Driver):
                 raise name_taken(f"pod {name}", owner.session_id)
         if self.options.pod.state_volume:
             await self._ensure_pvc(spec, fresh=False)
-        return self._machine(spec)
+        # No Pod of this name: the first start may create before it deletes (see the module docs).
+        return self._machine(spec, fresh=existing is None)
 
     async def _ensure_pvc(self, spec: SessionSpec, *, fresh: bool) -> None:
         """Create the state PVC if missing; with ``fresh``, a kept (snapshot) PVC makes way for a new one.
@@ -245,10 +252,13 @@ class KubernetesDriver(Driver):
             extra_cidrs=self.options.network_policy_cidrs,
         )
         secret = render_secret(self.namespace, spec, launch.connect_token)
+        # Only the first start of a machine provision found without a Pod: a second start (a restart, or
+        # a retry after a failed one) replaces what the first made.
+        fresh = bool(machine.details.pop("fresh", False)) and not machine.details.get("started")
         self.pods.replacing(machine.ref, machine.details.get("uid"))
         uid: Optional[str] = None
         try:
-            uid = await self._replace(machine, spec, pod_body, secret, fence)
+            uid = await self._replace(machine, spec, pod_body, secret, fence, fresh=fresh)
         finally:
             self.pods.replaced(machine.ref, uid)
         machine.details["started"] = True
@@ -261,23 +271,33 @@ class KubernetesDriver(Driver):
         pod_body: dict[str, Any],
         secret_body: dict[str, Any],
         fence: Optional[dict[str, Any]],
+        *,
+        fresh: bool,
     ) -> str:
-        """The Pod and what it needs made anew (see the module docs); the new Pod's uid."""
-        settings = self._settings()
-        restored = bool(machine.details.get("restored"))
-        await self.cluster.delete(Pod, machine.ref, wait=True)
-        if settings.state_volume:
-            await self._ensure_pvc(spec, fresh=not restored)
+        """The Pod and what it needs made anew (see the module docs); the new Pod's uid. ``fresh``: the
+        machine's first start, with no Pod seen: create first, and delete only what is already there."""
         secret = secret_name(spec.session_id)
-        await self.cluster.delete(Secret, secret)
-        await self.cluster.create(Secret, secret_body)
+        if fresh:
+            await self._ensure_state_volume(machine, spec)
+            # A Secret of this name is what an earlier start left (the claim expired mid-start, or the
+            # Pod was deleted by hand): whatever else it left is replaced as a restart replaces it.
+            fresh = await self.cluster.create_if_missing(Secret, secret_body) is not None
+            if not fresh:
+                await self.cluster.delete(Pod, machine.ref, wait=True)
+                await self._recreate(Secret, secret, secret_body)
+        else:
+            await self.cluster.delete(Pod, machine.ref, wait=True)
+            await self._ensure_state_volume(machine, spec)
+            await self._recreate(Secret, secret, secret_body)
         dependents: list[tuple[Any, str]] = [(Secret, secret)]
-        fence_name = network_policy_name(spec.session_id)
-        await self.cluster.delete(NetworkPolicy, fence_name, wait=True)
-        if fence is not None:
-            await self._create_network_policy(spec, fence)
-            dependents.append((NetworkPolicy, fence_name))
-        pod = await self.cluster.create(Pod, pod_body)
+        if await self._fence(spec, fence, fresh=fresh):
+            dependents.append((NetworkPolicy, network_policy_name(spec.session_id)))
+        if not fresh:
+            pod = await self.cluster.create(Pod, pod_body)  # the old one was deleted first
+        else:
+            made = await self.cluster.create_if_missing(Pod, pod_body)
+            # None: a Pod was made since provision saw none (another orchestrator racing this one).
+            pod = made if made is not None else await self._recreate(Pod, machine.ref, pod_body, wait=True)
         assert pod.metadata is not None
         owner = {"apiVersion": "v1", "kind": "Pod", "name": machine.ref, "uid": str(pod.metadata.uid)}
         for kind, name in dependents:
@@ -293,11 +313,40 @@ class KubernetesDriver(Driver):
                 log.warning("%s", exc)
         return str(pod.metadata.uid)
 
+    async def _recreate(self, kind: type[T], name: str, body: dict[str, Any], *, wait: bool = False) -> T:
+        """Delete the object of this name if there (``wait``: until it is gone), then create ``body``."""
+        await self.cluster.delete(kind, name, wait=wait)
+        return await self.cluster.create(kind, body)
+
+    async def _ensure_state_volume(self, machine: Machine, spec: SessionSpec) -> None:
+        """The state PVC for the new Pod, when the ``state_volume`` option is on: a kept one is the new
+        Pod's only when it was restored (the old Pod must be gone by now, it may mount it)."""
+        if self.options.pod.state_volume:
+            await self._ensure_pvc(spec, fresh=not machine.details.get("restored"))
+
+    async def _fence(self, spec: SessionSpec, fence: Optional[dict[str, Any]], *, fresh: bool) -> bool:
+        """The session's NetworkPolicy made anew from ``fence``, or removed when ``fence`` is None; True
+        when there is one. ``fresh``: create first (a ``409`` is a policy left behind), and without a
+        policy read before deleting, so that a machine's first start sends no delete."""
+        name = network_policy_name(spec.session_id)
+        if fresh:
+            if fence is not None:
+                if await self.cluster.create_if_missing(NetworkPolicy, fence) is not None:
+                    return True
+            elif await self.cluster.get(NetworkPolicy, name) is None:
+                return False
+        # One is there, or may be: deleted and waited for, so that the one we make has a new uid.
+        await self.cluster.delete(NetworkPolicy, name, wait=True)
+        if fence is None:
+            return False
+        await self._create_network_policy(spec, fence)
+        return True
+
     async def _create_network_policy(self, spec: SessionSpec, body: dict[str, Any]) -> None:
         """Create the session's NetworkPolicy. One of its name already there (made between the delete and
         this create, by an orchestrator racing this one) is read: this session's is given our rules,
         another session's is never touched."""
-        if await self.cluster.create_if_missing(NetworkPolicy, body):
+        if await self.cluster.create_if_missing(NetworkPolicy, body) is not None:
             return
         name = body["metadata"]["name"]
         current = await self.cluster.get(NetworkPolicy, name)
