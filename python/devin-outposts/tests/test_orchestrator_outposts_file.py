@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from orchestrator_fakes import Running, ScriptedDriver
@@ -42,8 +42,8 @@ def write(tmp_path: Path, text: str, name: str = "outposts.yml") -> Path:
     return path
 
 
-def parse(path: Path, *flags: str, env: dict[str, str] = ENV) -> tuple[OutpostSpec, ...]:
-    return parse_args(["--driver", "process", "--outposts-file", str(path), *flags], env).outposts
+def parse(path: Path, *flags: str, env: Optional[dict[str, str]] = None) -> tuple[OutpostSpec, ...]:
+    return parse_args(["--driver", "process", "--outposts-file", str(path), *flags], env or ENV).outposts
 
 
 def refusal(path: Path, *flags: str) -> str:
@@ -205,13 +205,14 @@ def test_one_orchestrator_claims_a_session_of_each_outpost_its_file_lists(
             name: sim.admin.enqueue(outpost.outpost_id).session_id for name, outpost in outposts.items()
         }
 
-        def claims() -> dict[str, list[dict[str, Any]]]:
-            return {name: [r for r in sim.admin.claims(session_id=sid) if r["action"] == "claim"]
-                    for name, sid in sessions.items()}  # fmt: skip
+        def each_claimed() -> Optional[dict[str, list[dict[str, Any]]]]:
+            """Each outpost's session's claim records, once every one has one."""
+            now = {name: [r for r in sim.admin.claims(session_id=sid) if r["action"] == "claim"]
+                   for name, sid in sessions.items()}  # fmt: skip
+            return now if all(now.values()) else None
 
         # Generous: it only shows "not the 300 s boot timeout".
-        history = wait_for(lambda: (lambda now: now if all(now.values()) else None)(claims()), timeout=60,
-                           interval=0.1, what="a claim of each outpost's session")  # fmt: skip
+        history = wait_for(each_claimed, timeout=60, interval=0.1, what="a claim of each outpost's session")
         for name, records in history.items():
             assert [r["acceptor_id"] for r in records] == ["orch-outposts-file"], (name, records)
             assert {r["outpost_id"] for r in records} == {outposts[name].outpost_id}, (name, records)
