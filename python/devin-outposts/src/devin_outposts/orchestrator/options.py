@@ -10,8 +10,10 @@ every user of the machine. The options that matter inside a session machine (``-
 machine runs. The rows the worker declares too are :data:`devin_outposts.core.config.SHARED_OPTIONS`'.
 
 Several outposts: ``--outpost`` is repeatable, each ``NAME`` or ``NAME=CAP`` (its own cap), and the
-variable may list several (``a=2,b=3`` or ``"a b"``); ``--max-concurrent`` caps the whole process
-(:func:`parse_outposts`, :attr:`OrchestratorConfig.outposts`).
+variable may list several (``a=2,b=3`` or ``"a b"``); ``--outposts-file FILE`` lists them too, as a list of
+``{outpost: NAME, max_concurrent: CAP}`` (:func:`load_outposts_file`), before ``--outpost``'s; an outpost
+named twice, in either or across both, is refused. ``--max-concurrent`` caps the whole process
+(:func:`parse_outposts`, :func:`merge_outposts`, :attr:`OrchestratorConfig.outposts`).
 
 A driver's own options come from ``--driver-config FILE`` (a JSON mapping, or YAML when PyYAML is
 installed) and ``--driver-opt KEY=VALUE`` (repeatable; it wins over the file). The driver checks them.
@@ -94,10 +96,87 @@ def parse_outposts(text: str) -> tuple[OutpostSpec, ...]:
                 raise ConfigError(
                     f"--outpost must be NAME or NAME=CAP with CAP a whole number >= 1, got {item!r}"
                 )
-        if any(spec.outpost == name for spec in specs):
-            raise ConfigError(f"--outpost names {name!r} twice")
         specs.append(OutpostSpec(name, cap))
+    return _each_once(specs, "--outpost")
+
+
+def _each_once(specs: Sequence[OutpostSpec], source: str) -> tuple[OutpostSpec, ...]:
+    """``specs``, refused if one names an outpost an earlier one names (two claim loops would serve it,
+    each counting only its own sessions)."""
+    names: set[str] = set()
+    for spec in specs:
+        if spec.outpost in names:
+            raise ConfigError(f"{source} names {spec.outpost!r} twice")
+        names.add(spec.outpost)
     return tuple(specs)
+
+
+#: What one entry of ``--outposts-file`` may say.
+OUTPOSTS_FILE_KEYS = ("outpost", "max_concurrent")
+_OUTPOSTS_FILE_SHAPE = "a list of {outpost: NAME, max_concurrent: CAP}"
+
+
+def load_outposts_file(path: Path) -> tuple[OutpostSpec, ...]:
+    """``--outposts-file``'s outposts, in its order. The file (JSON, or YAML with PyYAML) is a list of
+    ``{outpost: NAME, max_concurrent: CAP}``, the cap optional; the same names and caps as
+    ``--outpost`` takes. Nothing else is read from it (no token: that comes from the environment only)."""
+    source = f"--outposts-file {path}"
+    data = _read_document(path, "--outposts-file")
+    if isinstance(data, dict):
+        # The one other shape a user may reach for: say which to write instead.
+        raise ConfigError(f"{source}: must be {_OUTPOSTS_FILE_SHAPE}, not a mapping (write the list itself)")
+    if data is not None and not isinstance(data, list):
+        raise ConfigError(f"{source}: must be {_OUTPOSTS_FILE_SHAPE}, got {_kind(data)}")
+    if not data:
+        raise ConfigError(f"{source}: lists no outpost")
+    return _each_once(
+        [_file_entry(item, f"{source}, entry {number}") for number, item in enumerate(data, 1)], source
+    )
+
+
+def _file_entry(item: Any, where: str) -> OutpostSpec:
+    if not isinstance(item, dict):
+        raise ConfigError(
+            f"{where}: must be a mapping {{outpost: NAME, max_concurrent: CAP}}, got {_kind(item)}"
+        )
+    unknown = [str(key) for key in item if key not in OUTPOSTS_FILE_KEYS]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (only {' and '.join(OUTPOSTS_FILE_KEYS)})")
+    name = item.get("outpost")
+    # The names --outpost takes: with none of its separators, so that every outpost can be named either way.
+    if not isinstance(name, str) or not re.fullmatch(r"[^,=\s]+", name.strip()):
+        raise ConfigError(f"{where}: outpost must be a name or id without commas, '=' or spaces, "
+                          f"got {_kind(name)}")  # fmt: skip
+    cap = item.get("max_concurrent")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ConfigError(f"{where}: max_concurrent must be a whole number >= 1, got {cap!r}")
+    return OutpostSpec(name.strip(), cap)
+
+
+def merge_outposts(from_file: Sequence[OutpostSpec], from_flag: Sequence[OutpostSpec], path: Optional[Path]
+                   ) -> tuple[OutpostSpec, ...]:  # fmt: skip
+    """The outposts served: the file's, then ``--outpost``'s (or its variable's); refused if one is in
+    both."""
+    in_file = {spec.outpost for spec in from_file}
+    for spec in from_flag:
+        if spec.outpost in in_file:
+            raise ConfigError(f"--outpost and --outposts-file {path} both name {spec.outpost!r}")
+    return (*from_file, *from_flag)
+
+
+_KINDS = {
+    str: "text",
+    bool: "true/false",
+    int: "a number",
+    float: "a number",
+    list: "a list",
+    dict: "a mapping",
+}
+
+
+def _kind(value: Any) -> str:
+    """What a value of a config file is, without repeating it (a misplaced secret stays out of the logs)."""
+    return "nothing" if value is None else _KINDS.get(type(value), type(value).__name__)
 
 
 #: Our variables' prefix (the shared rows' ``{prefix}``).
@@ -107,6 +186,10 @@ _N = co.number
 _O = Program.ORCHESTRATOR
 OPTIONS: tuple[Option, ...] = (
     shared_option("outpost", "main", _O),
+    Option("outposts_file", ("--outposts-file",), "outposts to serve, from a JSON (or YAML) list of "
+           "mappings, each with outpost (a name or id) and max_concurrent (its own cap, optional); served "
+           "before --outpost's", "main",
+           env="DEVIN_ORCHESTRATOR_OUTPOSTS_FILE", parse=co.path),
     Option("driver", ("--driver",), "what each session runs on", "main", env="DEVIN_ORCHESTRATOR_DRIVER",
            parse=co.choice(*DRIVERS), default="", choices=tuple(DRIVERS)),
     Option("max_concurrent", ("--max-concurrent",), "sessions served at once by the whole process, over "
@@ -177,7 +260,9 @@ class OrchestratorConfig:
     the rows' (:data:`OPTIONS`)."""
 
     outpost: str = _DEFAULT["outpost"]
-    #: ``outpost`` read as a list (:func:`parse_outposts`); computed when not given.
+    outposts_file: Optional[Path] = None
+    #: Every outpost served: ``outposts_file``'s, then ``outpost``'s (:func:`merge_outposts`); computed
+    #: from ``outpost`` alone when not given.
     outposts: tuple[OutpostSpec, ...] = ()
     driver: str = _DEFAULT["driver"]
     max_concurrent: int = _DEFAULT["max_concurrent"]
@@ -266,11 +351,10 @@ def load_driver_options(path: Optional[Path], pairs: Sequence[str]) -> dict[str,
     """The driver's options: the file's mapping, then each ``KEY=VALUE`` over it."""
     values: dict[str, Any] = {}
     if path is not None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"--driver-config {path}: {exc.strerror or exc}") from exc
-        values = _parse_mapping(text, path)
+        data = _read_document(path, "--driver-config")
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(f"--driver-config {path}: must be a mapping, got {type(data).__name__}")
+        values = data or {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
@@ -279,23 +363,27 @@ def load_driver_options(path: Optional[Path], pairs: Sequence[str]) -> dict[str,
     return values
 
 
-def _parse_mapping(text: str, path: Path) -> dict[str, Any]:
+def _read_document(path: Path, flag: str) -> Any:
+    """A config file's data: JSON, else YAML (when PyYAML is installed). Every way it can fail is one
+    line naming ``flag`` and the file (exit code 2, no traceback)."""
     try:
-        data = json.loads(text)
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag} {path}: not UTF-8 text") from None
+    try:
+        return json.loads(text)
     except ValueError as json_error:
         try:
             import yaml  # type: ignore[import-untyped,unused-ignore]  # optional: only for non-JSON
         except ImportError:
-            raise ConfigError(f"--driver-config {path}: not JSON ({json_error}); YAML needs PyYAML") from None
+            raise ConfigError(f"{flag} {path}: not JSON ({json_error}); YAML needs PyYAML") from None
         try:
-            data = yaml.safe_load(text)
+            return yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--driver-config {path}: neither JSON nor YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--driver-config {path}: must be a mapping, got {type(data).__name__}")
-    return data
+            # PyYAML's messages span lines (the context, then the problem and its mark).
+            raise ConfigError(f"{flag} {path}: neither JSON nor YAML: {' '.join(str(exc).split())}") from None
 
 
 def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> OrchestratorConfig:
@@ -306,9 +394,15 @@ def build_config(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
     values["driver_options"] = load_driver_options(
         values.get("driver_config"), getattr(args, "driver_opts", None) or []
     )
+    from_file = () if values.get("outposts_file") is None else load_outposts_file(values["outposts_file"])
+    values["outposts"] = merge_outposts(
+        from_file, parse_outposts(values.get("outpost", "")), values.get("outposts_file")
+    )
     config = OrchestratorConfig(**values)
     if not config.outposts:
-        raise ConfigError("--outpost is required (or DEVIN_ORCHESTRATOR_OUTPOST)")
+        raise ConfigError(
+            "--outpost is required (or DEVIN_ORCHESTRATOR_OUTPOST, or a list of them in --outposts-file)"
+        )
     if not config.driver:
         raise ConfigError(f"--driver is required: one of {', '.join(DRIVERS)} (or DEVIN_ORCHESTRATOR_DRIVER)")
     if not config.token:
