@@ -1,4 +1,4 @@
-"""Spreading the claims: a matching of the oldest rows to the idle workers of an outpost (core/feed.py).
+"""Spreading the claims: a matching of the oldest rows to the idle workers of an outpost (core/spread.py).
 
 Several feeds that see the same queue must agree on who claims which row, without talking to each
 other: the same view gives disjoint picks, a lone worker claims strictly oldest first, busy peers are not
@@ -13,14 +13,14 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.core.feed import (
+from devin_outposts.core.feed import QueueFeed
+from devin_outposts.core.spread import (
     ECHO_WAIT,
     FIRST_CLAIM_JITTER,
     SCATTER_MAX,
     SCATTER_PAUSE,
     SPREAD_MAX_RANK,
     SPREAD_STEP,
-    QueueFeed,
     contender_order,
     scatter_width,
 )
