@@ -327,13 +327,18 @@ class SimAddress:
         return SimAdmin(self.url, self.admin_token, timeout=60)
 
 
-def enqueue_all(address: SimAddress, plan: Plan) -> tuple[dict[str, float], tuple[float, float]]:
-    """The driver's burst, back to back from one connection: when each request was sent, and the window."""
+def enqueue_all(
+    address: SimAddress, plan: Plan, rate: float = 0.0
+) -> tuple[dict[str, float], tuple[float, float]]:
+    """The driver's sessions from one connection, back to back (``rate`` 0) or ``rate`` per second:
+    when each request was sent, and the window."""
     sent_at: dict[str, float] = {}
     admin = address.new_admin()
     try:
         first = time.time()
-        for sid in plan.ids:
+        for number, sid in enumerate(plan.ids):
+            if rate > 0:
+                time.sleep(max(0.0, first + number / rate - time.time()))
             sent = time.time()
             admin.enqueue(address.outpost_id, session_id=sid)
             sent_at[sid] = sent
@@ -677,7 +682,13 @@ class Parts:
 
 
 def run_fleet(
-    sim: BenchSim, workers: int, plan: Plan, spread: Optional[bool], run_limit: float, procs: int
+    sim: BenchSim,
+    workers: int,
+    plan: Plan,
+    spread: Optional[bool],
+    run_limit: float,
+    procs: int,
+    arrival_rate: float = 0.0,
 ) -> dict[str, Any]:
     address = SimAddress.of(sim)
     specs = [
@@ -690,7 +701,7 @@ def run_fleet(
         boot_s = time.monotonic() - boot
         parts.tell("go")
         cpu_before = (cpu_seconds_of(address.pid), time.process_time())
-        sent_at, window = enqueue_all(address, plan)
+        sent_at, window = enqueue_all(address, plan, arrival_rate)
         deadline = time.monotonic() + run_limit
         while len(parts.served) < len(plan.ids) and time.monotonic() < deadline:
             parts.pump(0.2)
@@ -704,6 +715,8 @@ def run_fleet(
     records = sim.admin.claims(outpost_id=sim.outpost_id)
     merged = merge(parts.results)
     result = analyse(plan, sent_at, window, merged, records, workers, timed_out)
+    if arrival_rate > 0:  # the fleet cannot serve faster than the sessions arrive
+        result["ideal_sessions_per_s"] = min(result["ideal_sessions_per_s"], arrival_rate)
     result.update(
         workers_ready_s=boot_s,
         procs=len(specs),
@@ -982,6 +995,9 @@ def parse_args() -> argparse.Namespace:
                         "(900)")  # fmt: skip
     parser.add_argument("--baseline-run-limit", type=float, default=None,
                         help="--run-limit of the strict baseline (default: --run-limit)")  # fmt: skip
+    parser.add_argument("--arrival-rate", type=float, default=0.0,
+                        help="sessions enqueued per second (default 0: back to back, as fast as the "
+                        "simulator takes them)")  # fmt: skip
     parser.add_argument("--procs", type=int, default=None,
                         help=f"model processes the workers are spread over (default: one per "
                         f"{WORKERS_PER_PROC} workers, at most the CPUs)")  # fmt: skip
@@ -992,6 +1008,8 @@ def parse_args() -> argparse.Namespace:
         args.sizes = parse_sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     if args.baseline_run_limit is None:
         args.baseline_run_limit = args.run_limit
+    if args.arrival_rate < 0:
+        parser.error("--arrival-rate must be 0 (back to back) or positive")
     if args.procs is not None and args.procs < 1:
         parser.error("--procs must be at least 1")
     if not 0 < args.min_duration <= args.max_duration:
@@ -1030,7 +1048,9 @@ def main() -> int:
     else:
         modes = ["today"]
         say("this worker has no claim_spread option: one run per size of today's claim code")
-    say(f"sessions last {args.min_duration:g}-{args.max_duration:g} s (uniform, seed {args.seed}); "
+    arrivals = f"{args.arrival_rate:g}/s" if args.arrival_rate else "back to back"
+    say(f"sessions last {args.min_duration:g}-{args.max_duration:g} s (uniform, seed {args.seed}), "
+        f"enqueued {arrivals}; "
         "simulator with default settings, a fresh database per run")  # fmt: skip
     results: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -1045,7 +1065,8 @@ def main() -> int:
                     spread = None if mode == "today" else mode == "spread"
                     limit = args.run_limit if mode != "strict" else args.baseline_run_limit
                     with bench_sim(root, name) as sim:
-                        part = run_fleet(sim, workers, plan, spread, limit, procs_for(args.procs, workers))
+                        procs = procs_for(args.procs, workers)
+                        part = run_fleet(sim, workers, plan, spread, limit, procs, args.arrival_rate)
                     part["mode"] = mode
                     results.append(part)
     except (BenchError, SimAdminError, OSError, RuntimeError) as exc:

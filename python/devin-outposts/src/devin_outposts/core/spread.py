@@ -16,24 +16,30 @@ of the rows and asks the spreader which one to claim, and when; the spreader see
   our penalties); a worker whose own row is penalised looks further.
 * A worker whose session ended waits (at most :data:`ECHO_WAIT` from when its slot fell free) for the
   watch to show its claim given back: until then the others do not count it idle.
-* A worker the others do not count (:attr:`ClaimSpreader.known_to_peers`: its own claim not seen on the
-  watch in the last :data:`PEER_MEMORY` seconds; or it holds other claims) takes a random row among
-  the spare rows beyond the matched ones once it has seen any other acceptor.
-* After a 409 (:meth:`ClaimSpreader.lost_race`) the worker knows it is in a crowd its view does not
-  show: it picks a random row among the spare rows beyond the matched ones (:func:`scatter_width`) at a
-  random moment (:data:`SCATTER_PAUSE`, doubling per further 409 up to :data:`SCATTER_PAUSE_CAP`), and
-  keeps that choice until someone else takes the row. Its own claim on the watch ends the streak.
+* The crowd: a worker the others do not count (:attr:`ClaimSpreader.known_to_peers`: its own claim not
+  seen on the watch in the last :data:`PEER_MEMORY` seconds, or it holds other claims), or whose own
+  row is set aside, takes a *spare* row (beyond the matched ones) once it has seen any other acceptor.
+  Such workers cannot see each other, so each claims at its own moment: for each spare row, a hash of
+  (worker, row) places it in the crowd's window (:func:`crowd_window`: :data:`CROWD_STEP` per acceptor
+  seen, shared out over the spare rows), counted from when the row became claimable, and it takes the
+  row whose moment comes first. A crowd of U workers so claims a row about every window/U seconds
+  instead of all at once; with as many spare rows as workers they spread over the rows at once.
+* After a 409 (:meth:`ClaimSpreader.lost_race`) the worker knows the crowd is bigger than it looks: the
+  window doubles per 409 in a row and counts from the 409. Its own claim on the watch ends the streak
+  (so does :data:`STREAK_MEMORY` without a 409).
 * The head (the oldest claimable row): a worker without a row of its own takes it once the head's
   contender has had ``min(rank, SPREAD_MAX_RANK) * SPREAD_STEP`` seconds since the row became the head
-  (rank: its place in the order; :data:`SPREAD_MAX_RANK` for a worker the others do not count).
+  (rank: its place in the order; :data:`SPREAD_MAX_RANK` for a worker the others do not count); from
+  the last place on, at its own moment in the crowd's window on top.
 
-Fairness bound: when any contender is idle, the head is claimed no later than ``SPREAD_MAX_RANK *
-SPREAD_STEP`` seconds (2 s) after it became the head; rows behind it go in age order to the matched
-contenders, and only a crowd after a 409 takes spare rows out of order. With a single worker (no idle
-peer seen, no 409) the order is exactly oldest-first. A fleet that starts together knows no peer until
-each has claimed once; a worker that has seen nobody makes its first claim at a random moment within
+Fairness: rows go in age order to the matched contenders, at once; only the crowd takes spare rows out
+of order, and only rows nobody is matched to. A head whose contender has gone away is claimed by the
+next contenders within ``rank * SPREAD_STEP`` seconds, by the crowd within ``SPREAD_MAX_RANK *
+SPREAD_STEP`` seconds (2 s) plus the first of its moments. With a single worker (no peer seen, no 409)
+the order is exactly oldest-first. A fleet that starts together knows no peer until each has claimed
+once; a worker that has seen nobody makes its first claim at a random moment within
 :data:`FIRST_CLAIM_JITTER` (the oldest row still), so that most of such a fleet sees someone claim, and
-scatters, first.
+joins the crowd, first.
 """
 
 from __future__ import annotations
@@ -57,13 +63,15 @@ SPREAD_MAX_RANK = 8
 #: claims and releases, so a long memory keeps a quiet outpost spread; a peer that has gone away costs
 #: at most a deferral of SPREAD_STEP per place on the head while it was matched to it.
 PEER_MEMORY = 600.0
-#: A worker without a matched row scatters over the spare rows: first over four rows per acceptor it
-#: knows of (at least 32), doubling after each further 409, at most this many rows.
-SCATTER_MAX = 1024
-#: The scattered claim waits a random part of this many seconds, doubling after each further 409 up to
-#: SCATTER_PAUSE_CAP: a crowd of workers that lost the same race comes back spread out in time too.
-SCATTER_PAUSE = 0.5
-SCATTER_PAUSE_CAP = 4.0
+#: A worker without a matched row chooses among at most this many spare rows (beyond the matched ones).
+SPARE_MAX = 1024
+#: The crowd's window: the workers without a matched row spread their claims of the spare rows over
+#: ``CROWD_STEP`` seconds per acceptor seen on the outpost (the crowd's size as far as this worker can
+#: tell), shared out over the spare rows, doubled after each 409 in a row (the crowd is bigger than it
+#: looks), at most CROWD_WINDOW_CAP. Each worker's moment for each row is a hash of the two, so a
+#: crowd of U workers claims a row about every window/U seconds, not all at once.
+CROWD_STEP = 0.1
+CROWD_WINDOW_CAP = 60.0
 #: Seconds after the last 409 that a worker still counts itself in a crowd (unless it claimed since).
 STREAK_MEMORY = 30.0
 #: A worker that has seen no other acceptor on the outpost yet may be alone, or one of a fleet that
@@ -88,11 +96,15 @@ def contender_order(acceptor_id: str, outpost_id: str) -> int:
     return rendezvous_score(acceptor_id, outpost_id)
 
 
-def scatter_width(streak: int, acceptors: int) -> int:
-    """How many spare rows a worker without a matched row chooses among (0 before any 409)."""
-    if streak <= 0:
-        return 0
-    return min(max(32, 4 * acceptors) << min(streak - 1, 16), SCATTER_MAX)
+def crowd_window(acceptors: int, streak: int, spare: int) -> float:
+    """Seconds over which the workers without a matched row spread their claims of ``spare`` rows."""
+    window = CROWD_STEP * max(1, acceptors) * 2.0 ** min(max(0, streak), 16) / max(1, spare)
+    return min(window, CROWD_WINDOW_CAP)
+
+
+def hash_fraction(acceptor_id: str, session_id: str) -> float:
+    """Where in the crowd's window this acceptor claims this row: in [0, 1), the same on every run."""
+    return rendezvous_score(acceptor_id, session_id) / 2.0**64
 
 
 @dataclass(frozen=True)
@@ -141,8 +153,8 @@ class ClaimSpreader:
         self._streak_at = 0.0
         #: Our claims as the watch shows them (the others judge us busy by these, not by our pool).
         self._ours_on_watch: set[str] = set()
-        #: A scattered choice (session_id, when to claim it), kept until it is taken or gone.
-        self._plan: Optional[tuple[str, float]] = None
+        #: session_id -> hash_fraction(us, it), for the spare rows we have weighed (cleared when large).
+        self._fractions: dict[str, float] = {}
         #: When (monotonic) a worker that saw nobody else may make its first claim (FIRST_CLAIM_JITTER);
         #: None until drawn, 0.0 once it has claimed, lost a race or met a peer before drawing.
         self._first_claim_at: Optional[float] = None
@@ -213,7 +225,6 @@ class ClaimSpreader:
         """Our claim got a 409: remember that we are in a crowd."""
         self._streak += 1
         self._streak_at = time.monotonic()
-        self._plan = None
         self._first_claim_at = 0.0
 
     def streak(self) -> int:
@@ -245,8 +256,7 @@ class ClaimSpreader:
         if not idle and not streak and (not self._peers or self.known_to_peers):
             # Alone (nobody seen), or known to peers that are all busy: strictly the oldest row. A worker
             # that sees others claim but has never been seen itself is one of a crowd (a fleet that
-            # started together): it takes a spare row at random below.
-            self._plan = None
+            # started together): it takes a spare row below, at its moment in the crowd's window.
             first = view.next_candidate(exclude)
             return ClaimChoice(first, self._first_claim_wait()) if first is not None else None
         mono = time.monotonic()
@@ -254,10 +264,8 @@ class ClaimSpreader:
         # claim we still hold (a worker with several slots) keeps us busy in their eyes.
         known = self.known_to_peers and not (self._ours_on_watch & set(exclude))
         insiders = len(idle) + (1 if known else 0)
-        width = scatter_width(max(1, streak), len(self._peers) + 1)
-        rows = view.oldest(insiders + width, exclude, skip_blocked=False)
+        rows = view.oldest(insiders + SPARE_MAX, exclude, skip_blocked=False)
         if not rows:
-            self._plan = None
             return None
         usable = [not view.blocked(row.session_id, exclude, mono) for row in rows]
         rank = SPREAD_MAX_RANK
@@ -266,16 +274,15 @@ class ClaimSpreader:
             keys = self._order_keys  # every peer's key was computed when it was first seen
             rank = sum(1 for peer in idle if keys[peer] < mine)
             if rank < len(rows) and usable[rank]:
-                self._plan = None
                 # The row matched to us, nobody else's; but until the watch shows that our last claim
                 # was given back, the others do not count us, and one of them would pick the same row.
                 looking = mono if looking_since is None else min(looking_since, mono)
                 echo = looking + ECHO_WAIT - mono if self._ours_on_watch - set(exclude) else 0.0
                 return ClaimChoice(rows[rank], max(0.0, echo))
-        spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok][:width]
+        spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok]
         if spare:
-            return self._scattered(spare, streak, mono)
-        return self._head_choice(view, rows[0], usable[0], rank, mono)
+            return self._spare_choice(view, spare, streak, mono)
+        return self._head_choice(view, rows[0], usable[0], rank, streak, mono)
 
     def _first_claim_wait(self) -> float:
         """Seconds before a worker that has seen nobody else makes its first claim (0 afterwards)."""
@@ -287,31 +294,48 @@ class ClaimSpreader:
                 self._first_claim_at = mono + random.uniform(0.0, FIRST_CLAIM_JITTER)  # noqa: S311
         return max(0.0, self._first_claim_at - mono)
 
-    def _scattered(self, spare: list[QueueEntry], streak: int, mono: float) -> ClaimChoice:
-        """A row beyond the matched ones for a worker the others do not count (or whose own row is
-        gone): after a 409, a random one among ``spare`` at a random moment, kept until it is taken."""
-        if self._plan is not None:
-            sid, at = self._plan
-            for row in spare:
-                if row.session_id == sid:
-                    return ClaimChoice(row, max(0.0, at - mono))
-        # S311: spreading load, not a secret.
-        row = random.choice(spare)  # noqa: S311
-        if not streak:  # other workers the rest do not count may be looking too: a random spare row
-            self._plan = None
-            return ClaimChoice(row, 0.0)
-        pause = random.uniform(0.0, min(SCATTER_PAUSE * 2.0 ** (streak - 1), SCATTER_PAUSE_CAP))  # noqa: S311
-        self._plan = (row.session_id, mono + pause)
-        return ClaimChoice(row, pause)
+    def _fraction(self, session_id: str) -> float:
+        fraction = self._fractions.get(session_id)
+        if fraction is None:
+            if len(self._fractions) > 4 * SPARE_MAX:
+                self._fractions.clear()  # rows long gone; the ones still spare are hashed again
+            fraction = self._fractions[session_id] = hash_fraction(self.acceptor_id, session_id)
+        return fraction
+
+    def _crowd(self) -> int:
+        """The acceptors seen on the outpost lately, this one included: the crowd's size as far as we know."""
+        return len(self._peers) + 1
+
+    def _spare_choice(
+        self, view: SpreadView, spare: list[QueueEntry], streak: int, mono: float
+    ) -> ClaimChoice:
+        """A row beyond the matched ones for a worker the others do not count (or whose own row is gone):
+        the spare row whose moment comes first, each row's moment being its place in the crowd's window
+        (a hash of this worker and the row) from when the row became claimable, or from our last 409."""
+        window = crowd_window(self._crowd(), streak, len(spare))
+        floor = self._streak_at if streak else 0.0
+        best: Optional[tuple[float, QueueEntry]] = None
+        for row in spare:
+            sid = row.session_id
+            at = max(view.claimable_since(sid, mono), floor) + self._fraction(sid) * window
+            if best is None or at < best[0]:
+                best = (at, row)
+        assert best is not None
+        return ClaimChoice(best[1], max(0.0, best[0] - mono))
 
     def _head_choice(
-        self, view: SpreadView, head: QueueEntry, usable: bool, rank: int, mono: float
+        self, view: SpreadView, head: QueueEntry, usable: bool, rank: int, streak: int, mono: float
     ) -> Optional[ClaimChoice]:
-        """No row of our own: the oldest row, once its matched contender has had ``rank`` steps."""
+        """No row of our own: the oldest row, once its matched contender has had ``rank`` steps; from
+        the last step on, each worker at its own moment in the crowd's window (the crowd would otherwise
+        claim the head together, all at once, when its contender's claim is slow to show)."""
         if not usable:
             return None
         sid = head.session_id
         if self._head[0] != sid:
             self._head = (sid, mono)
         start = max(view.claimable_since(sid, mono), self._head[1])
-        return ClaimChoice(head, max(0.0, start + min(max(rank, 1), SPREAD_MAX_RANK) * SPREAD_STEP - mono))
+        at = start + min(max(rank, 1), SPREAD_MAX_RANK) * SPREAD_STEP
+        if rank >= SPREAD_MAX_RANK:
+            at += self._fraction(sid) * crowd_window(self._crowd(), streak, 1)
+        return ClaimChoice(head, max(0.0, at - mono))
