@@ -96,7 +96,8 @@ def test_more_workers_than_rows_one_claim_per_row() -> None:
     assert sorted(immediate_picks(group)) == ["devin-a", "devin-b", "devin-c"]
     waits = [c.wait for f in group if (c := f.next_claim()) is not None]
     # The others wait for the head, bounded: the first places a step each, the rest in the crowd's window.
-    assert max(waits) <= SPREAD_MAX_RANK * SPREAD_STEP + crowd_window(len(names), 0, 1)
+    crowd = max(f.spreader.crowd() for f in group)
+    assert max(waits) <= SPREAD_MAX_RANK * SPREAD_STEP + crowd_window(crowd, 0, 1)
 
 
 def test_a_matched_claim_leaves_the_other_pairs_alone() -> None:
@@ -211,8 +212,13 @@ def test_a_worker_the_others_do_not_count_takes_a_row_beyond_the_matched_ones() 
         feed.replace_all(rows)
     assert not newcomer.known_to_peers
     choice = newcomer.next_claim()
-    # A row beyond the three matched ones, at its moment in the crowd's window (4 acceptors, 3 rows).
-    assert choice is not None and choice.wait <= crowd_window(4, 0, 3)
+    # A row beyond the three matched ones, once the matched ones have had the head's steps, at its moment
+    # in the crowd's window (shared out over the 3 spare rows).
+    window = crowd_window(newcomer.spreader.crowd(), 0, 3)
+    assert (
+        choice is not None
+        and SPREAD_MAX_RANK * SPREAD_STEP <= choice.wait <= SPREAD_MAX_RANK * SPREAD_STEP + window
+    )
     assert choice.entry.session_id in {f"devin-{n:03d}" for n in range(3, 6)}
     assert sorted(immediate_picks(insiders)) == ["devin-000", "devin-001", "devin-002"]
 
@@ -301,3 +307,22 @@ def test_a_worker_waits_for_the_watch_to_show_its_claim_given_back() -> None:
     feed.remove("done")  # given back and gone, on the watch
     choice = feed.next_claim(looking_since=time.monotonic())
     assert choice is not None and choice.wait == 0.0
+
+
+def test_the_crowd_estimate_follows_whom_the_claims_come_from() -> None:
+    # Every claim by an acceptor never seen before: a big fleet, mostly out of sight.
+    (big,) = feeds(["me"])
+    future = time.time() + 600
+    for number in range(20):
+        big.upsert(entry(f"s{number}", number, holder=f"newcomer-{number}", deadline=future))
+    assert big.spreader.crowd() > 10 * 21  # far more than the 21 acceptors it has seen
+    # Three workers whose claims keep coming from the same two peers: it stays near its size.
+    (small,) = feeds(["me"])
+    for number in range(20):
+        small.upsert(entry(f"s{number}", number, holder=f"peer-{number % 2}", deadline=future))
+        small.remove(f"s{number}")
+    assert 3 <= small.spreader.crowd() <= 4
+    # A renewal is not a claim: the same copy with a later deadline teaches nothing.
+    before = big.spreader.crowd()
+    big.upsert(entry("s0", 0, holder="newcomer-0", deadline=future + 60))
+    assert big.spreader.crowd() == before

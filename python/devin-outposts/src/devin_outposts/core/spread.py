@@ -70,15 +70,24 @@ SPARE_MAX = 1024
 #: tell), shared out over the spare rows, doubled after each 409 in a row (the crowd is bigger than it
 #: looks), at most CROWD_WINDOW_CAP. Each worker's moment for each row is a hash of the two, so a
 #: crowd of U workers claims a row about every window/U seconds, not all at once.
-CROWD_STEP = 0.1
-CROWD_WINDOW_CAP = 60.0
-#: Seconds after the last 409 that a worker still counts itself in a crowd (unless it claimed since).
+CROWD_STEP = 0.15
+CROWD_WINDOW_CAP = 120.0
+#: The crowd's size is estimated from whom the claims come from (:meth:`ClaimSpreader.crowd`): the
+#: workers nobody counts cannot be seen, but the share of claims made by acceptors never seen before
+#: says how many there are beyond those seen. The counts are halved once they reach this many claims,
+#: so that the estimate follows a fleet that grows or shrinks.
+CLAIM_SAMPLE = 64
+#: At most this many acceptors are assumed (the window's cap bounds the wait anyway).
+CROWD_MAX = 4096
+#: Each STREAK_MEMORY seconds without a 409 count one 409 of the streak off (a claim of ours on the watch
+#: ends it at once): a worker of a crowd that sees rows claimed by others, and so rarely tries, keeps its
+#: window.
 STREAK_MEMORY = 30.0
 #: A worker that has seen no other acceptor on the outpost yet may be alone, or one of a fleet that
 #: started together, where every worker would go for the first row at once. Its first claim waits a
 #: random part of this many seconds (still the oldest row): the fleet's first claims come spread out,
 #: and the later ones see the winner's claim and that they are not alone. Once per start.
-FIRST_CLAIM_JITTER = 1.0
+FIRST_CLAIM_JITTER = 4.0
 #: A worker whose session has ended waits at most this long (from when its slot fell free) for the
 #: watch to show its claim given back, i.e. for the others to count it idle, before claiming its row.
 ECHO_WAIT = 1.0
@@ -109,10 +118,12 @@ def hash_fraction(acceptor_id: str, session_id: str) -> float:
 
 @dataclass(frozen=True)
 class ClaimChoice:
-    """The row to claim next, and how many seconds to wait before claiming it (0: now)."""
+    """The row to claim next, how many seconds to wait before claiming it (0: now), and which rule chose
+    it (``oldest``, ``matched``, ``spare`` or ``head``: for the debug log and the fleet model)."""
 
     entry: QueueEntry
     wait: float
+    why: str = "oldest"
 
 
 class SpreadView(Protocol):
@@ -153,6 +164,10 @@ class ClaimSpreader:
         self._streak_at = 0.0
         #: Our claims as the watch shows them (the others judge us busy by these, not by our pool).
         self._ours_on_watch: set[str] = set()
+        #: Claims by other acceptors seen on the watch, and how many of them came from one never seen
+        #: before (halved at CLAIM_SAMPLE): the crowd's size beyond the acceptors seen.
+        self._claims_seen = 0.0
+        self._claims_by_newcomers = 0.0
         #: session_id -> hash_fraction(us, it), for the spare rows we have weighed (cleared when large).
         self._fractions: dict[str, float] = {}
         #: When (monotonic) a worker that saw nobody else may make its first claim (FIRST_CLAIM_JITTER);
@@ -166,6 +181,14 @@ class ClaimSpreader:
         sid = entry.session_id
         holder = entry.status.acceptor_id
         claimed = entry.status.phase == Phase.CLAIMED
+        if claimed and holder and holder != self.acceptor_id:
+            fresh = (
+                previous is None
+                or previous.status.phase != Phase.CLAIMED
+                or previous.status.acceptor_id != holder
+            )
+            if fresh:  # a claim, not a renewal: who made it?
+                self._count_claim(newcomer=holder not in self._peers)
         if previous is not None and previous.status.phase == Phase.CLAIMED:
             # A peer that gives a row back (its session ended, or a release) is idle now: seen as such
             # at once, not only at its next claim, so that workers learn each other after one session.
@@ -189,6 +212,13 @@ class ClaimSpreader:
             return False
         self._ours_on_watch.discard(session_id)
         return True  # the others now count us idle too: our matched row is ours to claim
+
+    def _count_claim(self, *, newcomer: bool) -> None:
+        self._claims_seen += 1
+        self._claims_by_newcomers += 1 if newcomer else 0
+        if self._claims_seen >= CLAIM_SAMPLE:
+            self._claims_seen /= 2
+            self._claims_by_newcomers /= 2
 
     def _see_peer(self, acceptor_id: str) -> None:
         self._order(acceptor_id)
@@ -228,9 +258,12 @@ class ClaimSpreader:
         self._first_claim_at = 0.0
 
     def streak(self) -> int:
-        """409s in a row lately (reset by a claim of ours on the watch, forgotten after STREAK_MEMORY)."""
-        if self._streak and time.monotonic() - self._streak_at > STREAK_MEMORY:
-            self._streak = 0
+        """409s in a row lately (reset by a claim of ours on the watch; one forgotten per STREAK_MEMORY)."""
+        if self._streak:
+            quiet = int((time.monotonic() - self._streak_at) // STREAK_MEMORY)
+            if quiet > 0:
+                self._streak = max(0, self._streak - quiet)
+                self._streak_at += quiet * STREAK_MEMORY
         return self._streak
 
     # --- the choice -------------------------------------------------------------------------------
@@ -278,10 +311,13 @@ class ClaimSpreader:
                 # was given back, the others do not count us, and one of them would pick the same row.
                 looking = mono if looking_since is None else min(looking_since, mono)
                 echo = looking + ECHO_WAIT - mono if self._ours_on_watch - set(exclude) else 0.0
-                return ClaimChoice(rows[rank], max(0.0, echo))
+                return ClaimChoice(rows[rank], max(0.0, echo), "matched")
         spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok]
         if spare:
-            return self._spare_choice(view, spare, streak, mono)
+            # With idle contenders in view, a row may look spare only because we have not seen one of
+            # them fall free yet: the crowd leaves each row to them for the head's steps first.
+            defer = SPREAD_MAX_RANK * SPREAD_STEP if insiders else 0.0
+            return self._spare_choice(view, spare, streak, mono, defer)
         return self._head_choice(view, rows[0], usable[0], rank, streak, mono)
 
     def _first_claim_wait(self) -> float:
@@ -303,11 +339,25 @@ class ClaimSpreader:
         return fraction
 
     def _crowd(self) -> int:
-        """The acceptors seen on the outpost lately, this one included: the crowd's size as far as we know."""
-        return len(self._peers) + 1
+        return self.crowd()
+
+    def crowd(self) -> int:
+        """How many workers are looking at the outpost, as far as this one can tell: the acceptors seen
+        lately (this one included), divided by the share of claims that came from acceptors seen already.
+
+        If the claims come from the workers alike, a claim comes from one never seen before with the
+        share of the crowd not seen yet; the estimate starts from an even chance (a quarter claim each
+        way), so that a lone worker or a small fleet is not taken for a big one. In a fleet of 1,000
+        that has just started, nearly every claim is by a newcomer: after n of them the estimate is
+        about 4 (n + 1)(n + 0.5), while a small fleet, whose claims soon all come from known workers,
+        stays near its size.
+        """
+        known = len(self._peers) + 1
+        unseen_share = (self._claims_by_newcomers + 0.25) / (self._claims_seen + 0.5)
+        return min(CROWD_MAX, max(known, round(known / max(1.0 - unseen_share, known / CROWD_MAX))))
 
     def _spare_choice(
-        self, view: SpreadView, spare: list[QueueEntry], streak: int, mono: float
+        self, view: SpreadView, spare: list[QueueEntry], streak: int, mono: float, defer: float
     ) -> ClaimChoice:
         """A row beyond the matched ones for a worker the others do not count (or whose own row is gone):
         the spare row whose moment comes first, each row's moment being its place in the crowd's window
@@ -317,11 +367,11 @@ class ClaimSpreader:
         best: Optional[tuple[float, QueueEntry]] = None
         for row in spare:
             sid = row.session_id
-            at = max(view.claimable_since(sid, mono), floor) + self._fraction(sid) * window
+            at = max(view.claimable_since(sid, mono) + defer, floor) + self._fraction(sid) * window
             if best is None or at < best[0]:
                 best = (at, row)
         assert best is not None
-        return ClaimChoice(best[1], max(0.0, best[0] - mono))
+        return ClaimChoice(best[1], max(0.0, best[0] - mono), "spare")
 
     def _head_choice(
         self, view: SpreadView, head: QueueEntry, usable: bool, rank: int, streak: int, mono: float
@@ -338,4 +388,4 @@ class ClaimSpreader:
         at = start + min(max(rank, 1), SPREAD_MAX_RANK) * SPREAD_STEP
         if rank >= SPREAD_MAX_RANK:
             at += self._fraction(sid) * crowd_window(self._crowd(), streak, 1)
-        return ClaimChoice(head, max(0.0, at - mono))
+        return ClaimChoice(head, max(0.0, at - mono), "head")
