@@ -10,7 +10,8 @@ sessions may be claimed (docs/fleet-api.md §4 and §5):
   the last cursor, however short the stream lived; only an error backs off, 1 s, 2 s, 4 s ... up to
   :data:`FEED_BACKOFF_CAP` seconds, with jitter. Any failure but an outage (a rejected cursor, 400/422,
   a malformed event, an unexpected answer) re-lists;
-* every :data:`RESYNC_INTERVAL` seconds the watch is re-seeded by a full list, a level-based safety net;
+* every :data:`RESYNC_INTERVAL` seconds (less up to :data:`RESYNC_JITTER` of it, drawn once per feed) the
+  watch is re-seeded by a full list, a level-based safety net;
 * with ``watch=False`` the queue is re-listed every poll interval instead.
 
 Those decisions (when to list, where to resume, when to wait and how long) are the fleet API's one
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Callable, Optional, Protocol
@@ -49,6 +51,10 @@ from devin_outposts.core.spread import ClaimChoice, ClaimSpreader
 log = logging.getLogger(__name__)
 
 RESYNC_INTERVAL = 300.0
+#: Each feed lists again up to this share of RESYNC_INTERVAL sooner (drawn once): a fleet that started
+#: together would otherwise send every worker's full list in the same second, every 300 s (1,000 lists of
+#: the whole outpost at once, in the fleet model).
+RESYNC_JITTER = 0.2
 #: The longest wait between attempts to reach a failing API: an idle worker notices a recovered API
 #: within this many seconds (each attempt is one request; jitter spreads a fleet's attempts).
 FEED_BACKOFF_CAP = 5.0
@@ -113,7 +119,8 @@ class QueueFeed:
         self.poll_interval = poll_interval
         self.backoff = Backoff(cap=min(backoff_max, FEED_BACKOFF_CAP))
         #: When to list, where to watch from, how long to wait (``api/listwatch.py``).
-        self.listwatch = ListWatch(self.backoff.delay, resync_interval=RESYNC_INTERVAL)
+        resync = RESYNC_INTERVAL * (1.0 - random.uniform(0.0, RESYNC_JITTER))  # noqa: S311 (spreading load)
+        self.listwatch = ListWatch(self.backoff.delay, resync_interval=resync)
         self.metrics = metrics or Metrics()
         self.on_update = on_update
         self.clock = clock
