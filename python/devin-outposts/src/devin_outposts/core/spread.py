@@ -77,6 +77,8 @@ CROWD_WINDOW_CAP = 120.0
 #: says how many there are beyond those seen. The counts are halved once they reach this many claims,
 #: so that the estimate follows a fleet that grows or shrinks.
 CLAIM_SAMPLE = 64
+#: The estimate starts as if this many claims had come from acceptors never seen before.
+NEWCOMER_PRIOR = 4.0
 #: At most this many acceptors are assumed (the window's cap bounds the wait anyway).
 CROWD_MAX = 4096
 #: Each STREAK_MEMORY seconds without a 409 count one 409 of the streak off (a claim of ours on the watch
@@ -312,13 +314,18 @@ class ClaimSpreader:
                 looking = mono if looking_since is None else min(looking_since, mono)
                 echo = looking + ECHO_WAIT - mono if self._ours_on_watch - set(exclude) else 0.0
                 return ClaimChoice(rows[rank], max(0.0, echo), "matched")
+        # While idle contenders are in view, they take the rows (at once, by the matching), and a row
+        # looks spare or left over mostly because our view lags theirs; the crowd then leaves each row
+        # to them for the head's steps and spreads over the widest window: the workers that have not
+        # claimed lately are silent, so however many of them there are, the claims cannot tell
+        # (in the fleet model, 990 silent workers behind 10 busy ones). Without any idle contender in
+        # view the rows would wait for the crowd: its window is then sized by the estimate.
+        crowd = CROWD_MAX if idle else self.crowd()
         spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok]
         if spare:
-            # With idle contenders in view, a row may look spare only because we have not seen one of
-            # them fall free yet: the crowd leaves each row to them for the head's steps first.
             defer = SPREAD_MAX_RANK * SPREAD_STEP if insiders else 0.0
-            return self._spare_choice(view, spare, streak, mono, defer)
-        return self._head_choice(view, rows[0], usable[0], rank, streak, mono)
+            return self._spare_choice(view, spare, crowd, streak, mono, defer)
+        return self._head_choice(view, rows[0], usable[0], rank, crowd, streak, mono)
 
     def _first_claim_wait(self) -> float:
         """Seconds before a worker that has seen nobody else makes its first claim (0 afterwards)."""
@@ -346,23 +353,25 @@ class ClaimSpreader:
         lately (this one included), divided by the share of claims that came from acceptors seen already.
 
         If the claims come from the workers alike, a claim comes from one never seen before with the
-        share of the crowd not seen yet; the estimate starts from an even chance (a quarter claim each
-        way), so that a lone worker or a small fleet is not taken for a big one. In a fleet of 1,000
-        that has just started, nearly every claim is by a newcomer: after n of them the estimate is
-        about 4 (n + 1)(n + 0.5), while a small fleet, whose claims soon all come from known workers,
-        stays near its size.
+        share of the crowd not seen yet. The estimate starts as if :data:`NEWCOMER_PRIOR` claims had
+        come from newcomers already (against a quarter of one from a known worker): the first claims of
+        a fleet that has just started would otherwise be weighed with a crowd of a few, and hundreds
+        of its workers would go for the same rows. After n claims, all by newcomers, the estimate is
+        about 4 (n + 1)(n + 4.25); a small fleet, whose claims soon come from known workers, falls back
+        near its size (the prior weighs less as claims are seen, at most 64 of them).
         """
         known = len(self._peers) + 1
-        unseen_share = (self._claims_by_newcomers + 0.25) / (self._claims_seen + 0.5)
+        prior = NEWCOMER_PRIOR
+        unseen_share = (self._claims_by_newcomers + prior) / (self._claims_seen + prior + 0.25)
         return min(CROWD_MAX, max(known, round(known / max(1.0 - unseen_share, known / CROWD_MAX))))
 
     def _spare_choice(
-        self, view: SpreadView, spare: list[QueueEntry], streak: int, mono: float, defer: float
+        self, view: SpreadView, spare: list[QueueEntry], crowd: int, streak: int, mono: float, defer: float
     ) -> ClaimChoice:
         """A row beyond the matched ones for a worker the others do not count (or whose own row is gone):
         the spare row whose moment comes first, each row's moment being its place in the crowd's window
         (a hash of this worker and the row) from when the row became claimable, or from our last 409."""
-        window = crowd_window(self._crowd(), streak, len(spare))
+        window = crowd_window(crowd, streak, len(spare))
         floor = self._streak_at if streak else 0.0
         best: Optional[tuple[float, QueueEntry]] = None
         for row in spare:
@@ -374,7 +383,14 @@ class ClaimSpreader:
         return ClaimChoice(best[1], max(0.0, best[0] - mono), "spare")
 
     def _head_choice(
-        self, view: SpreadView, head: QueueEntry, usable: bool, rank: int, streak: int, mono: float
+        self,
+        view: SpreadView,
+        head: QueueEntry,
+        usable: bool,
+        rank: int,
+        crowd: int,
+        streak: int,
+        mono: float,
     ) -> Optional[ClaimChoice]:
         """No row of our own: the oldest row, once its matched contender has had ``rank`` steps; from
         the last step on, each worker at its own moment in the crowd's window (the crowd would otherwise
@@ -387,5 +403,5 @@ class ClaimSpreader:
         start = max(view.claimable_since(sid, mono), self._head[1])
         at = start + min(max(rank, 1), SPREAD_MAX_RANK) * SPREAD_STEP
         if rank >= SPREAD_MAX_RANK:
-            at += self._fraction(sid) * crowd_window(self._crowd(), streak, 1)
+            at += self._fraction(sid) * crowd_window(crowd, streak, 1)
         return ClaimChoice(head, max(0.0, at - mono), "head")
