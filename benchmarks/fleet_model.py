@@ -19,13 +19,16 @@ things are stood in for, because a process per session would be the whole cost a
 * the binary store: ``resolve_sha``/``ensure`` return a fixed SHA and path without downloading.
 
 Once every model process says its workers watch the queue, this (parent) process enqueues N sessions
-through the simulator's admin API (back to back, as fast as the simulator takes them; session ids and
-lengths are drawn from ``--seed`` so every run gets the same sessions). A session's length (uniform in
-``--min-duration``..``--max-duration``) starts when its stand-in remote starts; at its end the model
-process marks the session ``terminated`` through the admin API and then lets the remote exit 0, as a
-real remote exits when its session ends. The model processes send the sessions they served as they go,
-and their request counts, CPU seconds and the rest when told to stop; the parent merges them and reads
-the claim history from the simulator.
+through the simulator's admin API (back to back, as fast as the simulator takes them, or at
+``--arrival-rate`` per second, or a size's own ``@RATE``; session ids and lengths are drawn from
+``--seed`` so every run gets the same sessions). Every queue change goes to every worker's watch, so 1,000
+workers fed back to back make the machine, not the workers, set the pace on 2 cores: the default
+1,000-worker size is paced at 2 sessions per second, and the report gives each process's CPU share. A
+session's length (uniform in ``--min-duration``..``--max-duration``) starts when its stand-in remote
+starts; at its end the model process marks the session ``terminated`` through the admin API and then lets
+the remote exit 0, as a real remote exits when its session ends. The model processes send the sessions
+they served as they go, and their request counts, CPU seconds and the rest when told to stop; the parent
+merges them and reads the claim history from the simulator.
 
 Measured, per run, from the moment every worker is watching until every session has been released:
 
@@ -40,9 +43,9 @@ Measured, per run, from the moment every worker is watching until every session 
   release, or a stand-in remote started twice for one session (claim history and stand-in starts);
   claims of sessions already marked ``terminated`` (a stale copy crossing the status change) are shown
   separately, as in ``claim_latency.py``;
-* **lost**: sessions never served. A run that has not served every session after ``--run-limit``
-  seconds is cut short; its unserved sessions are then marked ``*`` (not necessarily lost: the fleet was
-  too slow), and its queue-wait figures cover the served sessions only;
+* **lost**: sessions never served. A run that has not served every session ``--run-limit`` seconds
+  after its last enqueue is cut short; its unserved sessions are then marked ``*`` (not necessarily
+  lost: the fleet was too slow), and its queue-wait figures cover the served sessions only;
 * CPU seconds of the simulator and of each model process over the measured run (also as a share of
   it), the 409s by fifth of the run (where the storms are), and warnings logged.
 
@@ -51,7 +54,7 @@ Each size runs twice when the worker has the ``claim_spread`` option (``WorkerCo
 baseline of the same run, printed side by side with their ratios. Without the option only today's
 code runs.
 
-Run: ``.venv/bin/python benchmarks/fleet_model.py [--quick] [--sizes 10:200,50:1000] [--procs P]
+Run: ``.venv/bin/python benchmarks/fleet_model.py [--quick] [--sizes 10:200,1000:1000@2] [--procs P]
 [--run-limit S] [--baseline-run-limit S] [--json FILE|-]``. ``--procs`` sets the number of model
 processes; ``--baseline-run-limit`` cuts the strict baseline short sooner than ``--run-limit`` (strict
 oldest-first at 1,000 workers can take far longer than spreading).
@@ -106,7 +109,9 @@ FIXED_SHA = "0123456789abcdef0123456789abcdef01234567"
 START_BATCH = 50
 #: The headline of issue 14 is checked at this size (workers, sessions).
 HEADLINE = (50, 1000)
-DEFAULT_SIZES = "10:200,50:1000,200:1000,1000:1000"
+#: 1,000 workers get their sessions at 2 per second: back to back, the two model processes and the
+#: simulator share 2 cores at 100 % and the figures describe the machine, not the workers.
+DEFAULT_SIZES = "10:200,50:1000,200:1000,1000:1000@2"
 #: Workers per model process when --procs is not given (one process per this many, at most the CPUs).
 WORKERS_PER_PROC = 250
 QUICK_SIZES = "10:40,50:100"
@@ -327,13 +332,18 @@ class SimAddress:
         return SimAdmin(self.url, self.admin_token, timeout=60)
 
 
-def enqueue_all(address: SimAddress, plan: Plan) -> tuple[dict[str, float], tuple[float, float]]:
-    """The driver's burst, back to back from one connection: when each request was sent, and the window."""
+def enqueue_all(
+    address: SimAddress, plan: Plan, rate: float = 0.0
+) -> tuple[dict[str, float], tuple[float, float]]:
+    """The driver's sessions from one connection, back to back (``rate`` 0) or ``rate`` per second:
+    when each request was sent, and the window."""
     sent_at: dict[str, float] = {}
     admin = address.new_admin()
     try:
         first = time.time()
-        for sid in plan.ids:
+        for number, sid in enumerate(plan.ids):
+            if rate > 0:
+                time.sleep(max(0.0, first + number / rate - time.time()))
             sent = time.time()
             admin.enqueue(address.outpost_id, session_id=sid)
             sent_at[sid] = sent
@@ -677,7 +687,13 @@ class Parts:
 
 
 def run_fleet(
-    sim: BenchSim, workers: int, plan: Plan, spread: Optional[bool], run_limit: float, procs: int
+    sim: BenchSim,
+    workers: int,
+    plan: Plan,
+    spread: Optional[bool],
+    run_limit: float,
+    procs: int,
+    arrival_rate: float = 0.0,
 ) -> dict[str, Any]:
     address = SimAddress.of(sim)
     specs = [
@@ -690,12 +706,13 @@ def run_fleet(
         boot_s = time.monotonic() - boot
         parts.tell("go")
         cpu_before = (cpu_seconds_of(address.pid), time.process_time())
-        sent_at, window = enqueue_all(address, plan)
+        measured_from = time.monotonic()  # the CPU shares are over the enqueue too (it is paced)
+        sent_at, window = enqueue_all(address, plan, arrival_rate)
         deadline = time.monotonic() + run_limit
         while len(parts.served) < len(plan.ids) and time.monotonic() < deadline:
             parts.pump(0.2)
         cpu_after = (cpu_seconds_of(address.pid), time.process_time())
-        run_s = time.monotonic() - (deadline - run_limit)
+        run_s = time.monotonic() - measured_from
         timed_out = len(parts.served) < len(plan.ids)
         parts.tell("stop")
         parts.until(lambda: len(parts.results) == len(specs), 120, "the model processes' figures")
@@ -704,6 +721,9 @@ def run_fleet(
     records = sim.admin.claims(outpost_id=sim.outpost_id)
     merged = merge(parts.results)
     result = analyse(plan, sent_at, window, merged, records, workers, timed_out)
+    result["arrival_rate"] = arrival_rate
+    if arrival_rate > 0:  # the fleet cannot serve faster than the sessions arrive
+        result["ideal_sessions_per_s"] = min(result["ideal_sessions_per_s"], arrival_rate)
     result.update(
         workers_ready_s=boot_s,
         procs=len(specs),
@@ -956,13 +976,24 @@ def without_nan(value: Any) -> Any:
 # --- main -------------------------------------------------------------------------------------------
 
 
-def parse_sizes(text: str) -> list[tuple[int, int]]:
-    sizes = []
+def parse_sizes(text: str) -> list[tuple[int, int, Optional[float]]]:
+    """``WORKERS:SESSIONS[@RATE]``, comma-separated; RATE (sessions enqueued per second) overrides
+    ``--arrival-rate`` for that size."""
+    sizes: list[tuple[int, int, Optional[float]]] = []
     for item in text.split(","):
-        workers, sep, sessions = item.strip().partition(":")
-        if not sep or not workers.isdigit() or not sessions.isdigit():
-            raise argparse.ArgumentTypeError(f"a size is WORKERS:SESSIONS, got {item!r}")
-        sizes.append((int(workers), int(sessions)))
+        size, at, rate_text = item.strip().partition("@")
+        workers, sep, sessions = size.partition(":")
+        rate: Optional[float] = None
+        if at:
+            try:
+                rate = float(rate_text)
+            except ValueError:
+                rate = -1.0
+        if not sep or not workers.isdigit() or not sessions.isdigit() or (rate is not None and rate <= 0):
+            raise argparse.ArgumentTypeError(
+                f"a size is WORKERS:SESSIONS or WORKERS:SESSIONS@RATE, got {item!r}"
+            )
+        sizes.append((int(workers), int(sessions), rate))
     return sizes
 
 
@@ -982,6 +1013,9 @@ def parse_args() -> argparse.Namespace:
                         "(900)")  # fmt: skip
     parser.add_argument("--baseline-run-limit", type=float, default=None,
                         help="--run-limit of the strict baseline (default: --run-limit)")  # fmt: skip
+    parser.add_argument("--arrival-rate", type=float, default=0.0,
+                        help="sessions enqueued per second (default 0: back to back, as fast as the "
+                        "simulator takes them)")  # fmt: skip
     parser.add_argument("--procs", type=int, default=None,
                         help=f"model processes the workers are spread over (default: one per "
                         f"{WORKERS_PER_PROC} workers, at most the CPUs)")  # fmt: skip
@@ -992,6 +1026,8 @@ def parse_args() -> argparse.Namespace:
         args.sizes = parse_sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     if args.baseline_run_limit is None:
         args.baseline_run_limit = args.run_limit
+    if args.arrival_rate < 0:
+        parser.error("--arrival-rate must be 0 (back to back) or positive")
     if args.procs is not None and args.procs < 1:
         parser.error("--procs must be at least 1")
     if not 0 < args.min_duration <= args.max_duration:
@@ -1023,21 +1059,24 @@ def main() -> int:
     def say(line: str) -> None:
         print(line, file=stream, flush=True)
 
-    raise_fd_limit(max(w for w, dummy in args.sizes))
+    raise_fd_limit(max(size[0] for size in args.sizes))
     logging.basicConfig(level=logging.WARNING, handlers=[logging.NullHandler()])  # counted, not printed
     if spread_supported():
         modes = {"both": ["spread", "strict"], "spread": ["spread"], "strict": ["strict"]}[args.mode]
     else:
         modes = ["today"]
         say("this worker has no claim_spread option: one run per size of today's claim code")
-    say(f"sessions last {args.min_duration:g}-{args.max_duration:g} s (uniform, seed {args.seed}); "
+    arrivals = f"{args.arrival_rate:g}/s" if args.arrival_rate else "back to back"
+    say(f"sessions last {args.min_duration:g}-{args.max_duration:g} s (uniform, seed {args.seed}), "
+        f"enqueued {arrivals}; "
         "simulator with default settings, a fresh database per run")  # fmt: skip
     results: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="devin-bench-fleet-") as tmpdir:
             root = Path(tmpdir)
-            for workers, sessions in args.sizes:
+            for workers, sessions, size_rate in args.sizes:
+                rate = args.arrival_rate if size_rate is None else size_rate
                 plan = Plan.draw(sessions, args.seed, args.min_duration, args.max_duration)
                 for mode in modes:
                     name = f"{workers}x{sessions}-{mode}"
@@ -1045,7 +1084,8 @@ def main() -> int:
                     spread = None if mode == "today" else mode == "spread"
                     limit = args.run_limit if mode != "strict" else args.baseline_run_limit
                     with bench_sim(root, name) as sim:
-                        part = run_fleet(sim, workers, plan, spread, limit, procs_for(args.procs, workers))
+                        procs = procs_for(args.procs, workers)
+                        part = run_fleet(sim, workers, plan, spread, limit, procs, rate)
                     part["mode"] = mode
                     results.append(part)
     except (BenchError, SimAdminError, OSError, RuntimeError) as exc:

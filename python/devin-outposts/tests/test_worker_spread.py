@@ -1,4 +1,4 @@
-"""Spreading the claims: a matching of the oldest rows to the idle workers of an outpost (core/feed.py).
+"""Spreading the claims: a matching of the oldest rows to the idle workers of an outpost (core/spread.py).
 
 Several feeds that see the same queue must agree on who claims which row, without talking to each
 other: the same view gives disjoint picks, a lone worker claims strictly oldest first, busy peers are not
@@ -13,16 +13,16 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import QueueEntry
-from devin_outposts.core.feed import (
+from devin_outposts.core.feed import QueueFeed
+from devin_outposts.core.spread import (
+    CROWD_MAX,
+    CROWD_WINDOW_CAP,
     ECHO_WAIT,
     FIRST_CLAIM_JITTER,
-    SCATTER_MAX,
-    SCATTER_PAUSE,
     SPREAD_MAX_RANK,
     SPREAD_STEP,
-    QueueFeed,
     contender_order,
-    scatter_width,
+    crowd_window,
 )
 
 
@@ -96,7 +96,8 @@ def test_more_workers_than_rows_one_claim_per_row() -> None:
         feed.replace_all(rows)
     assert sorted(immediate_picks(group)) == ["devin-a", "devin-b", "devin-c"]
     waits = [c.wait for f in group if (c := f.next_claim()) is not None]
-    assert max(waits) <= SPREAD_MAX_RANK * SPREAD_STEP  # the others wait for the head, bounded
+    # The others wait for the head, bounded: the first places a step each, the rest in the crowd's window.
+    assert max(waits) <= SPREAD_MAX_RANK * SPREAD_STEP + crowd_window(CROWD_MAX, 0, 1)
 
 
 def test_a_matched_claim_leaves_the_other_pairs_alone() -> None:
@@ -211,7 +212,13 @@ def test_a_worker_the_others_do_not_count_takes_a_row_beyond_the_matched_ones() 
         feed.replace_all(rows)
     assert not newcomer.known_to_peers
     choice = newcomer.next_claim()
-    assert choice is not None and choice.wait == 0.0  # a random row beyond the three matched ones
+    # A row beyond the three matched ones, once the matched ones have had the head's steps, at its moment
+    # in the crowd's window (shared out over the 3 spare rows).
+    window = crowd_window(CROWD_MAX, 0, 3)  # idle contenders in view: the widest window
+    assert (
+        choice is not None
+        and SPREAD_MAX_RANK * SPREAD_STEP <= choice.wait <= SPREAD_MAX_RANK * SPREAD_STEP + window
+    )
     assert choice.entry.session_id in {f"devin-{n:03d}" for n in range(3, 6)}
     assert sorted(immediate_picks(insiders)) == ["devin-000", "devin-001", "devin-002"]
 
@@ -224,9 +231,9 @@ def test_a_peer_that_gives_a_row_back_is_an_idle_contender_at_once() -> None:
     assert sorted(feed.contenders()) == ["me", "peer"]
 
 
-def test_after_a_409_the_crowd_scatters_over_spare_rows_at_random_moments() -> None:
+def test_after_a_409_the_crowd_spreads_over_the_spare_rows() -> None:
     # A fleet that starts together: nobody has seen anybody claim, so every worker takes itself for alone
-    # and goes for the oldest row; the losers must not race again for the next one.
+    # and goes for the oldest row; the losers must not race again for one row.
     rows = [entry(f"devin-{n:03d}", n) for n in range(100)]
     (strict,) = feeds(["strict"], spread=False)
     strict.replace_all(rows)
@@ -240,16 +247,42 @@ def test_after_a_409_the_crowd_scatters_over_spare_rows_at_random_moments() -> N
     choices = [c for f in crowd if (c := f.next_claim()) is not None]
     assert len(choices) == len(crowd)
     picked = {c.entry.session_id for c in choices}
-    assert "devin-000" not in picked and len(picked) > 12  # spread over the spare rows (32 at first)
-    assert all(0.0 <= c.wait <= SCATTER_PAUSE for c in choices)
-    assert len({c.wait for c in choices}) > 1  # and over time
-    again = crowd[0].next_claim()  # a plan is kept: asking again does not draw anew
+    assert "devin-000" not in picked and len(picked) > 25  # 40 workers over 99 spare rows
+    assert all(0.0 <= c.wait <= crowd_window(1, 1, 99) for c in choices)
+    again = crowd[0].next_claim()  # the choice is a hash of worker and row: asking again keeps it
     assert again is not None and again.entry.session_id == choices[0].entry.session_id
     assert again.wait <= choices[0].wait
-    widest = {scatter_width(streak, 1) for streak in range(1, 30)}
-    assert min(widest) == 32 and max(widest) == SCATTER_MAX
     choice = strict.next_claim(exclude=["devin-000"], conflicts=3)
     assert choice is not None and choice.entry.session_id == "devin-001"  # the baseline stays strict
+
+
+def test_the_crowd_window_grows_with_the_crowd_and_each_409() -> None:
+    assert crowd_window(100, 0, 1) == pytest.approx(10 * crowd_window(10, 0, 1))
+    assert crowd_window(10, 1, 1) == pytest.approx(2 * crowd_window(10, 0, 1))
+    assert crowd_window(100, 0, 10) == pytest.approx(crowd_window(10, 0, 1))  # shared out over the rows
+    assert crowd_window(1000, 30, 1) == CROWD_WINDOW_CAP
+
+
+def test_a_crowd_that_others_do_not_count_claims_a_new_row_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A hundred workers, each of which has seen the ninety-nine others claim but not its own claim (each
+    # is one the others do not count, as far as it can tell): one new row. They used to claim it all at
+    # once when the head's last step ran out; now each has its own moment in the crowd's window.
+    clock = FakeMonotonic()
+    monkeypatch.setattr(time, "monotonic", clock)
+    names = [f"crowd-{n:03d}" for n in range(100)]
+    group = feeds(names)
+    for feed in group:
+        meet([feed], [name for name in names if name != feed.acceptor_id])
+    for feed in group:
+        feed.replace_all([entry("devin-new", 1)])
+        assert not feed.known_to_peers
+    waits = sorted(c.wait for f in group if (c := f.next_claim()) is not None)
+    assert len(waits) == len(group) and waits[0] >= SPREAD_MAX_RANK * SPREAD_STEP
+    assert waits[-1] - waits[0] > 5.0  # spread over the crowd's window (the widest: idle peers in view)
+    first = waits[0]
+    assert sum(1 for wait in waits if wait - first < 0.1) <= 3  # not a storm: a few within a round trip
 
 
 def test_a_claim_of_ours_on_the_watch_ends_the_streak() -> None:
@@ -274,3 +307,22 @@ def test_a_worker_waits_for_the_watch_to_show_its_claim_given_back() -> None:
     feed.remove("done")  # given back and gone, on the watch
     choice = feed.next_claim(looking_since=time.monotonic())
     assert choice is not None and choice.wait == 0.0
+
+
+def test_the_crowd_estimate_follows_whom_the_claims_come_from() -> None:
+    # Every claim by an acceptor never seen before: a big fleet, mostly out of sight.
+    (big,) = feeds(["me"])
+    future = time.time() + 600
+    for number in range(20):
+        big.upsert(entry(f"s{number}", number, holder=f"newcomer-{number}", deadline=future))
+    assert big.spreader.crowd() > 10 * 21  # far more than the 21 acceptors it has seen
+    # Three workers whose claims keep coming from the same two peers: it stays near its size.
+    (small,) = feeds(["me"])
+    for number in range(20):
+        small.upsert(entry(f"s{number}", number, holder=f"peer-{number % 2}", deadline=future))
+        small.remove(f"s{number}")
+    assert 3 <= small.spreader.crowd() <= 4
+    # A renewal is not a claim: the same copy with a later deadline teaches nothing.
+    before = big.spreader.crowd()
+    big.upsert(entry("s0", 0, holder="newcomer-0", deadline=future + 60))
+    assert big.spreader.crowd() == before

@@ -8,7 +8,8 @@ Modules, each one concern:
 * :mod:`.claiming`: the claim loop (restart recovery, then claiming whenever a slot is free) and the
   :class:`~.claiming.SessionHost` protocol each program implements (a host may hold claims back);
   ``/healthz``'s state;
-* :mod:`.feed`: list-then-watch with reconnects and backoff, or polling; which row to claim next;
+* :mod:`.feed`: list-then-watch with reconnects and backoff, or polling; the claimable rows, oldest first;
+* :mod:`.spread`: which row this worker claims next among the outpost's idle workers (claim spreading);
 * :mod:`.pool`: the slots, the running sessions, the drain and the one wake-up event;
 * :mod:`.serving`: serving one claimed session, whatever runs it (renew, watch status, restart, release);
 * :mod:`.sessions`: what the pool, the loop and serving share about a session: its result, why a launch

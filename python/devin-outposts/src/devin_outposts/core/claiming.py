@@ -432,7 +432,12 @@ class ClaimLoop:
                     claim = await self.client.claim(sid, self.acceptor_id)
             except FleetConflict:
                 self.metrics.inc("claim_conflicts")
-                log.debug("session %s was claimed by another worker", sid, extra={"session_id": sid})
+                log.debug(
+                    "session %s was claimed by another worker (chosen as %s)",
+                    sid,
+                    choice.why,
+                    extra={"session_id": sid},
+                )
                 feed.lost_race(sid, max(2 * self.config.poll_interval, 5.0))  # set aside; we are in a crowd
                 conflicts += 1
                 await asyncio.sleep(conflict_pause(conflicts))

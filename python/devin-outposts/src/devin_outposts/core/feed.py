@@ -10,7 +10,8 @@ sessions may be claimed (docs/fleet-api.md §4 and §5):
   the last cursor, however short the stream lived; only an error backs off, 1 s, 2 s, 4 s ... up to
   :data:`FEED_BACKOFF_CAP` seconds, with jitter. Any failure but an outage (a rejected cursor, 400/422,
   a malformed event, an unexpected answer) re-lists;
-* every :data:`RESYNC_INTERVAL` seconds the watch is re-seeded by a full list, a level-based safety net;
+* every :data:`RESYNC_INTERVAL` seconds (less up to :data:`RESYNC_JITTER` of it, drawn once per feed) the
+  watch is re-seeded by a full list, a level-based safety net;
 * with ``watch=False`` the queue is re-listed every poll interval instead.
 
 Those decisions (when to list, where to resume, when to wait and how long) are the fleet API's one
@@ -24,50 +25,19 @@ runner takes them oldest first: ``created_at``, then ``session_id``, one at a ti
 in a heap (pruned lazily) and other acceptors' claims in a small map, so a queue event costs O(log n)
 instead of a sort of the whole outpost.
 
-Spreading (``spread=True``, the worker's default): when every worker of an outpost goes for the same
-oldest row, one wins and all the others get a 409, and each 409 counts against the account's rate
-limits. :meth:`QueueFeed.next_claim` therefore keeps oldest-first as the rule but shares the oldest rows
-out between the *contenders*: this worker and the other acceptors seen on the outpost (claiming a row,
-or giving one back) in the last :data:`PEER_MEMORY` seconds that hold no claim now, i.e. are probably
-idle, in one order every worker computes alike (:func:`contender_order`, a hash).
-
-* The matching: the *i*-th contender takes the *i*-th oldest claimable row, at once. A contender that
-  claims its row leaves the matching together with that row, so every other pair stays as it was, and
-  a worker one event behind still picks the same row: collisions come only from views that disagree
-  about which contenders are idle. Penalised rows still count in the positions (others do not know of
-  our penalties); a worker whose own row is penalised looks further.
-* A worker whose session ended waits (at most :data:`ECHO_WAIT` from when its slot fell free) for the
-  watch to show its claim given back: until then the others do not count it idle.
-* A worker the others do not count (:attr:`QueueFeed.known_to_peers`: its own claim not seen on the
-  watch in the last :data:`PEER_MEMORY` seconds; or it holds other claims) takes a random row among
-  the spare rows beyond the matched ones once it has seen any other acceptor.
-* After a 409 (:meth:`QueueFeed.lost_race`) the worker knows it is in a crowd its view does not show:
-  it picks a random row among the spare rows beyond the matched ones (:func:`scatter_width`) at a
-  random moment (:data:`SCATTER_PAUSE`, doubling per further 409 up to :data:`SCATTER_PAUSE_CAP`), and
-  keeps that choice until someone else takes the row. Its own claim on the watch ends the streak.
-* The head (the oldest claimable row): a worker without a row of its own takes it once the head's
-  contender has had ``min(rank, SPREAD_MAX_RANK) * SPREAD_STEP`` seconds since the row became the head
-  (rank: its place in the order; :data:`SPREAD_MAX_RANK` for a worker the others do not count).
-
-Fairness bound: when any contender is idle, the head is claimed no later than ``SPREAD_MAX_RANK *
-SPREAD_STEP`` seconds (2 s) after it became the head; rows behind it go in age order to the matched
-contenders, and only a crowd after a 409 takes spare rows out of order. With a single worker (no idle
-peer seen, no 409) the order is exactly oldest-first. A fleet that starts together knows no peer until
-each has claimed once; a worker that has seen nobody makes its first claim at a random moment within
-:data:`FIRST_CLAIM_JITTER` (the oldest row still), so that most of such a fleet sees someone claim, and
-scatters, first.
+Spreading (``spread=True``, the worker's default) is :mod:`devin_outposts.core.spread`: with it,
+:meth:`QueueFeed.next_claim` shares the oldest rows out between the outpost's idle workers instead of
+sending every one of them at the oldest row; without it, the order is exactly oldest-first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import heapq
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Collection, Iterable
-from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
 from devin_outposts.api import listwatch as listwatch_module
@@ -76,10 +46,15 @@ from devin_outposts.api.listwatch import ListWatch, Step, relist_after
 from devin_outposts.api.models import Phase, QueueEntry, WatchEvent, WatchEventType
 from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.retrying import Backoff
+from devin_outposts.core.spread import ClaimChoice, ClaimSpreader
 
 log = logging.getLogger(__name__)
 
 RESYNC_INTERVAL = 300.0
+#: Each feed lists again up to this share of RESYNC_INTERVAL sooner (drawn once): a fleet that started
+#: together would otherwise send every worker's full list in the same second, every 300 s (1,000 lists of
+#: the whole outpost at once, in the fleet model).
+RESYNC_JITTER = 0.2
 #: The longest wait between attempts to reach a failing API: an idle worker notices a recovered API
 #: within this many seconds (each attempt is one request; jitter spreads a fleet's attempts).
 FEED_BACKOFF_CAP = 5.0
@@ -88,60 +63,6 @@ FEED_BACKOFF_CAP = 5.0
 QUICK_END_PAUSE = listwatch_module.QUICK_END_PAUSE
 #: Seconds past ``claim_deadline`` before an expired claim of another worker is tried (clock skew).
 EXPIRY_SLACK = 1.0
-#: Spreading: how long a worker without a row of its own leaves the head to the head's contender, per
-#: place in the order. Long enough for that contender's claim to reach our watch (a claim round trip
-#: plus an SSE event), short enough not to matter next to a session.
-SPREAD_STEP = 0.25
-#: Places beyond this wait no longer: a head whose first few contenders are gone is claimed within 2 s.
-SPREAD_MAX_RANK = 8
-#: Seconds an acceptor seen on the outpost counts as a peer. Idle peers are only known from their past
-#: claims and releases, so a long memory keeps a quiet outpost spread; a peer that has gone away costs
-#: at most a deferral of SPREAD_STEP per place on the head while it was matched to it.
-PEER_MEMORY = 600.0
-#: A worker without a matched row scatters over the spare rows: first over four rows per acceptor it
-#: knows of (at least 32), doubling after each further 409, at most this many rows.
-SCATTER_MAX = 1024
-#: The scattered claim waits a random part of this many seconds, doubling after each further 409 up to
-#: SCATTER_PAUSE_CAP: a crowd of workers that lost the same race comes back spread out in time too.
-SCATTER_PAUSE = 0.5
-SCATTER_PAUSE_CAP = 4.0
-#: Seconds after the last 409 that a worker still counts itself in a crowd (unless it claimed since).
-STREAK_MEMORY = 30.0
-#: A worker that has seen no other acceptor on the outpost yet may be alone, or one of a fleet that
-#: started together, where every worker would go for the first row at once. Its first claim waits a
-#: random part of this many seconds (still the oldest row): the fleet's first claims come spread out,
-#: and the later ones see the winner's claim and that they are not alone. Once per start.
-FIRST_CLAIM_JITTER = 1.0
-#: A worker whose session has ended waits at most this long (from when its slot fell free) for the
-#: watch to show its claim given back, i.e. for the others to count it idle, before claiming its row.
-ECHO_WAIT = 1.0
-
-
-def rendezvous_score(acceptor_id: str, session_id: str) -> int:
-    """A stable pseudo-random score of ``(acceptor, session)``: the same on every worker and platform."""
-    digest = hashlib.blake2b(f"{acceptor_id}\0{session_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
-
-
-def contender_order(acceptor_id: str, outpost_id: str) -> int:
-    """Where an acceptor stands among an outpost's idle contenders: the same on every worker. A hash
-    rather than the name, so that no naming scheme puts one site's workers always first."""
-    return rendezvous_score(acceptor_id, outpost_id)
-
-
-def scatter_width(streak: int, acceptors: int) -> int:
-    """How many spare rows a worker without a matched row chooses among (0 before any 409)."""
-    if streak <= 0:
-        return 0
-    return min(max(32, 4 * acceptors) << min(streak - 1, 16), SCATTER_MAX)
-
-
-@dataclass(frozen=True)
-class ClaimChoice:
-    """The row to claim next, and how many seconds to wait before claiming it (0: now)."""
-
-    entry: QueueEntry
-    wait: float
 
 
 class QueueSource(Protocol):
@@ -198,7 +119,8 @@ class QueueFeed:
         self.poll_interval = poll_interval
         self.backoff = Backoff(cap=min(backoff_max, FEED_BACKOFF_CAP))
         #: When to list, where to watch from, how long to wait (``api/listwatch.py``).
-        self.listwatch = ListWatch(self.backoff.delay, resync_interval=RESYNC_INTERVAL)
+        resync = RESYNC_INTERVAL * (1.0 - random.uniform(0.0, RESYNC_JITTER))  # noqa: S311 (spreading load)
+        self.listwatch = ListWatch(self.backoff.delay, resync_interval=resync)
         self.metrics = metrics or Metrics()
         self.on_update = on_update
         self.clock = clock
@@ -215,55 +137,24 @@ class QueueFeed:
         #: session_id -> when another acceptor's claim of it expires.
         self._foreign: dict[str, float] = {}
         self.spread = spread
-        #: Other acceptors seen holding a claim on this outpost -> when (monotonic), most recent last.
-        self._peers: dict[str, float] = {}
+        #: Whom this worker has seen on the outpost, and which row it should claim (core/spread.py).
+        self.spreader = ClaimSpreader(acceptor_id, outpost_id)
         #: session_id -> when (monotonic) it became claimable in our view: a deferral counts from there.
         self._claimable_since: dict[str, float] = {}
-        #: The oldest claimable row in our view and when (monotonic) it became the oldest.
-        self._head: tuple[str, float] = ("", 0.0)
-        self._order_keys: dict[str, int] = {}
-        #: When (monotonic) the watch last showed a claim of ours: the other workers count us from then.
-        self._seen_self: Optional[float] = None
-        #: 409s in a row (lost_race) and when the last came; a claim of ours on the watch resets it.
-        self._streak = 0
-        self._streak_at = 0.0
-        #: Our claims as the watch shows them (the others judge us busy by these, not by our pool).
-        self._ours_on_watch: set[str] = set()
-        #: A scattered choice (session_id, when to claim it), kept until it is taken or gone.
-        self._plan: Optional[tuple[str, float]] = None
-        #: When (monotonic) a worker that saw nobody else may make its first claim (FIRST_CLAIM_JITTER);
-        #: None until drawn, 0.0 once it has claimed, lost a race or met a peer before drawing.
-        self._first_claim_at: Optional[float] = None
 
     # --- the picture ------------------------------------------------------------------------------
 
     def upsert(self, entry: QueueEntry) -> None:
         sid = entry.session_id
         holder = entry.status.acceptor_id
-        previous = self.entries.get(sid)
-        if previous is not None and previous.status.phase == Phase.CLAIMED:
-            # A peer that gives a row back (its session ended, or a release) is idle now: seen as such
-            # at once, not only at its next claim, so that workers learn each other after one session.
-            was = previous.status.acceptor_id
-            if was and was != self.acceptor_id and was != holder:
-                self._see_peer(was)
+        if self.spreader.observe(self.entries.get(sid), entry):
+            self.on_change()  # the others now count us idle too: our matched row is ours to claim
         if entry.is_finished and holder != self.acceptor_id:
             # Never claimable again unless the server says otherwise (a resume is a new event): an ended
             # row is not kept, or the picture grows with every session the outpost ever served.
             self.entries.pop(sid, None)
         else:
             self.entries[sid] = entry
-        if entry.status.phase == Phase.CLAIMED and holder == self.acceptor_id:
-            self._seen_self = time.monotonic()  # the others see it too: they count us as a contender
-            self._streak = 0
-            self._first_claim_at = 0.0
-        if entry.status.phase == Phase.CLAIMED and holder == self.acceptor_id and not entry.is_finished:
-            self._ours_on_watch.add(sid)
-        elif sid in self._ours_on_watch:
-            self._ours_on_watch.discard(sid)
-            self.on_change()  # the others now count us idle too: our matched row is ours to claim
-        if entry.status.phase == Phase.CLAIMED and holder and holder != self.acceptor_id:
-            self._see_peer(holder)
         if entry.status.phase == Phase.PENDING and not entry.is_finished:
             self._claimable_since.setdefault(sid, time.monotonic())
         else:
@@ -283,11 +174,6 @@ class QueueFeed:
         if self.claimable(entry) or expiry is not None:
             self.on_change()
 
-    def _see_peer(self, acceptor_id: str) -> None:
-        self._order(acceptor_id)
-        self._peers.pop(acceptor_id, None)  # re-insert: the dict stays ordered by when we last saw them
-        self._peers[acceptor_id] = time.monotonic()
-
     def _compact(self) -> None:
         """Rebuild the heap from the rows pending now (amortised O(1) per push).
 
@@ -304,8 +190,7 @@ class QueueFeed:
 
     def remove(self, session_id: str) -> None:
         self.discard(session_id)
-        if session_id in self._ours_on_watch:
-            self._ours_on_watch.discard(session_id)
+        if self.spreader.forget(session_id):
             self.on_change()
         if self.on_update:
             self.on_update(session_id, None)
@@ -366,7 +251,7 @@ class QueueFeed:
             if until <= mono:
                 del self._penalties[sid]
 
-    def _blocked(self, session_id: str, exclude: Collection[str], mono: float) -> bool:
+    def blocked(self, session_id: str, exclude: Collection[str], mono: float) -> bool:
         until = self._penalties.get(session_id)
         if until is not None and until <= mono:
             del self._penalties[session_id]
@@ -379,10 +264,10 @@ class QueueFeed:
         Called again before every claim attempt, so a row another worker claimed, or that ended, while
         an earlier attempt was in flight is never tried on an old copy.
         """
-        window = self._oldest(1, exclude)
+        window = self.oldest(1, exclude)
         return window[0] if window else None
 
-    def _oldest(self, count: int, exclude: Collection[str], *, skip_blocked: bool = True) -> list[QueueEntry]:
+    def oldest(self, count: int, exclude: Collection[str], *, skip_blocked: bool = True) -> list[QueueEntry]:
         """Up to ``count`` claimable rows, oldest first, skipping ``exclude`` and penalised rows (or not:
         the matching counts rows as every worker sees them, whatever this one has set aside)."""
         now, mono = self.clock(), time.monotonic()
@@ -396,153 +281,70 @@ class QueueFeed:
                 self._in_heap.discard(sid)
                 continue
             stepped_over.append(item)
-            if not skip_blocked or not self._blocked(sid, exclude, mono):  # not ours, not cooling down
+            if not skip_blocked or not self.blocked(sid, exclude, mono):  # not ours, not cooling down
                 found.append(current)
         for item in stepped_over:
             heapq.heappush(self._pending, item)
         expired = [
             self.entries[sid]
             for sid, expiry in self._foreign.items()
-            if expiry <= now and (not skip_blocked or not self._blocked(sid, exclude, mono))
+            if expiry <= now and (not skip_blocked or not self.blocked(sid, exclude, mono))
         ]
         expired = [e for e in expired if self.claimable(e, now)]
         if expired:
             found = oldest_first(found + expired)[:count]
         return found
 
-    def _idle_peers(self) -> list[str]:
-        """The peers seen on the outpost in the last :data:`PEER_MEMORY` seconds that hold no claim now."""
-        mono = time.monotonic()
-        for peer, seen in list(self._peers.items()):  # oldest first: stop at the first one to keep
-            if mono - seen <= PEER_MEMORY:
-                break
-            del self._peers[peer]
+    def busy_acceptors(self) -> set[str]:
+        """The other acceptors whose claims on the outpost have not expired."""
         now = self.clock()
-        busy = {self.entries[sid].status.acceptor_id for sid, expiry in self._foreign.items() if expiry > now}
-        return [peer for peer in self._peers if peer not in busy]
+        return {
+            self.entries[sid].status.acceptor_id or ""
+            for sid, expiry in self._foreign.items()
+            if expiry > now
+        }
+
+    def claimable_since(self, session_id: str, mono: float) -> float:
+        """When (monotonic) ``session_id`` became claimable in our view (an expired claim of another
+        worker: when it expired)."""
+        since = self._claimable_since.get(session_id)
+        if since is not None:
+            return since
+        expiry = self._foreign.get(session_id)
+        return mono - max(0.0, self.clock() - expiry) if expiry is not None else mono
+
+    # --- spreading (core/spread.py) ----------------------------------------------------------------
 
     def contenders(self) -> list[str]:
-        """The acceptors that may claim a row now: this one and the peers that are probably idle, in the
-        order every worker ranks them (:func:`contender_order`)."""
-        idle = sorted(self._idle_peers(), key=self._order)
-        return [self.acceptor_id, *idle]
-
-    def _order(self, acceptor_id: str) -> int:
-        key = self._order_keys.get(acceptor_id)
-        if key is None:
-            key = self._order_keys[acceptor_id] = contender_order(acceptor_id, self.outpost_id)
-        return key
+        """This worker and the peers that are probably idle, in the order every worker ranks them."""
+        return self.spreader.contenders(self.busy_acceptors())
 
     @property
     def known_to_peers(self) -> bool:
         """Whether the other workers have seen this one claim lately (they count it as a contender)."""
-        return self._seen_self is not None and time.monotonic() - self._seen_self <= PEER_MEMORY
+        return self.spreader.known_to_peers
 
     def lost_race(self, session_id: str, seconds: float) -> None:
         """Our claim of ``session_id`` got a 409: set the row aside and remember that we are in a crowd."""
         self.penalize(session_id, seconds)
-        self._streak += 1
-        self._streak_at = time.monotonic()
-        self._plan = None
-        self._first_claim_at = 0.0
+        self.spreader.lost_race()
 
     def streak(self) -> int:
-        """409s in a row lately (reset by a claim of ours on the watch, forgotten after STREAK_MEMORY)."""
-        if self._streak and time.monotonic() - self._streak_at > STREAK_MEMORY:
-            self._streak = 0
-        return self._streak
+        """409s in a row lately (reset by a claim of ours on the watch)."""
+        return self.spreader.streak()
 
     def next_claim(
         self, exclude: Collection[str] = (), *, looking_since: Optional[float] = None, conflicts: int = 0
     ) -> Optional[ClaimChoice]:
         """The row this worker should claim next and when (None when nothing is claimable).
 
-        Without spreading it is :meth:`next_candidate`, at once; so it is with spreading while no idle
-        peer is known and no claim of ours lost a race (a lone worker: strictly oldest first). Else the
-        module docstring's matching decides. ``conflicts`` is how many 409s in a row the caller has just
-        had (the feed also counts them, :meth:`lost_race`); ``looking_since`` is when the caller's slot
-        fell free (``time.monotonic()``; None: now), from which the wait for our release's echo counts.
+        Without spreading it is :meth:`next_candidate`, at once; with it, :meth:`ClaimSpreader.choose`
+        decides (core/spread.py), which is the same while this worker is alone.
         """
         if not self.spread:
             first = self.next_candidate(exclude)
             return ClaimChoice(first, 0.0) if first is not None else None
-        streak = max(conflicts, self.streak())
-        idle = self._idle_peers()
-        if not idle and not streak and (not self._peers or self.known_to_peers):
-            # Alone (nobody seen), or known to peers that are all busy: strictly the oldest row. A worker
-            # that sees others claim but has never been seen itself is one of a crowd (a fleet that
-            # started together): it takes a spare row at random below.
-            self._plan = None
-            first = self.next_candidate(exclude)
-            return ClaimChoice(first, self._first_claim_wait()) if first is not None else None
-        mono = time.monotonic()
-        # The others count us among the idle contenders once the watch shows none of our claims; a
-        # claim we still hold (a worker with several slots) keeps us busy in their eyes.
-        known = self.known_to_peers and not (self._ours_on_watch & set(exclude))
-        insiders = len(idle) + (1 if known else 0)
-        width = scatter_width(max(1, streak), len(self._peers) + 1)
-        rows = self._oldest(insiders + width, exclude, skip_blocked=False)
-        if not rows:
-            self._plan = None
-            return None
-        usable = [not self._blocked(row.session_id, exclude, mono) for row in rows]
-        rank = SPREAD_MAX_RANK
-        if known:
-            mine = self._order(self.acceptor_id)
-            keys = self._order_keys  # every peer's key was computed when it was first seen
-            rank = sum(1 for peer in idle if keys[peer] < mine)
-            if rank < len(rows) and usable[rank]:
-                self._plan = None
-                # The row matched to us, nobody else's; but until the watch shows that our last claim
-                # was given back, the others do not count us, and one of them would pick the same row.
-                looking = mono if looking_since is None else min(looking_since, mono)
-                echo = looking + ECHO_WAIT - mono if self._ours_on_watch - set(exclude) else 0.0
-                return ClaimChoice(rows[rank], max(0.0, echo))
-        spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok][:width]
-        if spare:
-            return self._scattered(spare, streak, mono)
-        return self._head_choice(rows[0], usable[0], rank, mono)
-
-    def _first_claim_wait(self) -> float:
-        """Seconds before a worker that has seen nobody else makes its first claim (0 afterwards)."""
-        mono = time.monotonic()
-        if self._first_claim_at is None:
-            if not self.spread or self._peers or self._seen_self is not None:
-                self._first_claim_at = 0.0  # not a fleet's first moment: it knows who is there
-            else:
-                self._first_claim_at = mono + random.uniform(0.0, FIRST_CLAIM_JITTER)  # noqa: S311
-        return max(0.0, self._first_claim_at - mono)
-
-    def _scattered(self, spare: list[QueueEntry], streak: int, mono: float) -> ClaimChoice:
-        """A row beyond the matched ones for a worker the others do not count (or whose own row is
-        gone): after a 409, a random one among ``spare`` at a random moment, kept until it is taken."""
-        if self._plan is not None:
-            sid, at = self._plan
-            for row in spare:
-                if row.session_id == sid:
-                    return ClaimChoice(row, max(0.0, at - mono))
-        # S311: spreading load, not a secret.
-        row = random.choice(spare)  # noqa: S311
-        if not streak:  # other workers the rest do not count may be looking too: a random spare row
-            self._plan = None
-            return ClaimChoice(row, 0.0)
-        pause = random.uniform(0.0, min(SCATTER_PAUSE * 2.0 ** (streak - 1), SCATTER_PAUSE_CAP))  # noqa: S311
-        self._plan = (row.session_id, mono + pause)
-        return ClaimChoice(row, pause)
-
-    def _head_choice(self, head: QueueEntry, usable: bool, rank: int, mono: float) -> Optional[ClaimChoice]:
-        """No row of our own: the oldest row, once its matched contender has had ``rank`` steps."""
-        if not usable:
-            return None
-        sid = head.session_id
-        if self._head[0] != sid:
-            self._head = (sid, mono)
-        since = self._claimable_since.get(sid)
-        if since is None:  # another worker's expired claim: claimable since it expired
-            expiry = self._foreign.get(sid)
-            since = mono - max(0.0, self.clock() - expiry) if expiry is not None else mono
-        start = max(since, self._head[1])
-        return ClaimChoice(head, max(0.0, start + min(max(rank, 1), SPREAD_MAX_RANK) * SPREAD_STEP - mono))
+        return self.spreader.choose(self, exclude, looking_since=looking_since, conflicts=conflicts)
 
     def candidates(self, exclude: Iterable[str] = ()) -> list[QueueEntry]:
         """Every claimable row, sorted: a full view for inspection (the claim loop uses next_candidate)."""
