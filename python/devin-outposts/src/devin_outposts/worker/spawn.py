@@ -7,8 +7,10 @@ TZ`` when present (plus the Windows system variables on Windows). Nothing else, 
 whatever else sits in the worker's environment never reaches the agent's shell. The connect token is
 passed in the environment only, never in argv.
 
-The remote runs in its own process group (POSIX) so that stopping it (SIGTERM, then SIGKILL after a
-grace period) also stops the shells and tools it started. Its pid and start time are written to
+The remote runs in its own process group so that stopping it (SIGTERM, then SIGKILL after a grace
+period; on Windows Ctrl-Break through a helper attached to the remote's own hidden console, then
+TerminateProcess: :meth:`~devin_outposts.core.platform.HostPlatform.request_stop`) also stops the shells
+and tools it started. Its pid and start time are written to
 ``<state>/remote.pid`` (:mod:`devin_outposts.core.processes`) so that a worker restarted after ``kill -9``
 can stop a remote its predecessor left behind before it starts a new one for the same session.
 
@@ -215,17 +217,32 @@ class RemoteProcess:
         platform.current().signal_group(self.proc, self.pid, kill=kill)
 
     async def stop(self, grace: float) -> int:
-        """SIGTERM the process group, SIGKILL it after ``grace`` seconds; returns the exit code."""
+        """Ask the remote's group to stop (SIGTERM; Ctrl-Break on Windows), kill it (SIGKILL;
+        TerminateProcess) when it has not exited ``grace`` seconds later; returns the exit code. A request
+        that fails, whatever the error, is logged and leaves the forced stop to come after the grace."""
         if self.proc.returncode is None:
             self._stopping = True
-            self._signal_group(kill=False)
+            await self._request_stop()
             try:
                 await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace)
             except asyncio.TimeoutError:
                 log.warning(
-                    "devin-remote did not exit %.0fs after SIGTERM; killing it",
+                    "devin-remote did not exit %.0fs after it was asked to stop; killing it",
                     grace,
                     extra={"session_id": self.session_id, "pid": self.pid},
                 )
                 self._signal_group(kill=True)
         return await self.wait()
+
+    async def _request_stop(self) -> None:
+        try:
+            await platform.current().request_stop(self.proc, self.pid)
+        except Exception as exc:  # whatever it is, the forced stop and the release must follow
+            log.warning(
+                "could not ask devin-remote pid %d to stop (%s: %s); it will be killed after the stop grace "
+                "period",
+                self.pid,
+                type(exc).__name__,
+                exc,
+                extra={"session_id": self.session_id, "pid": self.pid},
+            )
