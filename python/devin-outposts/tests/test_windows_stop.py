@@ -5,10 +5,9 @@ claim: a service has no console, so ``os.kill(pid, CTRL_BREAK_EVENT)`` failed in
 ``GenerateConsoleCtrlEvent``, CPython raised ``SystemError`` (not ``OSError``) and fell through to
 ``TerminateProcess``. Checked here, on Linux:
 
-* the Windows platform gives the remote a hidden console and a process group of its own, asks it to stop
-  through the Ctrl-Break helper (:mod:`devin_outposts.core.platform.console_break`, run with a fake
-  ``kernel32``, and for real as a file in isolated mode), never signals from the worker, and logs a
-  failed request once;
+* the Windows platform gives the remote a hidden console of its own, asks it to stop through the Ctrl-C
+  helper (:mod:`devin_outposts.core.platform.console_stop`, run with a fake ``kernel32``, and for real as
+  a file in isolated mode), never signals from the worker, and logs a failed request once;
 * :meth:`RemoteProcess.stop` survives any error of the request, and kills only after the grace;
 * the real worker, drained against the fleet simulator with a live session, releases the claim when the
   request raises ``SystemError`` (what CPython does under a service) and when the whole stop raises.
@@ -31,7 +30,7 @@ import pytest
 from test_worker_faults import in_process, make_config, until
 
 from devin_outposts.core import platform
-from devin_outposts.core.platform import console_break
+from devin_outposts.core.platform import console_stop
 from devin_outposts.worker import spawn
 from devin_outposts.worker.runner import Worker
 from devin_outposts_sim.testing import run_sim
@@ -77,9 +76,9 @@ def windows(helper: Helper) -> platform.Windows:
 # --- the platform --------------------------------------------------------------------------------------
 
 
-def test_the_remote_gets_a_hidden_console_and_a_process_group_of_its_own() -> None:
+def test_the_remote_gets_a_hidden_console_of_its_own_and_no_process_group() -> None:
     options = windows(Helper()).process_group_options()
-    assert options["creationflags"] == 0x10 | 0x200  # CREATE_NEW_CONSOLE | CREATE_NEW_PROCESS_GROUP
+    assert options["creationflags"] == 0x10  # CREATE_NEW_CONSOLE; a new group would turn Ctrl-C off
     assert options["startupinfo"].dwFlags == 0x1  # STARTF_USESHOWWINDOW
     assert options["startupinfo"].wShowWindow == 0  # SW_HIDE
 
@@ -91,7 +90,7 @@ def test_a_stop_request_goes_through_the_console_helper_and_never_signals_from_t
     python, isolated, script, pid = helper.argvs[0]
     assert (isolated, pid) == ("-I", "4242")
     assert Path(python).name.startswith("python")
-    assert Path(script) == Path(console_break.__file__) and Path(script).is_file()
+    assert Path(script) == Path(console_stop.__file__) and Path(script).is_file()
     assert proc.killed == 0  # the graceful half never terminates
 
 
@@ -99,8 +98,8 @@ def test_a_stop_request_goes_through_the_console_helper_and_never_signals_from_t
     ("answer", "detail"),
     [
         (
-            (3, "AttachConsole(4242) failed with Windows error 6"),
-            "AttachConsole(4242) failed with Windows error 6",
+            (3, "AttachConsole(4242) failed with Windows error 31"),
+            "AttachConsole(4242) failed with Windows error 31",
         ),
         ((4, ""), "the helper exited with 4"),
         (OSError(2, "No such file or directory"), "the helper could not be started"),
@@ -114,7 +113,8 @@ def test_a_failed_stop_request_is_logged_once_and_reported(
         assert asyncio.run(windows(Helper(answer)).request_stop(NoConsoleProc(), 4242)) is False
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "could not send Ctrl-Break to devin-remote pid 4242" in warnings[0] and detail in warnings[0]
+    assert "could not send Ctrl-C to the console of devin-remote pid 4242" in warnings[0]
+    assert detail in warnings[0]
     assert "terminated after the stop grace period" in warnings[0]
 
 
@@ -149,19 +149,23 @@ class Kernel32:
     def AttachConsole(self, pid: int) -> int:
         return self._call("AttachConsole", pid)
 
+    def SetConsoleCtrlHandler(self, routine: Any, add: bool) -> int:
+        return self._call("SetConsoleCtrlHandler", routine, add)
+
     def GenerateConsoleCtrlEvent(self, event: int, group: int) -> int:
         return self._call("GenerateConsoleCtrlEvent", event, group)
 
 
-def test_the_helper_attaches_to_the_remotes_console_and_breaks_its_group(
+def test_the_helper_attaches_to_the_remotes_console_and_sends_ctrl_c_to_all_of_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     kernel32 = Kernel32()
-    assert console_break.main(["4242"], kernel32, lambda: 0) == console_break.SENT
+    assert console_stop.main(["4242"], kernel32, lambda: 0) == console_stop.SENT
     assert kernel32.calls == [
         ("FreeConsole",),
         ("AttachConsole", 4242),
-        ("GenerateConsoleCtrlEvent", 1, 4242),  # CTRL_BREAK_EVENT to the group the remote leads
+        ("SetConsoleCtrlHandler", None, True),  # the helper itself ignores the Ctrl-C it sends
+        ("GenerateConsoleCtrlEvent", 0, 0),  # CTRL_C_EVENT to every process on the console
         ("FreeConsole",),
     ]
     assert capsys.readouterr().err == ""
@@ -170,11 +174,11 @@ def test_the_helper_attaches_to_the_remotes_console_and_breaks_its_group(
 @pytest.mark.parametrize(
     ("failing", "code", "message"),
     [
-        ("AttachConsole", console_break.ATTACH_FAILED, "AttachConsole(4242) failed with Windows error 5"),
+        ("AttachConsole", console_stop.ATTACH_FAILED, "AttachConsole(4242) failed with Windows error 5"),
         (
             "GenerateConsoleCtrlEvent",
-            console_break.SEND_FAILED,
-            "GenerateConsoleCtrlEvent(CTRL_BREAK_EVENT, 4242) failed with Windows error 5",
+            console_stop.SEND_FAILED,
+            "GenerateConsoleCtrlEvent(CTRL_C_EVENT) on the console of 4242 failed with Windows error 5",
         ),
     ],
 )
@@ -182,7 +186,7 @@ def test_the_helper_names_the_call_that_failed(
     capsys: pytest.CaptureFixture[str], failing: str, code: int, message: str
 ) -> None:
     kernel32 = Kernel32(failing)
-    assert console_break.main(["4242"], kernel32, lambda: 5) == code
+    assert console_stop.main(["4242"], kernel32, lambda: 5) == code
     assert capsys.readouterr().err.strip() == message
     if failing == "GenerateConsoleCtrlEvent":
         assert kernel32.calls[-1] == ("FreeConsole",)  # detached again
@@ -191,16 +195,16 @@ def test_the_helper_names_the_call_that_failed(
 @pytest.mark.parametrize("argv", [[], ["0"], ["-5"], ["12x"], ["1", "2"]])
 def test_the_helper_refuses_anything_but_one_pid(argv: list[str]) -> None:
     kernel32 = Kernel32()
-    assert console_break.main(argv, kernel32, lambda: 0) == console_break.USAGE
+    assert console_stop.main(argv, kernel32, lambda: 0) == console_stop.USAGE
     assert kernel32.calls == []
 
 
 def test_the_helper_runs_by_path_in_isolated_mode_with_the_standard_library_only() -> None:
     # The way the worker runs it (off Windows it can only say so): no import of this package is needed.
     done = subprocess.run(
-        [sys.executable, "-I", console_break.__file__, "4242"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-I", console_stop.__file__, "4242"], capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == console_break.USAGE
+    assert done.returncode == console_stop.USAGE
     assert "can only be sent on Windows" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -244,7 +248,7 @@ class Requests(platform.Windows):
         self.proc.events.append("request")
         if self.fails is not None:
             raise self.fails
-        self.proc.exit(149)  # the stand-in's answer to Ctrl-Break
+        self.proc.exit(130)  # the stand-in's answer to Ctrl-C (SIGINT)
         return True
 
 
@@ -275,8 +279,8 @@ def test_a_stop_request_that_raises_is_logged_once_and_the_kill_comes_after_the_
 def test_a_remote_that_honours_the_request_is_never_killed_while_running(tmp_path: Path) -> None:
     proc = FakeProcess()
     # A grace far beyond the test: the stop returns because the remote exited, not because time ran out.
-    assert stop_remote(tmp_path, Requests(proc), grace=300.0) == 149
-    assert proc.events == ["request", "exit 149", "kill after exit"]  # the last one: leftovers only
+    assert stop_remote(tmp_path, Requests(proc), grace=300.0) == 130
+    assert proc.events == ["request", "exit 130", "kill after exit"]  # the last one: leftovers only
 
 
 # --- the real worker, drained with a live session ------------------------------------------------------

@@ -27,7 +27,7 @@ process's environment without the connect token.
 Exit codes: 0 the session ended (suspended or terminated); 1 an unexpected error; 2 usage (a missing
 variable, a wrong argument); 3 the gateway rejected the connect token (401/403); 4 the gateway stayed
 unreachable (connection errors, 5xx) for the retry window; 5 a newer connection of the session took
-over; 143 SIGTERM, 130 SIGINT and, on Windows, 149 SIGBREAK (Ctrl-Break): a running command is killed first.
+over; 143 SIGTERM and 130 SIGINT (a running command is killed first).
 """
 
 from __future__ import annotations
@@ -57,13 +57,10 @@ DEFAULT_TIMEOUT = 60.0
 CLONE_TIMEOUT = 300.0
 REPO_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
 PROG = "devin-remote"
-#: What stops the stand-in gracefully. SIGBREAK (Windows only) is Ctrl-Break, which the worker sends a
-#: Windows remote's process group on the remote's own console (docs/windows-worker.md, "Signals").
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGBREAK")
 
 
 class Stop(BaseException):
-    """SIGTERM, SIGINT or SIGBREAK arrived: unwind (killing a running command) and exit ``128 + signum``."""
+    """SIGTERM or SIGINT arrived: unwind (killing a running command) and exit ``128 + signum``."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -552,9 +549,8 @@ def main(argv: list[str]) -> int:
             return 0
         say("usage: devin-remote serve   (or: devin-remote version)", error=True)
         return EXIT_USAGE
-    for name in STOP_SIGNALS:
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     try:
         return serve()
     except Fatal as exc:

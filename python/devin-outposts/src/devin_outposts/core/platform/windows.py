@@ -76,14 +76,13 @@ _VERBATIM = "\\\\?\\"
 
 # Process creation (winbase.h), so that the options are built and tested without the Windows API.
 CREATE_NEW_CONSOLE = 0x00000010
-CREATE_NEW_PROCESS_GROUP = 0x00000200
 DETACHED_PROCESS = 0x00000008
 STARTF_USESHOWWINDOW = 0x00000001
 SW_HIDE = 0
-#: Seconds the Ctrl-Break helper (:mod:`.console_break`) may take; a Python start-up, slower under Wine.
-CONSOLE_BREAK_TIMEOUT = 20.0
+#: Seconds the Ctrl-C helper (:mod:`.console_stop`) may take: a Python start-up, slower under Wine.
+CONSOLE_STOP_TIMEOUT = 20.0
 
-#: Runs the Ctrl-Break helper's command line: (exit code, its stderr).
+#: Runs the Ctrl-C helper's command line: (exit code, its last stderr line).
 ConsoleHelper = Callable[[list[str]], Awaitable[tuple[int, str]]]
 
 
@@ -94,19 +93,19 @@ def hidden_console_startupinfo() -> Any:
     return startupinfo(dwFlags=STARTF_USESHOWWINDOW, wShowWindow=SW_HIDE)
 
 
-def console_break_argv(pid: int) -> list[str]:
+def console_stop_argv(pid: int) -> list[str]:
     """The helper's command line: the base interpreter (a venv's ``python.exe`` is a launcher that
-    would start it as a child of its own) running :mod:`.console_break` by path, isolated."""
-    from devin_outposts.core.platform import console_break
+    would start it as a child of its own) running :mod:`.console_stop` by path, isolated."""
+    from devin_outposts.core.platform import console_stop
 
     python = getattr(sys, "_base_executable", None) or sys.executable
-    return [python, "-I", str(Path(console_break.__file__)), str(pid)]
+    return [python, "-I", str(Path(console_stop.__file__)), str(pid)]
 
 
 async def run_console_helper(argv: list[str]) -> tuple[int, str]:
-    """Run the Ctrl-Break helper without a console (``DETACHED_PROCESS``, so that it may attach to the
+    """Run the Ctrl-C helper without a console (``DETACHED_PROCESS``, so that it may attach to the
     remote's); its exit code and last stderr line. ``asyncio.TimeoutError`` after
-    :data:`CONSOLE_BREAK_TIMEOUT` (the helper is killed)."""
+    :data:`CONSOLE_STOP_TIMEOUT` (the helper is killed)."""
     helper = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
@@ -115,7 +114,7 @@ async def run_console_helper(argv: list[str]) -> tuple[int, str]:
         creationflags=DETACHED_PROCESS,
     )
     try:
-        dummy, err = await asyncio.wait_for(helper.communicate(), CONSOLE_BREAK_TIMEOUT)
+        dummy, err = await asyncio.wait_for(helper.communicate(), CONSOLE_STOP_TIMEOUT)
     except asyncio.TimeoutError:
         with contextlib.suppress(ProcessLookupError, OSError):
             helper.kill()
@@ -248,7 +247,7 @@ class Windows(HostPlatform):
     """Windows Server and desktop Windows (never run on Windows here: docs/windows-worker.md).
 
     ``msvcrt_module``, ``machine_env`` and ``console_helper`` stand in for the real ``msvcrt`` module,
-    the registry's system environment and the Ctrl-Break helper's process in tests on Linux.
+    the registry's system environment and the Ctrl-C helper's process in tests on Linux.
     """
 
     windows = True
@@ -278,33 +277,30 @@ class Windows(HostPlatform):
         return Path(windows_state_path(text, headroom=WINDOWS_WORKDIR_HEADROOM, verbatim=False))
 
     def process_group_options(self) -> dict[str, Any]:
-        # A hidden console of its own (so that the Ctrl-Break helper can attach to it and reach the
-        # remote even from a service, which has no console) and a process group of its own (so that the
-        # event reaches the remote and what it starts, and not the other remotes).
-        return {
-            "creationflags": CREATE_NEW_CONSOLE | CREATE_NEW_PROCESS_GROUP,
-            "startupinfo": hidden_console_startupinfo(),
-        }
+        # A hidden console of its own: the Ctrl-C helper attaches to it and reaches the remote and what it
+        # started (the whole console), even from a service, which has no console to share with the remote.
+        # No CREATE_NEW_PROCESS_GROUP: it would turn Ctrl-C off in the remote (see console_stop.py).
+        return {"creationflags": CREATE_NEW_CONSOLE, "startupinfo": hidden_console_startupinfo()}
 
     def gated_argv(self, argv: list[str]) -> Optional[list[str]]:
         return None  # no shell to exec from, and no orphan is ever killed here (kill_orphan_group)
 
     async def request_stop(self, proc: Any, pid: int) -> bool:
-        """Ctrl-Break to the remote's process group, through the helper attached to its console
-        (:mod:`.console_break`). Never ``os.kill``: without a shared console CPython raises
+        """Ctrl-C to the remote's own console, through the helper attached to it
+        (:mod:`.console_stop`). Never ``os.kill``: without a shared console CPython raises
         ``SystemError`` and terminates the remote at once. A failure is logged, once, and the caller
         terminates the remote after the grace period."""
         try:
-            code, detail = await self._console_helper(console_break_argv(pid))
+            code, detail = await self._console_helper(console_stop_argv(pid))
         except asyncio.TimeoutError:
-            code, detail = -1, f"the helper did not finish in {CONSOLE_BREAK_TIMEOUT:.0f}s"
+            code, detail = -1, f"the helper did not finish in {CONSOLE_STOP_TIMEOUT:.0f}s"
         except OSError as exc:
             code, detail = -1, f"the helper could not be started: {exc}"
         if code == 0:
             return True
         log.warning(
-            "could not send Ctrl-Break to devin-remote pid %d (%s); it will be terminated after the stop "
-            "grace period",
+            "could not send Ctrl-C to the console of devin-remote pid %d (%s); it will be terminated after "
+            "the stop grace period",
             pid,
             detail or f"the helper exited with {code}",
             extra={"pid": pid},
