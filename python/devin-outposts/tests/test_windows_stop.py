@@ -42,7 +42,7 @@ NO_CONSOLE = SystemError("<built-in function kill> returned NULL without setting
 
 
 class Helper:
-    """Stands in for the Ctrl-Break helper's process: records each command line, answers ``answer``."""
+    """Stands in for the Ctrl-C helper's process: records each command line, answers ``answer``."""
 
     def __init__(self, answer: Any = (0, "")) -> None:
         self.answer = answer

@@ -8,7 +8,7 @@ whatever else sits in the worker's environment never reaches the agent's shell. 
 passed in the environment only, never in argv.
 
 The remote runs in its own process group so that stopping it (SIGTERM, then SIGKILL after a grace
-period; on Windows Ctrl-Break through a helper attached to the remote's own hidden console, then
+period; on Windows Ctrl-C through a helper attached to the remote's own hidden console, then
 TerminateProcess: :meth:`~devin_outposts.core.platform.HostPlatform.request_stop`) also stops the shells
 and tools it started. Its pid and start time are written to
 ``<state>/remote.pid`` (:mod:`devin_outposts.core.processes`) so that a worker restarted after ``kill -9``
@@ -217,7 +217,7 @@ class RemoteProcess:
         platform.current().signal_group(self.proc, self.pid, kill=kill)
 
     async def stop(self, grace: float) -> int:
-        """Ask the remote's group to stop (SIGTERM; Ctrl-Break on Windows), kill it (SIGKILL;
+        """Ask the remote's group to stop (SIGTERM; Ctrl-C to its console on Windows), kill it (SIGKILL;
         TerminateProcess) when it has not exited ``grace`` seconds later; returns the exit code. A request
         that fails, whatever the error, is logged and leaves the forced stop to come after the grace."""
         if self.proc.returncode is None:
