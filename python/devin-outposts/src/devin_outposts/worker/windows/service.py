@@ -21,7 +21,8 @@ on a fake framework) whose ``SvcRun`` runs the worker:
 * :data:`SERVICE_CONTROL_STOP_NOW` (128, a user-defined control: ``sc control <service> 128``) is both
   SIGTERMs at once: stop without draining. It only works *instead of* a STOP: once the service reports
   ``SERVICE_STOP_PENDING`` the SCM refuses every control with ``ERROR_SERVICE_CANNOT_ACCEPT_CTRL`` (1061;
-  Microsoft's ``ControlService`` documentation, and Wine's SCM), so there is no "second STOP" on Windows;
+  Microsoft's ``ControlService`` documentation, and Wine 8's SCM, tried), so there is no "second STOP" on
+  Windows;
 * ``SERVICE_CONTROL_INTERROGATE`` reports the state as it is (pywin32's default says RUNNING always).
 
 How the worker's exit code becomes the service's final status is :func:`service_exit_for`. Everything in
