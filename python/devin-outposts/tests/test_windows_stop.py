@@ -216,10 +216,13 @@ def test_the_helper_runs_by_path_in_isolated_mode_with_the_standard_library_only
 
 
 class FakeProcess:
-    """An ``asyncio.subprocess.Process`` that exits when killed, or when ``exit_on_request`` and asked."""
+    """An ``asyncio.subprocess.Process`` that exits when killed (or when :class:`Requests` makes it). With
+    ``pipes_held``, ``wait()`` never returns, as on Python 3.11 while a process the remote started still
+    holds its stdout and stderr; the return code is set at the exit all the same."""
 
-    def __init__(self, pid: int = 4242) -> None:
+    def __init__(self, pid: int = 4242, *, pipes_held: bool = False) -> None:
         self.pid = pid
+        self.pipes_held = pipes_held
         self.returncode: Optional[int] = None
         self.stdout = self.stderr = None
         self.exited = asyncio.Event()
@@ -237,6 +240,8 @@ class FakeProcess:
 
     async def wait(self) -> int:
         await self.exited.wait()
+        if self.pipes_held:
+            await asyncio.Event().wait()  # forever
         assert self.returncode is not None
         return self.returncode
 
@@ -259,7 +264,8 @@ class Requests(platform.Windows):
 def stop_remote(tmp_path: Path, host: Requests, grace: float) -> int:
     async def main() -> int:
         remote = spawn.RemoteProcess(host.proc, tmp_path, "devin-1")  # type: ignore[arg-type]
-        return await remote.stop(grace)
+        # A generous bound, not a timing: it only turns a stop that never returns into a failure.
+        return await asyncio.wait_for(remote.stop(grace), 60)
 
     with platform.use(host):
         return asyncio.run(main())
@@ -285,6 +291,17 @@ def test_a_remote_that_honours_the_request_is_never_killed_while_running(tmp_pat
     # A grace far beyond the test: the stop returns because the remote exited, not because time ran out.
     assert stop_remote(tmp_path, Requests(proc), grace=300.0) == 130
     assert proc.events == ["request", "exit 130", "kill after exit"]  # the last one: leftovers only
+
+
+@pytest.mark.parametrize("honoured", [True, False])
+def test_a_stop_returns_at_the_remotes_exit_even_while_its_tools_hold_its_pipes(
+    tmp_path: Path, honoured: bool
+) -> None:
+    # Windows' TerminateProcess ends the remote alone: the tools it started keep its stdout and stderr open.
+    proc = FakeProcess(pipes_held=True)
+    host = Requests(proc) if honoured else Requests(proc, NO_CONSOLE)
+    assert stop_remote(tmp_path, host, grace=0.2) == (130 if honoured else 1)
+    assert proc.events[-1] == "kill after exit"  # the leftovers' kill, after the exit was seen
 
 
 # --- the real worker, drained with a live session ------------------------------------------------------
