@@ -8,11 +8,14 @@ claim: a service has no console, so ``os.kill(pid, CTRL_BREAK_EVENT)`` failed in
 * the Windows platform gives the remote a hidden console of its own, asks it to stop through the Ctrl-C
   helper (:mod:`devin_outposts.core.platform.console_stop`, run with a fake ``kernel32``, and for real as
   a file in isolated mode), never signals from the worker, and logs a failed request once;
-* :meth:`RemoteProcess.stop` survives any error of the request, and kills only after the grace;
+* :meth:`RemoteProcess.stop` survives any error of the request, kills only after the grace, and returns at
+  the remote's own exit even while tools it started hold its pipes (``TerminateProcess`` ends the remote
+  alone, and Python 3.11's ``Process.wait()`` waits for the pipes);
 * the real worker, drained against the fleet simulator with a live session, releases the claim when the
   request raises ``SystemError`` (what CPython does under a service) and when the whole stop raises.
 
-The last two failed on the code before the fix (the claim history showed claim and renewals, no release).
+The pipes test and the last two failed on the code before the fix (a stop that never returned; a claim
+history of claim and renewals, no release).
 The Windows API itself never runs here; the Wine stage runs it.
 """
 
