@@ -624,6 +624,7 @@ def test_a_service_stop_drains_the_real_worker_and_releases_its_session(
     assert token not in run["env"].values()
     log_text = prepared.log_path.read_text()
     assert "service control STOP" in log_text and "no new claims" in log_text
+    assert "no control reaches a stopping service" in log_text and "send it again" not in log_text
     assert (instance / "state" / "acceptor_id").is_file()
     assert token not in log_text
 

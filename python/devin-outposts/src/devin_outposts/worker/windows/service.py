@@ -159,7 +159,13 @@ class StatusSink(Protocol):
 def _default_worker(config: WorkerConfig) -> Any:
     from devin_outposts.worker.runner import Worker  # the worker's modules only once the service runs
 
-    return Worker(config)
+    worker = Worker(config)
+    # A second STOP never reaches a stopping service (the SCM answers 1061): say what happens instead.
+    worker.stop_now_hint = (
+        "no control reaches a stopping service; the host stops them itself "
+        f"{STOP_MARGIN:.0f}s after drain and stop grace"
+    )
+    return worker
 
 
 class WorkerService:
