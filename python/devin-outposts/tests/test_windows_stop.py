@@ -64,6 +64,7 @@ class NoConsoleProc:
 
     def __init__(self) -> None:
         self.killed = 0
+        self.returncode: Optional[int] = None
 
     def send_signal(self, value: int) -> None:
         raise NO_CONSOLE
@@ -119,6 +120,17 @@ def test_a_failed_stop_request_is_logged_once_and_reported(
     assert "could not send Ctrl-C to the console of devin-remote pid 4242" in warnings[0]
     assert detail in warnings[0]
     assert "terminated after the stop grace period" in warnings[0]
+
+
+def test_a_remote_that_exited_before_the_helper_attached_is_no_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proc = NoConsoleProc()
+    proc.returncode = 0
+    helper = Helper((3, "AttachConsole(4242) failed with Windows error 31"))  # its console is gone with it
+    with caplog.at_level(logging.WARNING, logger="devin_outposts.core.platform"):
+        assert asyncio.run(windows(helper).request_stop(proc, 4242)) is True
+    assert caplog.records == []
 
 
 def test_signal_group_only_terminates_on_windows() -> None:

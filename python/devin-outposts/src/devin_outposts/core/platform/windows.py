@@ -296,8 +296,8 @@ class Windows(HostPlatform):
             code, detail = -1, f"the helper did not finish in {CONSOLE_STOP_TIMEOUT:.0f}s"
         except OSError as exc:
             code, detail = -1, f"the helper could not be started: {exc}"
-        if code == 0:
-            return True
+        if code == 0 or getattr(proc, "returncode", None) is not None:
+            return True  # sent, or there was no one left to send it to (the remote exited meanwhile)
         log.warning(
             "could not send Ctrl-C to the console of devin-remote pid %d (%s); it will be terminated after "
             "the stop grace period",
