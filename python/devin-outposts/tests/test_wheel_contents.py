@@ -26,6 +26,7 @@ NEEDED = (
     "devin_outposts/core/claiming.py",
     "devin_outposts/core/platform/__init__.py",
     "devin_outposts/core/platform/windows.py",
+    "devin_outposts/core/platform/console_stop.py",  # run by path to stop a Windows remote
     "devin_outposts/worker/windows/service.py",
     "devin_outposts/worker/windows/envfile.py",
     "devin_outposts/cli/worker.py",

@@ -3,8 +3,8 @@ uses it).
 
 Environment building, path checks and spelling, session-id sanitising against Windows' naming rules, the
 ``windows_x64.exe`` remote's URLs, the ``msvcrt`` lock (with a fake ``msvcrt`` that keeps byte-range locks
-the way Windows does), and the stop signals. The real Windows APIs never run here
-(docs/windows-worker.md, "What has never run").
+the way Windows does), and the stop signals. How a remote is stopped is in test_windows_stop.py. The real
+Windows APIs never run here (docs/windows-worker.md, "What has never run").
 """
 
 from __future__ import annotations
@@ -392,38 +392,6 @@ def test_a_windows_binary_that_does_not_match_its_checksum_is_refused(tmp_path: 
     with pytest.raises(VerificationError):
         fetch(tmp_path, dist, lambda store: store.ensure("abc1234"))
     assert not list((tmp_path / "cache").iterdir())
-
-
-def test_windows_process_group_and_stop() -> None:
-    class Proc:
-        def __init__(self) -> None:
-            self.sent: list[Any] = []
-
-        def send_signal(self, value: int) -> None:
-            self.sent.append(value)
-
-        def kill(self) -> None:
-            self.sent.append("kill")
-
-    host = windows()
-    assert host.process_group_options() == {"creationflags": 0x200}  # CREATE_NEW_PROCESS_GROUP
-    proc = Proc()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(signal, "CTRL_BREAK_EVENT", 1, raising=False)
-        host.signal_group(proc, 42, kill=False)
-    host.signal_group(proc, 42, kill=True)
-    assert proc.sent == [1, "kill"]
-    assert host.kill_orphan_group(42) is False  # no start time to tell a reused pid: leave it alone
-
-
-def test_a_ctrl_break_that_cannot_be_sent_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    class NoConsole:
-        def send_signal(self, value: int) -> None:
-            raise OSError(6, "The handle is invalid")  # what a console-less service would get
-
-    with caplog.at_level("WARNING", logger="devin_outposts.core.platform"):
-        windows().signal_group(NoConsole(), 42, kill=False)
-    assert "could not send Ctrl-Break to devin-remote pid 42" in caplog.text
 
 
 # --- the lock ------------------------------------------------------------------------------------------

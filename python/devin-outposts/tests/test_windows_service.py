@@ -46,6 +46,18 @@ class FakeScm:
         with self.lock:
             return self.statuses[-1]
 
+    def send(self, service: Any, control: int) -> int:
+        """``ControlService`` as the SCM answers it (Microsoft's documentation, and Wine's SCM): no control
+        at all, user-defined ones included, reaches a service that reports START_PENDING or STOP_PENDING
+        (1061), or one that has stopped (1062); the rest go to the service's handler."""
+        with self.lock:
+            state = self.statuses[-1][0] if self.statuses else ws.SERVICE_START_PENDING
+        if state in (ws.SERVICE_START_PENDING, ws.SERVICE_STOP_PENDING):
+            return ws.ERROR_SERVICE_CANNOT_ACCEPT_CTRL
+        if state == ws.SERVICE_STOPPED:
+            return 1062  # ERROR_SERVICE_NOT_ACTIVE
+        return int(service.ServiceCtrlHandlerEx(control, 0, None))
+
 
 def fake_framework(scm: FakeScm) -> type:
     """A stand-in for ``win32serviceutil.ServiceFramework``: the same method names and dispatch (STOP to
@@ -341,19 +353,33 @@ def test_stop_drains_reports_stop_pending_and_ends_when_the_worker_does() -> Non
     assert core.control(ws.SERVICE_CONTROL_STOP) == ws.NO_ERROR and worker.signals == [signal.SIGTERM]
 
 
-def test_preshutdown_drains_like_stop_and_a_second_stop_stops_now() -> None:
+def test_preshutdown_drains_like_stop_and_a_repeated_drain_request_does_not_escalate() -> None:
     report = Recorder()
     worker = FakeWorker()
     core, thread, codes = start_core(report, worker)
     core.control(ws.SERVICE_CONTROL_PRESHUTDOWN)
     wait_for(lambda: worker.draining, timeout=10, what="the drain")
-    assert not worker.stopped_now
+    # A real SCM never delivers this (the service is STOP_PENDING: see the test of the pywin32 class);
+    # were it delivered, it would not be the second SIGTERM.
     core.control(ws.SERVICE_CONTROL_STOP)
-    wait_for(lambda: worker.stopped_now, timeout=10, what="stop now")
-    assert worker.signals == [signal.SIGTERM, signal.SIGTERM]
     worker.finish.set()
     thread.join(10)
     assert codes == [0]
+    assert worker.signals == [signal.SIGTERM] and not worker.stopped_now
+
+
+def test_the_stop_now_control_stops_without_draining() -> None:
+    report = Recorder()
+    worker = FakeWorker()
+    core, thread, codes = start_core(report, worker)
+    assert core.control(ws.SERVICE_CONTROL_STOP_NOW) == ws.NO_ERROR
+    wait_for(lambda: worker.stopped_now, timeout=10, what="stop now")
+    assert worker.signals == [signal.SIGTERM, signal.SIGTERM]
+    assert report.calls[0][0] == ws.SERVICE_STOP_PENDING
+    worker.finish.set()
+    thread.join(10)
+    assert codes == [0]
+    assert core.control(ws.SERVICE_CONTROL_STOP_NOW) == ws.NO_ERROR and len(worker.signals) == 2
 
 
 def test_shutdown_stops_at_once() -> None:
@@ -454,6 +480,38 @@ def test_the_service_class_accepts_stop_shutdown_and_preshutdown_and_drains_on_s
     assert exits == []
     assert scm.last()[0] == ws.SERVICE_STOP_PENDING  # pywin32 itself reports STOPPED (0) after SvcRun
     assert events.messages[-1] == ("info", "the worker stopped")
+
+
+def test_once_stop_pending_the_scm_refuses_every_control_and_the_drain_runs_its_course() -> None:
+    scm, worker, exits, events = FakeScm(), FakeWorker(), [], Events()
+    service = make_service(scm, worker, exits, events)
+    thread = run_service(service)
+    assert worker.started.wait(10)
+    assert scm.send(service, ws.SERVICE_CONTROL_STOP) == ws.NO_ERROR
+    wait_for(lambda: worker.draining, timeout=10, what="the drain")
+    # "A second STOP while draining stops at once" cannot happen on Windows: neither a STOP, nor a
+    # PRESHUTDOWN, nor the user-defined stop-now control reaches a STOP_PENDING service.
+    for control in (ws.SERVICE_CONTROL_STOP, ws.SERVICE_CONTROL_PRESHUTDOWN, ws.SERVICE_CONTROL_STOP_NOW):
+        assert scm.send(service, control) == ws.ERROR_SERVICE_CANNOT_ACCEPT_CTRL
+    assert worker.signals == [signal.SIGTERM] and not worker.stopped_now
+    worker.finish.set()
+    thread.join(10)
+    assert exits == [] and events.messages[-1] == ("info", "the worker stopped")
+
+
+def test_the_stop_now_control_reaches_a_running_service_through_svc_other_ex() -> None:
+    scm, worker, exits, events = FakeScm(), FakeWorker(), [], Events()
+    service = make_service(scm, worker, exits, events)
+    thread = run_service(service)
+    assert worker.started.wait(10)
+    assert scm.send(service, ws.SERVICE_CONTROL_STOP_NOW) == ws.NO_ERROR
+    wait_for(lambda: worker.stopped_now, timeout=10, what="stop now")
+    assert worker.signals == [signal.SIGTERM, signal.SIGTERM]
+    assert scm.last()[0] == ws.SERVICE_STOP_PENDING
+    assert scm.send(service, ws.SERVICE_CONTROL_STOP) == ws.ERROR_SERVICE_CANNOT_ACCEPT_CTRL
+    worker.finish.set()
+    thread.join(10)
+    assert exits == [] and events.messages[-1] == ("info", "the worker stopped")
 
 
 def test_preshutdown_reaches_the_worker_through_svc_other_ex() -> None:
@@ -566,6 +624,7 @@ def test_a_service_stop_drains_the_real_worker_and_releases_its_session(
     assert token not in run["env"].values()
     log_text = prepared.log_path.read_text()
     assert "service control STOP" in log_text and "no new claims" in log_text
+    assert "no control reaches a stopping service" in log_text and "send it again" not in log_text
     assert (instance / "state" / "acceptor_id").is_file()
     assert token not in log_text
 

@@ -13,8 +13,10 @@ Environment (the spawn contract, docs/fleet-api.md §6.2):
   gateway is HTTP long-poll under the claim's ``gateway_url``.
 * ``DEVIN_REMOTE_STATE_DIR``: created (0700) and used for ``state.json``, ``calls.jsonl`` and the
   temporary output files of commands. Without it, ``~/.devin`` (a warning is printed).
-* ``DEVIN_STANDIN_RETRY_SECONDS`` (default 60) and ``DEVIN_STANDIN_POLL_WAIT`` (default 20): how long
-  gateway failures are retried, and how long one long poll waits. Stand-in only.
+* ``DEVIN_STANDIN_RETRY_SECONDS`` (default 60) and ``DEVIN_STANDIN_POLL_WAIT`` (default 20, on Windows
+  2): how long gateway failures are retried, and how long one long poll waits. Stand-in only. Windows
+  does not interrupt a blocking socket read for Ctrl-C (the worker's stop request there): the handler
+  runs when the read returns, so a short poll keeps the stop prompt.
 
 It connects with the connect token as a Bearer token and reports its pid, cwd, argv, version and the
 environment it was started with (``/proc/self/environ`` on Linux; the connect token's value masked),
@@ -468,7 +470,7 @@ def serve() -> int:
         session_id,
         _number("DEVIN_STANDIN_RETRY_SECONDS", 60.0),
     )
-    wait = _number("DEVIN_STANDIN_POLL_WAIT", 20.0)
+    wait = _number("DEVIN_STANDIN_POLL_WAIT", 2.0 if os.name == "nt" else 20.0)  # see the module docstring
     try:
         return _loop(gateway, state, root, state_dir, wait)
     except Fatal as exc:

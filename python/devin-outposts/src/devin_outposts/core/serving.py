@@ -102,6 +102,7 @@ class ClaimedSession(abc.ABC):
         self._tokens: list[str] = []
         self._extra: dict[str, Any] = {"session_id": session_id, "slot": slot}
         self._poll_soon = False
+        self._stop_failed = False  # stopping the launch raised: not tried again on the way out
 
     # --- the hooks -----------------------------------------------------------------------------------
 
@@ -188,24 +189,45 @@ class ClaimedSession(abc.ABC):
                 self.session_id, FAILED, f"Could not prepare session {self.session_id}: {exc}"
             )
         finally:
-            running = self.run is not None and self.run.returncode is None
-            if running and result.outcome != DETACHED:
-                assert self.run is not None
-                await self.run.stop(self._grace())
-            if renewer is not None:
-                renewer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await renewer
-            if result.outcome != DETACHED:
-                await self.finish(result)
-            if result.outcome not in (LOST, DETACHED):
-                await self._release()
-            for token in self._tokens:
-                forget_secret(token)
+            try:
+                await self._wind_down(result, renewer)
+            finally:  # whatever failed above: the claim is released, or it would be held to its deadline
+                if result.outcome not in (LOST, DETACHED):
+                    await self._release()
+                for token in self._tokens:
+                    forget_secret(token)
         if self.fatal is not None and result.outcome != FAILED:
             result = SessionResult(self.session_id, FAILED, str(self.fatal))
         self._log_result(result)
         return result
+
+    async def _wind_down(self, result: SessionResult, renewer: Optional[asyncio.Task[None]]) -> None:
+        """Stop what still runs (unless detached), stop renewing, and clean up (:meth:`finish`)."""
+        running = self.run is not None and self.run.returncode is None
+        if running and result.outcome != DETACHED and not self._stop_failed:
+            await self._stop_run()
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await renewer
+        if result.outcome != DETACHED:
+            await self.finish(result)
+
+    async def _stop_run(self) -> None:
+        """Stop the launch (forced after the grace); an error is logged, never raised, so that the claim is
+        still released (a Windows remote's stop once raised ``SystemError`` here, and every claim stayed
+        held to its deadline). Not tried a second time: what failed once would fail again."""
+        assert self.run is not None
+        try:
+            await self.run.stop(self._grace())
+        except Exception:
+            self._stop_failed = True
+            log.exception(
+                "stopping %s (%s) failed; releasing the claim all the same",
+                self.WHAT,
+                self.run.describe(),
+                extra=self._extra,
+            )
 
     def _log_result(self, result: SessionResult) -> None:
         level = logging.INFO if result.outcome in (SERVED, DETACHED) else logging.WARNING
@@ -253,7 +275,7 @@ class ClaimedSession(abc.ABC):
             if why is Stop.DETACHED:
                 return self._interrupted()
             if why is not Stop.EXITED:
-                await self.run.stop(self._grace())
+                await self._stop_run()
                 if why is Stop.FATAL and self.fatal is not None:
                     raise self.fatal
                 return self._ended_result(why)

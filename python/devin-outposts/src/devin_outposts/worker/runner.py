@@ -77,6 +77,8 @@ class Worker:
         self.acceptor_id = config.acceptor_id or ""
         self.pool = SessionPool(config.max_sessions, self.metrics, drain_timeout=config.drain_timeout)
         self.signal_number: Optional[int] = None
+        #: How the drain's log line says to stop at once (the Windows service host has its own way).
+        self.stop_now_hint = "send it again to stop now"
         self.queue: Optional[ClaimLoop] = None
         self._serving_one = False
         self._ssl: Optional[ssl.SSLContext] = None
@@ -198,10 +200,11 @@ class Worker:
             self.signal_number = signum
             self.start_drain()
             log.info(
-                "%s: no new claims; %d running session(s) get %.0fs to finish (send it again to stop now)",
+                "%s: no new claims; %d running session(s) get %.0fs to finish (%s)",
                 name,
                 len(self.pool.running),
                 self.config.drain_timeout,
+                self.stop_now_hint,
             )
         else:
             log.warning("%s again: stopping all sessions now and releasing their claims", name)

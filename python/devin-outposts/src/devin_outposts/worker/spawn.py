@@ -7,8 +7,10 @@ TZ`` when present (plus the Windows system variables on Windows). Nothing else, 
 whatever else sits in the worker's environment never reaches the agent's shell. The connect token is
 passed in the environment only, never in argv.
 
-The remote runs in its own process group (POSIX) so that stopping it (SIGTERM, then SIGKILL after a
-grace period) also stops the shells and tools it started. Its pid and start time are written to
+The remote runs in its own process group so that stopping it (SIGTERM, then SIGKILL after a grace
+period; on Windows Ctrl-C through a helper attached to the remote's own hidden console, then
+TerminateProcess: :meth:`~devin_outposts.core.platform.HostPlatform.request_stop`) also stops the shells
+and tools it started. Its pid and start time are written to
 ``<state>/remote.pid`` (:mod:`devin_outposts.core.processes`) so that a worker restarted after ``kill -9``
 can stop a remote its predecessor left behind before it starts a new one for the same session.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import os
 import socket
 from collections.abc import Mapping
@@ -37,6 +40,8 @@ from devin_outposts.core.processes import forget_remote_record, write_remote_rec
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two looks at a stopping remote's return code (see :meth:`RemoteProcess._exited`).
+EXIT_POLL = 0.2
 #: What the worker writes to a waiting launcher once the remote's record is on disk.
 GO_AHEAD = b"go\n"
 #: A test hook, harmless in production: seconds (at most 10) to wait between starting a remote's process
@@ -202,7 +207,7 @@ class RemoteProcess:
         return await self.proc.wait()
 
     async def wait(self) -> int:
-        code = await self.proc.wait()
+        code = await self._exited()
         self._signal_group(kill=True)  # leftovers of a finished session
         # A child that escaped the group may hold the pipes open: do not wait for it forever.
         pending = (await asyncio.wait(self._pumps, timeout=2.0))[1] if self._pumps else set()
@@ -211,21 +216,58 @@ class RemoteProcess:
         forget_remote_record(self.state_dir)
         return code
 
+    async def _exited(self, timeout: float = math.inf) -> int:
+        """The exit code as soon as the remote's own process has ended; ``asyncio.TimeoutError`` after
+        ``timeout`` seconds.
+
+        ``Process.wait()`` alone returns (Python 3.11) only once every process holding the remote's stdout
+        and stderr has closed them. On Windows ``TerminateProcess`` ends the remote alone, so a tool it
+        started that ignored the Ctrl-C kept the worker waiting, and the claim held, for as long as the tool
+        lived (seen under Wine). The transport's return code is set when the process ends, pipes or not.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        waiter = asyncio.ensure_future(self.proc.wait())
+        try:
+            while self.proc.returncode is None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                await asyncio.wait({waiter}, timeout=min(EXIT_POLL, left))
+            return self.proc.returncode
+        finally:
+            waiter.cancel()
+
     def _signal_group(self, *, kill: bool) -> None:
         platform.current().signal_group(self.proc, self.pid, kill=kill)
 
     async def stop(self, grace: float) -> int:
-        """SIGTERM the process group, SIGKILL it after ``grace`` seconds; returns the exit code."""
+        """Ask the remote's group to stop (SIGTERM; Ctrl-C to its console on Windows), kill it (SIGKILL;
+        TerminateProcess) when it has not exited ``grace`` seconds later; returns the exit code. A request
+        that fails, whatever the error, is logged and leaves the forced stop to come after the grace."""
         if self.proc.returncode is None:
             self._stopping = True
-            self._signal_group(kill=False)
+            await self._request_stop()
             try:
-                await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace)
+                await self._exited(grace)
             except asyncio.TimeoutError:
                 log.warning(
-                    "devin-remote did not exit %.0fs after SIGTERM; killing it",
+                    "devin-remote did not exit %.0fs after it was asked to stop; killing it",
                     grace,
                     extra={"session_id": self.session_id, "pid": self.pid},
                 )
                 self._signal_group(kill=True)
         return await self.wait()
+
+    async def _request_stop(self) -> None:
+        try:
+            await platform.current().request_stop(self.proc, self.pid)
+        except Exception as exc:  # whatever it is, the forced stop and the release must follow
+            log.warning(
+                "could not ask devin-remote pid %d to stop (%s: %s); it will be killed after the stop grace "
+                "period",
+                self.pid,
+                type(exc).__name__,
+                exc,
+                extra={"session_id": self.session_id, "pid": self.pid},
+            )

@@ -9,7 +9,9 @@ The rest of the worker asks :func:`current` instead of testing ``os.name`` or ``
   environment, §7.5, minus anything that looks like a secret: :func:`windows_session_env`);
 * how a configured directory is checked and spelled (Windows: drive letters, UNC shares, and the ``\\?\``
   prefix for paths that would pass ``MAX_PATH``: :func:`windows_state_path`);
-* how a remote is started in a process group of its own, and how that group is stopped;
+* how a remote is started in a process group of its own (on Windows: a hidden console of its own), and how
+  it is stopped: asked (:meth:`HostPlatform.request_stop`: SIGTERM; on Windows Ctrl-C to its console
+  through the helper :mod:`.console_stop`), then killed after the grace period;
 * the exclusive, non-blocking file lock behind the data-dir and workdir locks (``flock``; ``msvcrt.locking``
   on Windows, unlocked explicitly before the file is closed);
 * directory privacy (POSIX modes; on Windows the role sets ACLs) and directory fsync;
@@ -19,12 +21,14 @@ The rest of the worker asks :func:`current` instead of testing ``os.name`` or ``
 
 :class:`Posix` and :class:`Windows` are plain classes, so tests on Linux can switch to the Windows
 behaviour with :func:`use` and check environment building, suffixes, paths, locks and signal mapping.
-What calls a Windows API (``msvcrt``, ``winreg``, ``CTRL_BREAK_EVENT``) is reached through a module or a
-reader the :class:`Windows` constructor accepts, so tests hand it fakes; on Linux nothing of it has ever
-run against the real API (docs/windows-worker.md, "What has never run").
+What calls a Windows API (``msvcrt``, ``winreg``, the Ctrl-C helper's process and its ``kernel32``) is
+reached through a module or a callable the :class:`Windows` constructor (or :func:`.console_stop.main`)
+accepts, so tests hand it fakes; on Linux nothing of it runs against the real API (docs/windows-worker.md,
+"What has never run"; the Wine stage runs it).
 
 :mod:`.posix` holds :class:`HostPlatform` (the POSIX behaviour) and :class:`Posix`; :mod:`.windows` holds
-:class:`Windows` and its helpers. Import them from here.
+:class:`Windows` and its helpers; :mod:`.console_stop` is the Ctrl-C helper, a stdlib-only script. Import
+them from here.
 """
 
 from __future__ import annotations

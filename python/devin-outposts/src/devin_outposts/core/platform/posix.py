@@ -176,6 +176,13 @@ class HostPlatform:
             return None
         return [_SHELL, "-c", _LAUNCHER, *argv]
 
+    async def request_stop(self, proc: Any, pid: int) -> bool:
+        """Ask the remote ``proc`` (pid ``pid``, leader of its group) and its group to stop: the graceful
+        half of a stop (SIGTERM here). False when the request could not be delivered; the caller stops the
+        group by force (:meth:`signal_group` with ``kill``) after the grace period either way."""
+        self.signal_group(proc, pid, kill=False)
+        return True
+
     def signal_group(self, proc: Any, pid: int, *, kill: bool) -> None:
         """Ask the group led by ``pid`` to stop (SIGTERM), or kill it (SIGKILL)."""
         if sys.platform != "win32":

@@ -5,12 +5,15 @@ directory is checked and spelt (:func:`windows_state_path`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import ntpath
 import signal
+import subprocess
 import sys
-from collections.abc import Mapping
+import types
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, Callable, Optional
@@ -70,6 +73,55 @@ WINDOWS_STATE_HEADROOM = 140
 #: A working directory holds ``slot-<n>\repos\<repo>``; it cannot have the prefix at all.
 WINDOWS_WORKDIR_HEADROOM = 48
 _VERBATIM = "\\\\?\\"
+
+# Process creation (winbase.h), so that the options are built and tested without the Windows API.
+CREATE_NEW_CONSOLE = 0x00000010
+DETACHED_PROCESS = 0x00000008
+STARTF_USESHOWWINDOW = 0x00000001
+SW_HIDE = 0
+#: Seconds the Ctrl-C helper (:mod:`.console_stop`) may take: a Python start-up, slower under Wine.
+CONSOLE_STOP_TIMEOUT = 20.0
+
+#: Runs the Ctrl-C helper's command line: (exit code, its last stderr line).
+ConsoleHelper = Callable[[list[str]], Awaitable[tuple[int, str]]]
+
+
+def hidden_console_startupinfo() -> Any:
+    """``STARTUPINFO`` that keeps the console a remote gets (``CREATE_NEW_CONSOLE``) out of sight; off
+    Windows (tests) a plain object with the same two fields."""
+    startupinfo: Any = getattr(subprocess, "STARTUPINFO", types.SimpleNamespace)
+    return startupinfo(dwFlags=STARTF_USESHOWWINDOW, wShowWindow=SW_HIDE)
+
+
+def console_stop_argv(pid: int) -> list[str]:
+    """The helper's command line: the base interpreter (a venv's ``python.exe`` is a launcher that
+    would start it as a child of its own) running :mod:`.console_stop` by path, isolated."""
+    from devin_outposts.core.platform import console_stop
+
+    python = getattr(sys, "_base_executable", None) or sys.executable
+    return [python, "-I", str(Path(console_stop.__file__)), str(pid)]
+
+
+async def run_console_helper(argv: list[str]) -> tuple[int, str]:
+    """Run the Ctrl-C helper without a console (``DETACHED_PROCESS``, so that it may attach to the
+    remote's); its exit code and last stderr line. ``asyncio.TimeoutError`` after
+    :data:`CONSOLE_STOP_TIMEOUT` (the helper is killed)."""
+    helper = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        creationflags=DETACHED_PROCESS,
+    )
+    try:
+        dummy, err = await asyncio.wait_for(helper.communicate(), CONSOLE_STOP_TIMEOUT)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            helper.kill()
+        await helper.wait()
+        raise
+    lines = err.decode("utf-8", "replace").strip().splitlines()
+    return helper.returncode if helper.returncode is not None else -1, (lines[-1][:500] if lines else "")
 
 
 def _strip_pywin32_dirs(path_value: str) -> str:
@@ -194,8 +246,8 @@ def _read_machine_env(registry: Optional[ModuleType] = None) -> dict[str, str]:
 class Windows(HostPlatform):
     """Windows Server and desktop Windows (never run on Windows here: docs/windows-worker.md).
 
-    ``msvcrt_module`` and ``machine_env`` stand in for the real ``msvcrt`` module and the registry's
-    system environment in tests on Linux.
+    ``msvcrt_module``, ``machine_env`` and ``console_helper`` stand in for the real ``msvcrt`` module,
+    the registry's system environment and the Ctrl-C helper's process in tests on Linux.
     """
 
     windows = True
@@ -207,10 +259,12 @@ class Windows(HostPlatform):
         *,
         msvcrt_module: Optional[ModuleType] = None,
         machine_env: Optional[Callable[[], Mapping[str, str]]] = None,
+        console_helper: Optional[ConsoleHelper] = None,
     ) -> None:
         super().__init__(system, machine)
         self._msvcrt = msvcrt_module
         self._machine_env = machine_env or _read_machine_env
+        self._console_helper = console_helper or run_console_helper
 
     def inherited_env(self, source: Mapping[str, str]) -> dict[str, str]:
         return windows_session_env(source, self._machine_env())
@@ -223,30 +277,42 @@ class Windows(HostPlatform):
         return Path(windows_state_path(text, headroom=WINDOWS_WORKDIR_HEADROOM, verbatim=False))
 
     def process_group_options(self) -> dict[str, Any]:
-        return {"creationflags": 0x00000200}  # CREATE_NEW_PROCESS_GROUP: Ctrl-Break reaches only it
+        # A hidden console of its own: the Ctrl-C helper attaches to it and reaches the remote and what it
+        # started (the whole console), even from a service, which has no console to share with the remote.
+        # No CREATE_NEW_PROCESS_GROUP: it would turn Ctrl-C off in the remote (see console_stop.py).
+        return {"creationflags": CREATE_NEW_CONSOLE, "startupinfo": hidden_console_startupinfo()}
 
     def gated_argv(self, argv: list[str]) -> Optional[list[str]]:
         return None  # no shell to exec from, and no orphan is ever killed here (kill_orphan_group)
 
-    def signal_group(self, proc: Any, pid: int, *, kill: bool) -> None:
-        if kill:
-            with contextlib.suppress(ProcessLookupError, OSError):
-                proc.kill()  # TerminateProcess
-            return
+    async def request_stop(self, proc: Any, pid: int) -> bool:
+        """Ctrl-C to the remote's own console, through the helper attached to it
+        (:mod:`.console_stop`). Never ``os.kill``: without a shared console CPython raises
+        ``SystemError`` and terminates the remote at once. A failure is logged, once, and the caller
+        terminates the remote after the grace period."""
         try:
-            proc.send_signal(getattr(signal, "CTRL_BREAK_EVENT", signal.SIGTERM))
-        except ProcessLookupError:
-            pass
+            code, detail = await self._console_helper(console_stop_argv(pid))
+        except asyncio.TimeoutError:
+            code, detail = -1, f"the helper did not finish in {CONSOLE_STOP_TIMEOUT:.0f}s"
         except OSError as exc:
-            # GenerateConsoleCtrlEvent needs a console shared with the remote, which a service does not have
-            # (docs/windows-worker.md, "What has never run"): the remote is then killed after the grace.
-            log.warning(
-                "could not send Ctrl-Break to devin-remote pid %d (%s); it will be terminated after the stop "
-                "grace period",
-                pid,
-                exc,
-                extra={"pid": pid},
-            )
+            code, detail = -1, f"the helper could not be started: {exc}"
+        if code == 0 or getattr(proc, "returncode", None) is not None:
+            return True  # sent, or there was no one left to send it to (the remote exited meanwhile)
+        log.warning(
+            "could not send Ctrl-C to the console of devin-remote pid %d (%s); it will be terminated after "
+            "the stop grace period",
+            pid,
+            detail or f"the helper exited with {code}",
+            extra={"pid": pid},
+        )
+        return False
+
+    def signal_group(self, proc: Any, pid: int, *, kill: bool) -> None:
+        # Only the forced stop happens here (TerminateProcess, the remote alone). The graceful request is
+        # request_stop: a helper process the worker awaits.
+        if kill and proc is not None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                proc.kill()
 
     def kill_orphan_group(self, pgid: int) -> bool:
         return False  # no start time to check a pid against: leave it rather than hit the wrong process

@@ -18,6 +18,11 @@ on a fake framework) whose ``SvcRun`` runs the worker:
   when it has not finished ``drain + stop grace + 15 s`` after the stop;
 * ``SERVICE_CONTROL_SHUTDOWN`` (the machine goes down, and the preshutdown phase is over) is the second
   SIGTERM straight away: stop the remotes and release the claims while there is time;
+* :data:`SERVICE_CONTROL_STOP_NOW` (128, a user-defined control: ``sc control <service> 128``) is both
+  SIGTERMs at once: stop without draining. It only works *instead of* a STOP: once the service reports
+  ``SERVICE_STOP_PENDING`` the SCM refuses every control with ``ERROR_SERVICE_CANNOT_ACCEPT_CTRL`` (1061;
+  Microsoft's ``ControlService`` documentation, and Wine 8's SCM, tried), so there is no "second STOP" on
+  Windows;
 * ``SERVICE_CONTROL_INTERROGATE`` reports the state as it is (pywin32's default says RUNNING always).
 
 How the worker's exit code becomes the service's final status is :func:`service_exit_for`. Everything in
@@ -57,11 +62,15 @@ SERVICE_CONTROL_STOP = 0x1
 SERVICE_CONTROL_INTERROGATE = 0x4
 SERVICE_CONTROL_SHUTDOWN = 0x5
 SERVICE_CONTROL_PRESHUTDOWN = 0xF
+#: A user-defined control (128 to 255): stop now, without the drain. See the module docstring.
+SERVICE_CONTROL_STOP_NOW = 128
 SERVICE_ACCEPT_STOP = 0x1
 SERVICE_ACCEPT_SHUTDOWN = 0x4
 SERVICE_ACCEPT_PRESHUTDOWN = 0x100
 NO_ERROR = 0
 ERROR_CALL_NOT_IMPLEMENTED = 120
+#: What the SCM answers any control sent to a service that reports START_PENDING or STOP_PENDING.
+ERROR_SERVICE_CANNOT_ACCEPT_CTRL = 1061
 ERROR_SERVICE_SPECIFIC_ERROR = 1066
 
 #: Seconds between two STOP_PENDING reports while the worker drains, and the wait hint each one gives
@@ -150,7 +159,13 @@ class StatusSink(Protocol):
 def _default_worker(config: WorkerConfig) -> Any:
     from devin_outposts.worker.runner import Worker  # the worker's modules only once the service runs
 
-    return Worker(config)
+    worker = Worker(config)
+    # A second STOP never reaches a stopping service (the SCM answers 1061): say what happens instead.
+    worker.stop_now_hint = (
+        "no control reaches a stopping service; the host stops them itself "
+        f"{STOP_MARGIN:.0f}s after drain and stop grace"
+    )
+    return worker
 
 
 class WorkerService:
@@ -182,6 +197,7 @@ class WorkerService:
         self._pending: list[bool] = []  # stops that came before the loop ran (True: stop now)
         self._heartbeat: Optional[asyncio.Task[None]] = None
         self._stop_started = 0.0
+        self._stopped_now = False  # the worker had its second SIGTERM
         self._done = False
         self.stop_requested = False
         #: Why the worker ended, when it failed: for the event log.
@@ -237,6 +253,8 @@ class WorkerService:
             self.request_stop(now=False, why=f"service control {name}")
         elif control == SERVICE_CONTROL_SHUTDOWN:
             self.request_stop(now=True, why="service control SHUTDOWN")
+        elif control == SERVICE_CONTROL_STOP_NOW:
+            self.request_stop(now=True, why=f"service control {SERVICE_CONTROL_STOP_NOW} (stop now)")
         elif control == SERVICE_CONTROL_INTERROGATE:
             self.report_state()
         else:
@@ -244,7 +262,9 @@ class WorkerService:
         return NO_ERROR
 
     def request_stop(self, *, now: bool, why: str) -> None:
-        """The first request drains (SIGTERM on Linux); another one, or ``now``, stops at once."""
+        """Drain (the first SIGTERM on Linux), or with ``now`` stop at once (both SIGTERMs). A drain asked
+        for again changes nothing: the SCM sends no control while the service is STOP_PENDING, and the
+        host's own budget (:meth:`_beat`) ends a drain that runs too long."""
         with self._lock:
             if self._done:
                 return
@@ -273,12 +293,10 @@ class WorkerService:
     def _deliver(self, now: bool) -> None:
         worker = self._worker
         if not worker.draining:
-            worker.on_signal(signal.SIGTERM)
-            now_needed = now
-        else:
-            now_needed = True  # a stop while draining is the second SIGTERM
-        if now_needed:
-            worker.on_signal(signal.SIGTERM)
+            worker.on_signal(signal.SIGTERM)  # drain
+        if now and not self._stopped_now:
+            self._stopped_now = True
+            worker.on_signal(signal.SIGTERM)  # the second SIGTERM: stop the sessions now
         if self._heartbeat is None:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
 
@@ -294,7 +312,7 @@ class WorkerService:
             if not escalated and time.monotonic() - self._stop_started > budget:
                 escalated = True
                 log.warning("still not stopped %.0fs after the stop: stopping the sessions now", budget)
-                self._worker.on_signal(signal.SIGTERM)
+                self._deliver(now=True)
 
 
 # --- pywin32 --------------------------------------------------------------------------------------------
@@ -399,7 +417,7 @@ def service_class(
         return int(self.core.control(SERVICE_CONTROL_INTERROGATE))
 
     def svc_other_ex(self: Any, control: int, event_type: int, data: Any) -> int:
-        return int(self.core.control(control))  # PRESHUTDOWN comes this way
+        return int(self.core.control(control))  # PRESHUTDOWN and the user-defined controls come this way
 
     def svc_run(self: Any) -> None:
         self.report_status(SERVICE_RUNNING)
