@@ -352,6 +352,10 @@ def enqueue_all(
         admin.close()
 
 
+#: Tries of the admin call that ends a session before the model gives up on it (and says so).
+TERMINATE_ATTEMPTS = 5
+
+
 class Ender:
     """Ends each session when its length has passed since its remote started (in each model process).
 
@@ -404,10 +408,18 @@ class Ender:
         future.add_done_callback(lambda f: remote.proc.exit(0))
 
     def _terminate(self, sid: str) -> None:
-        try:
-            self.admin().set_status(sid, "terminated")
-        except SimAdminError as exc:
-            self.errors.append(f"set_status {sid}: {exc}")
+        """Mark the session ``terminated``, retried: if the remote exited 0 while its session is still
+        live on the server, the worker would rightly start it again, and the model would count that as a
+        double serve (it did once, at 1,000 workers, when the simulator refused one of these calls)."""
+        for attempt in range(TERMINATE_ATTEMPTS):
+            try:
+                self.admin().set_status(sid, "terminated")
+                return
+            except SimAdminError as exc:
+                if attempt == TERMINATE_ATTEMPTS - 1:
+                    self.errors.append(f"set_status {sid}: {exc}")
+                else:
+                    time.sleep(0.5 * (attempt + 1))
 
 
 # --- one model process ------------------------------------------------------------------------------
