@@ -47,6 +47,8 @@ class Fleet:
     outpost: Any
     token: str
     standin_sha: str
+    #: The sessions the cases enqueued and have not ended yet.
+    sessions: list[str]
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +57,7 @@ def fleet() -> Iterator[Fleet]:
     with run_sim(claim_ttl=60, watch_max_duration=10, keepalive_interval=2, sweep_interval=0.05) as sim:
         outpost = sim.admin.create_outpost("windows-stage", "windows")
         sha = sim.admin.publish_remote(STANDIN_EXE.read_bytes(), suffixes=["windows_x64.exe"], latest=True)
-        yield Fleet(sim, outpost, sim.create_token("machine"), sha)
+        yield Fleet(sim, outpost, sim.create_token("machine"), sha, [])
 
 
 @pytest.fixture(scope="session")

@@ -10,15 +10,19 @@ worker wrote. Bounds on waits only catch a hang (a slow Wine start is tens of se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from conftest import DRAIN_TIMEOUT, Fleet, Instance, wait_for  # type: ignore[import-not-found]
+from devin_outposts_sim.admin_client import SimAdminError
 from devin_outposts_sim.remote import tools
 from prerequisites import ROOT  # type: ignore[import-not-found]
+from wine import STANDIN_EXE  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(600)
 ERROR_SERVICE_SPECIFIC_ERROR = 1066
@@ -34,11 +38,22 @@ def actions(fleet: Fleet, session_id: str) -> list[str]:
     return [row["action"] for row in fleet.sim.admin.claims(session_id=session_id)]
 
 
-def serve_one(fleet: Fleet, instance: Instance) -> tuple[str, dict[str, Any]]:
-    """Enqueue a session and wait for the instance's remote to connect: its id and what the remote reported."""
+def serve_one(fleet: Fleet) -> tuple[str, dict[str, Any]]:
+    """Enqueue a session and wait for a remote to connect: its id and what the remote reported."""
     entry = fleet.sim.admin.enqueue(fleet.outpost.outpost_id)
+    fleet.sessions.append(entry.session_id)
     connection = fleet.sim.admin.wait_connection(entry.session_id, timeout=180)
     return entry.session_id, connection
+
+
+@pytest.fixture(autouse=True)
+def no_session_left(fleet: Fleet) -> Iterator[None]:
+    """Each case ends its sessions, so that no later case's worker takes one back (one slot per instance)."""
+    yield
+    while fleet.sessions:
+        session_id = fleet.sessions.pop()
+        with contextlib.suppress(SimAdminError):  # ended already
+            fleet.sim.admin.end_session(session_id)
 
 
 def test_start_and_stop_while_idle(installed: dict[str, Instance]) -> None:
@@ -56,19 +71,35 @@ def test_a_session_is_served_end_to_end_with_a_windows_remote(installed: dict[st
     main = installed["main"]
     assert states(main.start())[-1] == "RUNNING"
     try:
-        session_id, connection = serve_one(fleet, main)
-        # The worker downloaded the .exe published for windows_x64.exe, checked it and spawned it.
-        assert connection["version"] == fleet.standin_sha, connection
-        assert connection["argv"][0].lower().endswith(f"devin-remote_{fleet.standin_sha}_windows_x64.exe"), connection
+        session_id, connection = serve_one(fleet)
+        # The worker downloaded the .exe published for windows_x64.exe, checked it and spawned it: the stand-in
+        # script that connected is the child of that .exe, whose pid the worker logged.
+        cached = main.wine.path(main.row["cache_dir"]) / f"devin-remote_{fleet.standin_sha}_windows_x64.exe"
+        assert cached.read_bytes() == STANDIN_EXE.read_bytes()
+        assert f"downloaded devin-remote {fleet.standin_sha}" in main.log() and "sha256 verified" in main.log()
+        spawned = re.findall(r"devin-remote started \(pid (\d+)\)", main.log())
+        assert spawned and connection["ppid"] == int(spawned[-1]), (spawned, connection)
         fleet.sim.admin.add_calls(session_id, [tools.run("echo served-on-windows & ver")])
         (call,) = fleet.sim.admin.wait_calls(session_id, timeout=120)
         assert call["state"] == "done", call
         assert "served-on-windows" in json.dumps(call["result"]), call
-        fleet.sim.admin.end_session(session_id)
-        wait_for(lambda: "release" in actions(fleet, session_id), timeout=120, what="the claim's release")
         assert actions(fleet, session_id)[0] == "claim"
     finally:
         main.ensure_stopped()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28 defect 1: the worker stops the remote of an ended session with "
+                   "CTRL_BREAK_EVENT, which raises SystemError in a service; the session task crashes unreleased")
+def test_the_end_of_a_session_releases_its_claim(installed: dict[str, Instance], fleet: Fleet) -> None:
+    main = installed["main"]
+    assert states(main.start())[-1] == "RUNNING"
+    try:
+        session_id, dummy = serve_one(fleet)
+        fleet.sim.admin.end_session(session_id)
+        wait_for(lambda: "release" in actions(fleet, session_id), timeout=60, what="the claim's release")
+    finally:
+        main.ensure_stopped()
+    assert "crashed" not in main.log()
 
 
 def test_no_token_in_the_sessions_environment_the_logs_or_the_service_configuration(
@@ -77,13 +108,11 @@ def test_no_token_in_the_sessions_environment_the_logs_or_the_service_configurat
     main = installed["main"]
     assert states(main.start())[-1] == "RUNNING"
     try:
-        session_id, connection = serve_one(fleet, main)
+        session_id, connection = serve_one(fleet)
         env = connection["env"]
         assert fleet.token not in json.dumps(connection)
         assert not [name for name in env if name.upper().startswith("DEVIN_OUTPOSTS") or "PROXY" in name.upper()], env
         assert env.get("DEVIN_OUTPOST_SESSION_ID") == session_id
-        fleet.sim.admin.end_session(session_id)
-        wait_for(lambda: "release" in actions(fleet, session_id), timeout=120, what="the claim's release")
     finally:
         main.ensure_stopped()
     assert fleet.token not in main.log()
@@ -104,7 +133,7 @@ def test_stop_with_a_live_session_drains_stops_the_remote_and_releases_the_claim
     main = installed["main"]
     assert states(main.start())[-1] == "RUNNING"
     try:
-        session_id, dummy = serve_one(fleet, main)
+        session_id, dummy = serve_one(fleet)
         stopped = main.stop()
     finally:
         main.ensure_stopped()
@@ -175,16 +204,14 @@ def test_exit_codes_reach_the_service_status(installed: dict[str, Instance], fle
 
 def test_two_instances_serve_side_by_side(installed: dict[str, Instance], fleet: Fleet) -> None:
     main, second = installed["main"], installed["second"]
-    assert states(main.start())[-1] == "RUNNING"
-    assert states(second.start())[-1] == "RUNNING"
     try:
-        first_id, first = serve_one(fleet, main)
-        second_id, other = serve_one(fleet, second)
+        # One slot each: main serves the first session, so only second can take the other.
+        assert states(main.start())[-1] == "RUNNING"
+        dummy, first = serve_one(fleet)
+        assert states(second.start())[-1] == "RUNNING"
+        dummy, other = serve_one(fleet)
         assert first["acceptor_id"] != other["acceptor_id"]
-        for session_id in (first_id, second_id):
-            fleet.sim.admin.end_session(session_id)
-        for session_id in (first_id, second_id):
-            wait_for(lambda sid=session_id: "release" in actions(fleet, sid), timeout=120, what="the releases")
+        assert first["acceptor_id"] in main.log() and other["acceptor_id"] in second.log()
     finally:
         main.ensure_stopped()
         second.ensure_stopped()

@@ -74,9 +74,18 @@ class Wine:
 
     @classmethod
     def copy_of_template(cls, where: Path) -> Wine:
-        """A fresh prefix: a copy of the template (hard links: Wine and Python replace files, never edit them)."""
+        """A fresh prefix: a copy of the template. The Windows system and Python folders (most of its 700 MB) are
+        hard links, because nothing edits them; the registry files, which the server rewrites in place, and the
+        small folders a program may write to are real copies."""
         prefix = where / "prefix"
         subprocess.run(["cp", "-al", str(TEMPLATE), str(prefix)], check=True)
+        for path in prefix.iterdir():
+            if path.is_file():
+                path.unlink()
+                shutil.copy2(TEMPLATE / path.name, path)
+        for name in ("users", "ProgramData", "Program Files", "Program Files (x86)"):
+            shutil.rmtree(prefix / "drive_c" / name)
+            shutil.copytree(TEMPLATE / "drive_c" / name, prefix / "drive_c" / name, symlinks=True)
         return cls(prefix, where)
 
     def path(self, windows_path: str) -> Path:
