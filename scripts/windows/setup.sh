@@ -47,7 +47,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-command -v wine >/dev/null && command -v wineserver >/dev/null || die "wine is not on PATH after installing it"
+{ command -v wine && command -v wineserver; } >/dev/null || die "wine is not on PATH after installing it"
 command -v "$MINGW" >/dev/null || die "$MINGW is not on PATH after installing gcc-mingw-w64-x86-64-win32"
 mkdir -p "$CACHE/downloads" "$CACHE/build"
 

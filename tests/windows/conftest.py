@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from devin_outposts_sim.testing import SimHandle, run_sim
 from prerequisites import ROOT  # type: ignore[import-not-found]
 from role_render import render  # type: ignore[import-not-found]
 from wine import BASE_PYTHON, STANDIN_EXE, STANDIN_SCRIPT, WHEELS, Wine, require_setup  # type: ignore[import-not-found]
+
+from devin_outposts_sim.testing import SimHandle, run_sim
 
 TOKEN_PROBE = r"C:\devin-outposts-tests\scm_probe.py"
 WINDOWS_ROOT = r"C:\ProgramData\devin-outposts"
@@ -109,7 +109,7 @@ class Instance:
     def start(self) -> list[dict[str, Any]]:
         """``net start``, then the states until RUNNING or STOPPED (a worker that exits at once)."""
         self.wine.run("net", "start", self.service, check=False)
-        return self.probe("watch", "--until", "RUNNING", "--timeout", "120")
+        return self.probe("watch", "--until", "RUNNING,STOPPED", "--timeout", "120")
 
     def wait_stopped(self, timeout: float = 120) -> list[dict[str, Any]]:
         return self.probe("watch", "--timeout", str(timeout))
@@ -167,7 +167,9 @@ def installed(wine: Wine, fleet: Fleet, tmp_path_factory: pytest.TempPathFactory
         assert f"base={BASE_PYTHON}" in text, text  # so the ImagePath rendered with it is the role's
         shutil.copyfile(row["service_host_py"], wine.path(row["host_script"]))
         shutil.copyfile(row["worker_env"], wine.path(row["env_file"]))
-        wine.run("sc", "create", row["service"], "binPath=", row["image_path"], "DisplayName=", row["display_name"])
+        wine.run(
+            "sc", "create", row["service"], "binPath=", row["image_path"], "DisplayName=", row["display_name"]
+        )
         instances[name] = Instance(wine, row)
     return instances
 

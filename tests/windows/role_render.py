@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from prerequisites import ROOT  # type: ignore[import-not-found]
 
 WORKER = ROOT / "roles" / "worker"
@@ -46,12 +45,26 @@ def module_args(task: dict[str, Any]) -> dict[str, Any]:
 
 def _playbook(out: Path) -> list[dict[str, Any]]:
     tasks_dir = WORKER / "tasks"
-    token = find_task(tasks_dir / "main.yml", "Resolve the token (devin_outposts_worker_token, else the controller's DEVIN_OUTPOSTS_TOKEN)")
+    token = find_task(
+        tasks_dir / "main.yml",
+        "Resolve the token (devin_outposts_worker_token, else the controller's DEVIN_OUTPOSTS_TOKEN)",
+    )
     resolve = find_task(tasks_dir / "windows_preflight.yml", "Resolve the instances (Windows)")
-    service = module_args(find_task(tasks_dir / "windows_configure.yml", "Define each instance's Windows service"))
-    venv = module_args(find_task(tasks_dir / "windows_install.yml", "Create each instance's virtual environment"))
-    read = module_args(find_task(tasks_dir / "windows_install.yml", "Read each venv's installed package version and base interpreter"))
-    pip_task = find_task(tasks_dir / "windows_install.yml", "Install or upgrade the package in each virtual environment")
+    service = module_args(
+        find_task(tasks_dir / "windows_configure.yml", "Define each instance's Windows service")
+    )
+    venv = module_args(
+        find_task(tasks_dir / "windows_install.yml", "Create each instance's virtual environment")
+    )
+    read = module_args(
+        find_task(
+            tasks_dir / "windows_install.yml",
+            "Read each venv's installed package version and base interpreter",
+        )
+    )
+    pip_task = find_task(
+        tasks_dir / "windows_install.yml", "Install or upgrade the package in each virtual environment"
+    )
     present = "{{ _devin_outposts_worker_resolved | rejectattr('state', 'eq', 'absent') | list }}"
     tasks: list[dict[str, Any]] = [
         {"name": token["name"], "ansible.builtin.set_fact": token["ansible.builtin.set_fact"], "no_log": True},

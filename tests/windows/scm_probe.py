@@ -7,9 +7,9 @@ Wine's ``sc.exe`` has no ``query``, so the stage reads service states through th
 (``QueryServiceStatusEx``, ``ControlService``). Each command prints JSON lines on stdout:
 
 * ``status NAME``: one status;
-* ``watch NAME [--stop] [--second-stop] [--until STATE] [--timeout SECONDS]``: with ``--stop``, send STOP first;
-  then one line per change of state or checkpoint until the service reaches ``--until`` (default STOPPED), and a
-  last line ``{"timeout": true}`` if it does not. ``--second-stop`` sends another STOP at the first STOP_PENDING
+* ``watch NAME [--stop] [--second-stop] [--until STATES] [--timeout SECONDS]``: with ``--stop``, send STOP first;
+  then one line per change of state or checkpoint until the service reaches one of ``--until`` (comma-separated;
+  default STOPPED), and a last line ``{"timeout": true}`` if it does not. ``--second-stop`` sends another STOP at the first STOP_PENDING
   and reports what the service manager answered (``{"second_stop": <error code or 0>}``);
 * ``config NAME``: the service's binary path, account and start type.
 
@@ -65,7 +65,7 @@ def stop(handle):
 
 
 def watch(handle, args):
-    until = args[args.index("--until") + 1] if "--until" in args else "STOPPED"
+    until = (args[args.index("--until") + 1] if "--until" in args else "STOPPED").split(",")
     timeout = float(args[args.index("--timeout") + 1]) if "--timeout" in args else 120.0
     if "--stop" in args:
         emit({"stop": stop(handle)})
@@ -81,7 +81,7 @@ def watch(handle, args):
         if second_stop and row["state"] == "STOP_PENDING":
             emit({"second_stop": stop(handle)})
             second_stop = False
-        if row["state"] == until:
+        if row["state"] in until:
             return 0
         time.sleep(0.1)
     emit({"timeout": True})

@@ -101,7 +101,9 @@ class Wine:
         self._boot_log = (self.log_dir / "services.log").open("ab")
         first = subprocess.Popen(["wine", "cmd", "/c", "exit"], env=self.env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-        threading.Thread(target=_drain, args=(first.stdout, self._boot_log, threading.Lock()), daemon=True).start()
+        threading.Thread(
+            target=_drain, args=(first.stdout, self._boot_log, threading.Lock()), daemon=True
+        ).start()
         first.wait(timeout=120)
 
     def stop(self) -> None:
@@ -117,7 +119,9 @@ class Wine:
         proc = subprocess.Popen(["wine", *argv], env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)  # fmt: skip
         out = bytearray()
-        reader = threading.Thread(target=lambda: out.extend(proc.stdout.read() if proc.stdout else b""), daemon=True)
+        reader = threading.Thread(
+            target=lambda: out.extend(proc.stdout.read() if proc.stdout else b""), daemon=True
+        )
         reader.start()
         try:
             code = proc.wait(timeout=timeout)
@@ -136,7 +140,9 @@ class Wine:
 
     def probe(self, python: str, *argv: str, timeout: float = 180) -> list[dict[str, Any]]:
         """The JSON lines of tests/windows/scm_probe.py (copied into the prefix by the fixture)."""
-        dummy, text = self.run(python, r"C:\devin-outposts-tests\scm_probe.py", *argv, timeout=timeout, check=False)
+        dummy, text = self.run(
+            python, r"C:\devin-outposts-tests\scm_probe.py", *argv, timeout=timeout, check=False
+        )
         rows = []
         for line in text.splitlines():
             if line.startswith("{"):
