@@ -5,9 +5,9 @@
 #   make release-notes  regenerate CHANGELOG.md from changelogs/ (docs/release.md)
 #   make docsite the docs site, docs/site/build/html/index.html
 #   make <stage> one stage: ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda
-#                tarball molecule, or lint
+#                tarball molecule windows, or lint
 
-STAGES := ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda tarball molecule
+STAGES := ruff mypy imports ansible-lint changelog docs sanity units matrix package integration eda tarball molecule windows
 
 .PHONY: help demo test build bootstrap lint release-notes docsite $(STAGES) clean
 
