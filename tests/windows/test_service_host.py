@@ -93,11 +93,6 @@ def test_a_session_is_served_end_to_end_with_a_windows_remote(
         main.ensure_stopped()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 defect 1: the worker stops the remote of an ended session with "
-    "CTRL_BREAK_EVENT, which raises SystemError in a service; the session task crashes unreleased",
-)
 def test_the_end_of_a_session_releases_its_claim(installed: dict[str, Instance], fleet: Fleet) -> None:
     main = installed["main"]
     assert states(main.start())[-1] == "RUNNING"
@@ -144,11 +139,6 @@ def test_no_token_in_the_sessions_environment_the_logs_or_the_service_configurat
     assert fleet.token in main.env_file.read_text()  # the only place it is
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 defect 1: without a console, os.kill(CTRL_BREAK_EVENT) raises "
-    "SystemError in a service; the session task crashes and the claim is never released",
-)
 def test_stop_with_a_live_session_drains_stops_the_remote_and_releases_the_claim(
     installed: dict[str, Instance], fleet: Fleet
 ) -> None:
@@ -169,11 +159,6 @@ def test_stop_with_a_live_session_drains_stops_the_remote_and_releases_the_claim
     assert f"{DRAIN_TIMEOUT}" in log
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 defect 2: the service manager refuses a second STOP while "
-    "STOP_PENDING (error 1061), but docs/windows-worker.md says it stops at once",
-)
 def test_a_second_stop_while_draining_is_refused_and_the_docs_say_so(
     installed: dict[str, Instance], fleet: Fleet
 ) -> None:
