@@ -545,7 +545,9 @@ def test_one_run_reads_every_machine_and_a_stopped_unit_ends_its_worker(
     calls = found["calls"]
     box_a = " ".join(f"devin-outposts-session@devin-s{i}.service" for i in (1, 2))
     assert calls and all(c.endswith(box_a) or c.endswith("@devin-s3.service") for c in calls), calls
-    assert sum(c.endswith(box_a) for c in calls) == sum(c.endswith("@devin-s3.service") for c in calls)
+    # The two hosts of a run are called at once, so the log read above may cut the last run between them.
+    per_host = (sum(c.endswith(box_a) for c in calls), sum(c.endswith("@devin-s3.service") for c in calls))
+    assert abs(per_host[0] - per_host[1]) <= 1, per_host
     assert len(calls) <= 2 * found["runs"]
     assert CountingAnsibleDriver.direct_reads == 0  # no machine was read on its own
 

@@ -89,7 +89,7 @@ STREAK_MEMORY = 30.0
 #: started together, where every worker would go for the first row at once. Its first claim waits a
 #: random part of this many seconds (still the oldest row): the fleet's first claims come spread out,
 #: and the later ones see the winner's claim and that they are not alone. Once per start.
-FIRST_CLAIM_JITTER = 4.0
+FIRST_CLAIM_JITTER = 1.0
 #: A worker whose session has ended waits at most this long (from when its slot fell free) for the
 #: watch to show its claim given back, i.e. for the others to count it idle, before claiming its row.
 ECHO_WAIT = 1.0
@@ -315,17 +315,19 @@ class ClaimSpreader:
                 echo = looking + ECHO_WAIT - mono if self._ours_on_watch - set(exclude) else 0.0
                 return ClaimChoice(rows[rank], max(0.0, echo), "matched")
         # While idle contenders are in view, they take the rows (at once, by the matching), and a row
-        # looks spare or left over mostly because our view lags theirs; the crowd then leaves each row
-        # to them for the head's steps and spreads over the widest window: the workers that have not
+        # looks spare mostly because our view lags theirs; the crowd then leaves each spare row to them
+        # for the head's steps and spreads over the widest window: the workers that have not
         # claimed lately are silent, so however many of them there are, the claims cannot tell
         # (in the fleet model, 990 silent workers behind 10 busy ones). Without any idle contender in
         # view the rows would wait for the crowd: its window is then sized by the estimate.
-        crowd = CROWD_MAX if idle else self.crowd()
         spare = [row for row, ok in zip(rows[insiders:], usable[insiders:]) if ok]
         if spare:
+            crowd = CROWD_MAX if idle else self.crowd()
             defer = SPREAD_MAX_RANK * SPREAD_STEP if insiders else 0.0
             return self._spare_choice(view, spare, crowd, streak, mono, defer)
-        return self._head_choice(view, rows[0], usable[0], rank, crowd, streak, mono)
+        # The head left over: its matched contender may be gone (a dead worker's expired claim), so the
+        # crowd's window is the estimate's, not the widest: a takeover must not wait minutes.
+        return self._head_choice(view, rows[0], usable[0], rank, self.crowd(), streak, mono)
 
     def _first_claim_wait(self) -> float:
         """Seconds before a worker that has seen nobody else makes its first claim (0 afterwards)."""
