@@ -22,6 +22,7 @@ Wine would read this machine's ``PIP_*``), and nothing that could reach a servic
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -30,7 +31,8 @@ from typing import Any, Optional
 
 from prerequisites import ROOT, cannot_run  # type: ignore[import-not-found]
 
-CACHE = ROOT / ".cache" / "windows"
+#: The same place scripts/windows/setup.sh provisions (DEVIN_OUTPOSTS_WINDOWS_CACHE overrides both).
+CACHE = Path(os.environ.get("DEVIN_OUTPOSTS_WINDOWS_CACHE") or ROOT / ".cache" / "windows")
 TEMPLATE = CACHE / "prefix"
 STAMP = TEMPLATE / ".devin-outposts-stamp"
 WHEELS = CACHE / "wheels-cp311"
