@@ -82,6 +82,12 @@ jobs=${OUTPOSTS_TEST_JOBS:-2}
 selected=()
 extra=()
 while [[ $# -gt 0 ]]; do
+    # After a stage's name, everything is that stage's (`scripts/test.sh package -k watch`: -k is pytest's there,
+    # not --keep-going); the suite's own options come first.
+    if [[ ${#selected[@]} -gt 0 && $1 == -* ]]; then
+        [[ $1 == -- ]] && shift
+        extra+=("$@"); break
+    fi
     case "$1" in
         -h | --help | --list) usage; exit 0 ;;
         -k | --keep-going) keep_going=1; shift ;;

@@ -174,6 +174,37 @@ def test_a_second_stop_while_draining_is_refused_and_the_docs_say_so(
     assert not re.search(r"a second STOP or PRESHUTDOWN while draining \| It stops now", table)
 
 
+def test_a_restart_after_a_crash_takes_back_the_claimed_session(
+    installed: dict[str, Instance], fleet: Fleet
+) -> None:
+    """The machine dies with a session claimed, comes back, and the service serves the same session again.
+
+    Wine's service manager never notices a service process that was killed (after ``taskkill /F`` it still
+    reports RUNNING, so ``net start`` is refused), so the crash is the whole Wine machine's: ``wineserver -k``
+    kills the service, its remote and the service manager at once, like a power cut, and the prefix starts again.
+    """
+    main = installed["main"]
+    assert states(main.start())[-1] == "RUNNING"
+    try:
+        session_id, first = serve_one(fleet)
+        main.wine.stop()  # the crash: nothing runs the drain, nothing releases the claim
+        main.wine.start()
+        assert main.status()["state"] == "STOPPED"
+        assert states(main.start())[-1] == "RUNNING"
+        again = fleet.sim.admin.wait_connection(session_id, count=2, timeout=180)
+        assert again["acceptor_id"] == first["acceptor_id"], (first, again)
+        fleet.sim.admin.add_calls(session_id, [tools.run("echo taken-back")])
+        (call,) = fleet.sim.admin.wait_calls(session_id, timeout=120)
+        assert call["state"] == "done" and "taken-back" in json.dumps(call["result"]), call
+    finally:
+        main.ensure_stopped()
+    history = actions(fleet, session_id)
+    # Claimed, renewed while it ran, then claimed again by the same acceptor (a take-back is a renewing claim):
+    # never released in between, and released once at the stop.
+    assert history[0] == "claim" and history.count("release") == 1 and history[-1] == "release", history
+    assert f"took back session {session_id} after a restart" in main.log()
+
+
 def _with_env(instance: Instance, change: Any) -> str:
     """Rewrite the instance's worker.env with ``change(text)``; the original text."""
     original = instance.env_file.read_text(encoding="utf-8")

@@ -116,10 +116,16 @@ class Wine:
         if self._boot_log is not None:
             self._boot_log.close()
 
-    def run(self, *argv: str, timeout: float = 180, check: bool = True) -> tuple[int, str]:
-        """Run a Windows program to its end: its exit code and its output (stdout and stderr)."""
-        proc = subprocess.Popen(["wine", *argv], env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+    def run(
+        self, *argv: str, timeout: float = 180, check: bool = True, stdin: Optional[bytes] = None
+    ) -> tuple[int, str]:
+        """Run a Windows program to its end: its exit code and its output (stdout and stderr). ``stdin`` is
+        written to a pipe that is then closed (as ansible.windows.win_command's ``stdin`` does)."""
+        proc = subprocess.Popen(["wine", *argv], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE)  # fmt: skip
+        if stdin is not None and proc.stdin is not None:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
         out = bytearray()
         reader = threading.Thread(
             target=lambda: out.extend(proc.stdout.read() if proc.stdout else b""), daemon=True
