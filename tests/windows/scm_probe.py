@@ -7,7 +7,8 @@ Wine's ``sc.exe`` has no ``query``, so the stage reads service states through th
 (``QueryServiceStatusEx``, ``ControlService``). Each command prints JSON lines on stdout:
 
 * ``status NAME``: one status;
-* ``watch NAME [--stop] [--second-stop] [--until STATES] [--timeout SECONDS]``: with ``--stop``, send STOP first;
+* ``watch NAME [--stop | --control CODE] [--second-stop] [--until STATES] [--timeout SECONDS]``: with ``--stop``,
+  send STOP first (with ``--control``, that control code: 128 is the service host's "stop now");
   then one line per change of state or checkpoint until the service reaches one of ``--until`` (comma-separated;
   default STOPPED), and a last line ``{"timeout": true}`` if it does not. ``--second-stop`` sends another STOP at the first STOP_PENDING
   and reports what the service manager answered (``{"second_stop": <error code or 0>}``);
@@ -55,10 +56,10 @@ def status(handle):
     }
 
 
-def stop(handle):
-    """Send STOP; the error code the service manager answers with (0 when it took it)."""
+def stop(handle, control=win32service.SERVICE_CONTROL_STOP):
+    """Send STOP (or another control); the error code the service manager answers with (0 when it took it)."""
     try:
-        win32service.ControlService(handle, win32service.SERVICE_CONTROL_STOP)
+        win32service.ControlService(handle, control)
     except pywintypes.error as exc:
         return exc.winerror
     return 0
@@ -69,6 +70,8 @@ def watch(handle, args):
     timeout = float(args[args.index("--timeout") + 1]) if "--timeout" in args else 120.0
     if "--stop" in args:
         emit({"stop": stop(handle)})
+    if "--control" in args:
+        emit({"control": stop(handle, int(args[args.index("--control") + 1]))})
     second_stop = "--second-stop" in args
     last = None
     deadline = time.monotonic() + timeout

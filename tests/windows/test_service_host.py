@@ -159,6 +159,26 @@ def test_stop_with_a_live_session_drains_stops_the_remote_and_releases_the_claim
     assert f"{DRAIN_TIMEOUT}" in log
 
 
+def test_control_128_stops_at_once_without_the_drain_and_releases_the_claim(
+    installed: dict[str, Instance], fleet: Fleet
+) -> None:
+    """The documented way to stop without a drain (there is no second STOP): ``sc control <service> 128``."""
+    main = installed["main"]
+    assert states(main.start())[-1] == "RUNNING"
+    try:
+        session_id, dummy = serve_one(fleet)
+        rows = main.probe("watch", "--control", "128", "--timeout", "120", timeout=180)
+    finally:
+        main.ensure_stopped()
+    assert {"control": 0} in rows, rows
+    assert rows[-1]["state"] == "STOPPED" and rows[-1]["exit_code"] == 0, rows
+    log = main.log()
+    assert "service control 128 (stop now): stopping the sessions now" in log, log
+    assert "draining, as on SIGTERM" not in log.split("service control 128")[-1]
+    assert actions(fleet, session_id)[-1] == "release", actions(fleet, session_id)
+    assert "crashed" not in log
+
+
 def test_a_second_stop_while_draining_is_refused_and_the_docs_say_so(
     installed: dict[str, Instance], fleet: Fleet
 ) -> None:

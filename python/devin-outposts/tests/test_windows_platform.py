@@ -4,7 +4,7 @@ uses it).
 Environment building, path checks and spelling, session-id sanitising against Windows' naming rules, the
 ``windows_x64.exe`` remote's URLs, the ``msvcrt`` lock (with a fake ``msvcrt`` that keeps byte-range locks
 the way Windows does), and the stop signals. How a remote is stopped is in test_windows_stop.py. The real
-Windows APIs never run here (docs/windows-worker.md, "What has never run").
+Windows APIs never run here (docs/windows-worker.md, "What has run, and what has not").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ What is checked here is our side of the contract with the SCM: which status each
 code of the worker produce, that STOP and PRESHUTDOWN drain the *real* worker (against the fleet
 simulator, with the session's claim released), that SHUTDOWN stops it at once, and that the env-file and
 config errors name the line but never a value. pywin32 and the SCM themselves never run here
-(docs/windows-worker.md, "What has never run").
+(docs/windows-worker.md, "What has run, and what has not").
 """
 
 from __future__ import annotations

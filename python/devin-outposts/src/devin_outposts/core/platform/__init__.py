@@ -24,7 +24,7 @@ behaviour with :func:`use` and check environment building, suffixes, paths, lock
 What calls a Windows API (``msvcrt``, ``winreg``, the Ctrl-C helper's process and its ``kernel32``) is
 reached through a module or a callable the :class:`Windows` constructor (or :func:`.console_stop.main`)
 accepts, so tests hand it fakes; on Linux nothing of it runs against the real API (docs/windows-worker.md,
-"What has never run"; the Wine stage runs it).
+"What has run, and what has not"; the Wine stage runs it).
 
 :mod:`.posix` holds :class:`HostPlatform` (the POSIX behaviour) and :class:`Posix`; :mod:`.windows` holds
 :class:`Windows` and its helpers; :mod:`.console_stop` is the Ctrl-C helper, a stdlib-only script. Import

@@ -26,7 +26,8 @@ on a fake framework) whose ``SvcRun`` runs the worker:
 * ``SERVICE_CONTROL_INTERROGATE`` reports the state as it is (pywin32's default says RUNNING always).
 
 How the worker's exit code becomes the service's final status is :func:`service_exit_for`. Everything in
-this module runs on Linux in tests, against fakes of pywin32 and the SCM; none of it has run on Windows.
+this module runs on Linux in tests, against fakes of pywin32 and the SCM, and as a real service under Wine in
+the windows stage; none of it has run on a real Windows host.
 """
 
 from __future__ import annotations
