@@ -16,6 +16,7 @@ ran).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -646,7 +647,9 @@ def test_a_sweep_during_a_provision_keeps_the_new_state_volume(pod: Podman) -> N
 
 
 @needs_podman
-def test_start_replaces_a_running_worker_on_the_same_volume(pod: Podman) -> None:
+def test_start_replaces_a_running_worker_on_the_same_volume(
+    pod: Podman, wait_until: Callable[..., Any]
+) -> None:
     """A re-claim starts the worker again: the running one is stopped and replaced, the machine (its name,
     volume, creation time, labels) stays."""
     sleeper = PodmanDriver.from_options(
@@ -670,9 +673,15 @@ def test_start_replaces_a_running_worker_on_the_same_volume(pod: Podman) -> None
     assert run(sleeper.status(machine)).state is WorkerState.RUNNING
     # The new token reached the new worker (its environment, through the secret file), and is in no
     # container configuration.
-    pids = [int(pid) for pid in podman("top", machine.name, "hpid").stdout.split()[1:]]
-    environs = [Path(f"/proc/{pid}/environ").read_bytes() for pid in pids]
-    assert any(b"DEVIN_REMOTE_SESSION_TOKEN=second-token\0" in env for env in environs)
+    # Polled: right after the start, the container's entry may still be reading the secret file (a process
+    # listed by `podman top` can be gone before its environ is read). The bound only catches a hang.
+    wait_until(
+        lambda: any(
+            b"DEVIN_REMOTE_SESSION_TOKEN=second-token\0" in env for env in container_environs(machine.name)
+        ),
+        timeout=60,
+        interval=0.2,
+    )
     assert "second-token" not in json.dumps(second) and "first-token" not in json.dumps(second)
     assert (
         [m["Name"] for m in second["Mounts"]]
@@ -683,6 +692,15 @@ def test_start_replaces_a_running_worker_on_the_same_volume(pod: Podman) -> None
     assert run(sleeper.list_owned(pod.acceptor, pod.outpost.outpost_id)) == [machine]
     run(sleeper.teardown(machine))
     assert pod.leftovers() == {"containers": [], "volumes": [], "files": []}
+
+
+def container_environs(name: str) -> list[bytes]:
+    """The environments of a container's processes, as the host sees them (pids gone meanwhile skipped)."""
+    environs = []
+    for pid in podman("top", name, "hpid").stdout.split()[1:]:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            environs.append(Path(f"/proc/{int(pid)}/environ").read_bytes())
+    return environs
 
 
 ORCHESTRATOR_STAND_IN = """
