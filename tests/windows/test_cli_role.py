@@ -48,7 +48,7 @@ WINDOWS_FACTS = {
     "system": "Win32NT", "os_family": "Windows", "distribution": "Microsoft Windows Server 2022 Datacenter",
     "architecture": "64-bit", "architecture2": "x86_64",
 }  # fmt: skip
-VERSION_A, VERSION_B, VERSION_TAMPERED, VERSION_WRONG = "1.4.0", "1.5.2", "1.6.0", "1.7.0"
+VERSION_A, VERSION_B, VERSION_TAMPERED, VERSION_WRONG, VERSION_PINNED = "1.4.0", "1.5.2", "1.6.0", "1.7.0", "1.8.0"
 
 
 @dataclass
@@ -247,6 +247,25 @@ def test_a_binary_reporting_another_version_is_refused(host: CliHost) -> None:
     assert host.wine.path(INSTALL_DIR + r"\devin.exe").read_bytes() == stable_before
     assert not host.wine.path(rf"{INSTALL_DIR}\{VERSION_WRONG}").exists()
     assert not host.wine.path(INSTALL_DIR + r"\.staging").exists()
+
+
+def test_pinned_checksums_come_before_the_published_one(host: CliHost) -> None:
+    """devin_outposts_cli_checksums: the installed binary's digest (win_stat) matching the pin changes nothing; a
+    download is checked against the pin, not against the published .sha256 (which matches here)."""
+    host.installed(VERSION_B)
+    stable_before = host.wine.path(INSTALL_DIR + r"\devin.exe").read_bytes()
+    pin_b = hashlib.sha256(host.exe(VERSION_B)).hexdigest()
+    same = host.play(VERSION_B, devin_outposts_cli_checksums={"x64": pin_b.upper()})
+    assert same.rc == 0, same.output
+    assert same.recap["changed"] == 0, same.output
+    host.publish(VERSION_PINNED)
+    run = host.play(VERSION_PINNED, devin_outposts_cli_checksums={"x64": pin_b})
+    assert run.rc != 0
+    assert run.recap["failed"] == 1, run.output
+    assert f"devin-windows-x64.exe did not match '{pin_b}'" in run.output
+    assert re.search(r"Fetch the published checksum\] \*+\nskipping: \[winhost\]", run.output), run.output
+    assert host.wine.path(INSTALL_DIR + r"\devin.exe").read_bytes() == stable_before
+    assert not host.wine.path(rf"{INSTALL_DIR}\{VERSION_PINNED}").exists()
 
 
 def test_state_absent_removes_the_cli_and_the_path_entry(host: CliHost) -> None:
