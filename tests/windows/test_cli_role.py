@@ -1,18 +1,21 @@
 # Copyright (c) devin.outposts contributors
 # MIT License (see https://opensource.org/licenses/MIT)
 # SPDX-License-Identifier: MIT
-"""The cli role's Windows path (devin.exe: install, checksum, upgrade, removal), run by ansible-playbook under Wine.
+"""The cli role's Windows path (devin.exe: install, checksum, upgrade, removal), run by ansible-playbook
+under Wine.
 
-What is real: the role's own tasks, conditions, expressions, block/rescue/always and handler, as ``ansible-playbook``
-runs them (connection local, the play given Windows facts by tests/roles/library/pretend_os); the download from the
-simulator's CLI distribution and its published ``.sha256``; ``devin.exe --version``, run by Wine (devin.exe is a
-Windows executable built here from cli_standin.c, one per version); the machine PATH in Wine's registry; a Wine
-service (dummy_service.c) that the handler restarts.
+What is real: the role's own tasks, conditions, expressions, block/rescue/always and handler, as
+``ansible-playbook`` runs them (connection local, the play given Windows facts by
+tests/roles/library/pretend_os); the download from the simulator's CLI distribution and its published
+``.sha256``; ``devin.exe --version``, run by Wine (devin.exe is a Windows executable built here from
+cli_standin.c, one per version); the machine PATH in Wine's registry; a Wine service (dummy_service.c) that
+the handler restarts.
 
 What stands in: each ``ansible.windows`` module the path uses, by a test-only Python module of the same name
-(collection/ansible_collections/ansible/windows, first on ANSIBLE_COLLECTIONS_PATH; its README.md), acting on the
-Wine prefix: the real ones are PowerShell over WinRM, which Wine cannot give. docs/windows.md lists what Wine cannot
-run. The cases share conftest.py's prefix; each one brings the install to the state it starts from.
+(collection/ansible_collections/ansible/windows, first on ANSIBLE_COLLECTIONS_PATH; its README.md), acting on
+the Wine prefix: the real ones are PowerShell over WinRM, which Wine cannot give. docs/windows.md lists what
+Wine cannot run. The cases share conftest.py's prefix; each one brings the install to the state it starts
+from.
 """
 
 from __future__ import annotations
@@ -48,7 +51,13 @@ WINDOWS_FACTS = {
     "system": "Win32NT", "os_family": "Windows", "distribution": "Microsoft Windows Server 2022 Datacenter",
     "architecture": "64-bit", "architecture2": "x86_64",
 }  # fmt: skip
-VERSION_A, VERSION_B, VERSION_TAMPERED, VERSION_WRONG, VERSION_PINNED = "1.4.0", "1.5.2", "1.6.0", "1.7.0", "1.8.0"
+VERSION_A, VERSION_B, VERSION_TAMPERED, VERSION_WRONG, VERSION_PINNED = (
+    "1.4.0",
+    "1.5.2",
+    "1.6.0",
+    "1.7.0",
+    "1.8.0",
+)
 
 
 @dataclass
@@ -66,7 +75,7 @@ class Run:
 
 @dataclass
 class CliHost:
-    """The Wine prefix as the role's Windows host, the simulator's CLI distribution, and a way to run the role."""
+    """The Wine prefix as the role's Windows host, the simulator's CLI distribution, a way to run the role."""
 
     wine: Wine
     fleet: Fleet
@@ -88,14 +97,15 @@ class CliHost:
         )
 
     def play(self, version: str = "", *, state: str = "present", **extra: Any) -> Run:
-        """``ansible-playbook`` applying devin.outposts.cli to the Windows host (this machine, connection local)."""
+        """``ansible-playbook`` applying devin.outposts.cli to the Windows host (here, connection local)."""
         settings = {
             "devin_outposts_cli_state": state, "devin_outposts_cli_version": version,
             "devin_outposts_cli_base_url": self.fleet.sim.admin.cli_base_url,
             "devin_outposts_cli_restart_services": [SERVICE], **extra,
         }  # fmt: skip
         playbook = [{
-            "name": "The cli role on a Windows host (a Wine prefix)", "hosts": "windows", "gather_facts": False,
+            "name": "The cli role on a Windows host (a Wine prefix)", "hosts": "windows",
+            "gather_facts": False,
             "pre_tasks": [{"name": "Windows facts (ansible.windows.setup needs WinRM)",
                            "pretend_os": {"facts": WINDOWS_FACTS}}],
             "roles": [{"role": "devin.outposts.cli"}],
@@ -105,7 +115,11 @@ class CliHost:
         (self.work / "site.yml").write_text(yaml.safe_dump(playbook, sort_keys=False))
         (self.work / "inventory.yml").write_text(yaml.safe_dump(inventory))
         (self.work / "settings.yml").write_text(yaml.safe_dump(settings))
-        env = {key: value for key, value in os.environ.items() if not key.startswith(("DEVIN_", "PIP_", "ANSIBLE_"))}
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("DEVIN_", "PIP_", "ANSIBLE_"))
+        }
         env.update(
             # The stand-ins first: they take the place of ansible.windows; devin.outposts is this checkout.
             ANSIBLE_COLLECTIONS_PATH=f"{HERE / 'collection'}:{ROOT / '.cache' / 'collections'}",
@@ -171,8 +185,8 @@ def host(wine: Wine, fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def test_install_a_version(host: CliHost) -> None:
-    """devin.exe in <install_dir>\\<version>\\ and at the stable path, reporting the version under Wine; the install
-    directory on the machine PATH; a second run changes nothing."""
+    """devin.exe in <install_dir>\\<version>\\ and at the stable path, reporting the version under Wine; the
+    install directory on the machine PATH; a second run changes nothing."""
     host.play(state="absent")
     host.publish(VERSION_A)
     first = host.play(VERSION_A)
@@ -192,8 +206,8 @@ def test_install_a_version(host: CliHost) -> None:
 
 
 def test_upgrade_to_another_version(host: CliHost) -> None:
-    """The stable path reports the new version, the old version's directory is gone, and the handler restarted the
-    service that runs the CLI (its own log shows a stop and a start)."""
+    """The stable path reports the new version, the old version's directory is gone, and the handler restarted
+    the service that runs the CLI (its own log shows a stop and a start)."""
     host.installed(VERSION_A)
     events_before = host.service_log()
     host.publish(VERSION_B)
@@ -202,7 +216,10 @@ def test_upgrade_to_another_version(host: CliHost) -> None:
     assert host.reports(rf"{INSTALL_DIR}\devin.exe") == f"devin {VERSION_B}"
     assert host.reports(rf"{INSTALL_DIR}\{VERSION_B}\devin.exe") == f"devin {VERSION_B}"
     assert not host.wine.path(rf"{INSTALL_DIR}\{VERSION_A}").exists()
-    assert "RUNNING HANDLER [devin.outposts.cli : Restart the Windows services that run the devin CLI]" in run.output
+    assert (
+        "RUNNING HANDLER [devin.outposts.cli : Restart the Windows services that run the devin CLI]"
+        in run.output
+    )
     assert host.service_log()[len(events_before) :] == ["stop", "start"]
     assert host.machine_path().count(INSTALL_DIR) == 1
 
@@ -219,8 +236,8 @@ def test_a_tampered_artifact_is_refused(host: CliHost) -> None:
     assert run.recap["failed"] == 1, run.output
     url = f"{host.fleet.sim.admin.cli_base_url}{VERSION_TAMPERED}/devin-windows-x64.exe"
     line = (
-        f"Could not install the devin CLI {VERSION_TAMPERED} (windows-x64) from {url}: The checksum for {url} did "
-        "not match"
+        f"Could not install the devin CLI {VERSION_TAMPERED} (windows-x64) from {url}: "
+        f"The checksum for {url} did not match"
     )
     assert line in run.output
     assert "the installed CLI was left as it was" in run.output
@@ -233,16 +250,17 @@ def test_a_tampered_artifact_is_refused(host: CliHost) -> None:
 
 
 def test_a_binary_reporting_another_version_is_refused(host: CliHost) -> None:
-    """The download's checksum matches, but the binary says it is another version: the role's assert refuses it
-    (the binary was run by Wine), and nothing is installed."""
+    """The download's checksum matches, but the binary says it is another version: the role's assert refuses
+    it (the binary was run by Wine), and nothing is installed."""
     host.installed(VERSION_B)
     stable_before = host.wine.path(INSTALL_DIR + r"\devin.exe").read_bytes()
     host.publish(VERSION_WRONG, reports=VERSION_A)
     run = host.play(VERSION_WRONG)
     assert run.rc != 0
     assert run.recap["failed"] == 1, run.output
-    assert f"the downloaded binary reports 'devin {VERSION_A}' for --version (exit 0), not version {VERSION_WRONG}" in (
-        run.output
+    assert (
+        f"the downloaded binary reports 'devin {VERSION_A}' for --version (exit 0), "
+        f"not version {VERSION_WRONG}" in run.output
     )
     assert host.wine.path(INSTALL_DIR + r"\devin.exe").read_bytes() == stable_before
     assert not host.wine.path(rf"{INSTALL_DIR}\{VERSION_WRONG}").exists()
@@ -250,8 +268,8 @@ def test_a_binary_reporting_another_version_is_refused(host: CliHost) -> None:
 
 
 def test_pinned_checksums_come_before_the_published_one(host: CliHost) -> None:
-    """devin_outposts_cli_checksums: the installed binary's digest (win_stat) matching the pin changes nothing; a
-    download is checked against the pin, not against the published .sha256 (which matches here)."""
+    """devin_outposts_cli_checksums: the installed binary's digest (win_stat) matching the pin changes
+    nothing; a download is checked against the pin, not the published .sha256 (which matches here)."""
     host.installed(VERSION_B)
     stable_before = host.wine.path(INSTALL_DIR + r"\devin.exe").read_bytes()
     pin_b = hashlib.sha256(host.exe(VERSION_B)).hexdigest()

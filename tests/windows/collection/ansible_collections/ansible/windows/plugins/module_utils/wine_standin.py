@@ -43,7 +43,9 @@ class WinePrefix(object):
         """The Linux path of ``windows_path`` (``C:\\...`` only: the role uses nothing else)."""
         drive, rest = ntpath.splitdrive(windows_path)
         if drive.upper() != "C:" or not rest.startswith("\\"):
-            self.module.fail_json(msg="test-only stand-in: only absolute C:\\ paths are mapped, got %r" % windows_path)
+            self.module.fail_json(
+                msg="test-only stand-in: only absolute C:\\ paths are mapped, got %r" % windows_path
+            )
         parts = [part for part in rest.split("\\") if part]
         return os.path.join(self.prefix, "drive_c", *parts)
 
@@ -60,7 +62,10 @@ class WinePrefix(object):
         """Run ``wine <argv>``: (rc, stdout, stderr). A program that starts another one hands it its pipes, so the
         output is what was written when the program itself ended."""
         proc = subprocess.Popen(
-            ["wine"] + list(argv), env=self.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            ["wine"] + list(argv),
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
         out, err = bytearray(), bytearray()

@@ -15,7 +15,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 def main():
     module = AnsibleModule(argument_spec=dict(), bypass_checks=True, supports_check_mode=True)
-    module.fail_json(msg="ansible.windows.setup cannot run under Wine: the play is given Windows facts instead")
+    module.fail_json(
+        msg="ansible.windows.setup cannot run under Wine: the play is given Windows facts instead"
+    )
 
 
 if __name__ == "__main__":

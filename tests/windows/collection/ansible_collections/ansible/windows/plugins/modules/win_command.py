@@ -30,7 +30,13 @@ def main():
     rc, stdout, stderr = prefix.run(argv)
     end = datetime.datetime.now()
     result = dict(
-        changed=True, cmd=" ".join(argv), rc=rc, stdout=stdout, stderr=stderr, start=str(start), end=str(end),
+        changed=True,
+        cmd=" ".join(argv),
+        rc=rc,
+        stdout=stdout,
+        stderr=stderr,
+        start=str(start),
+        end=str(end),
         delta=str(end - start),
     )
     if rc != 0:

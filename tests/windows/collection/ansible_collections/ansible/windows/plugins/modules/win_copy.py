@@ -16,7 +16,11 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_bytes
-from ansible_collections.ansible.windows.plugins.module_utils.wine_standin import WinePrefix, argument_spec, digest
+from ansible_collections.ansible.windows.plugins.module_utils.wine_standin import (
+    WinePrefix,
+    argument_spec,
+    digest,
+)
 
 
 def main():

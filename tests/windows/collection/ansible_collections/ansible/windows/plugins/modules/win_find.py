@@ -35,10 +35,15 @@ def main():
             isdir = os.path.isdir(os.path.join(root, name))
             if isdir != (module.params["file_type"] == "directory"):
                 continue
-            files.append({
-                "filename": name, "path": ntpath.join(folder, name), "isdir": isdir, "isreg": not isdir,
-                "extension": None if isdir else ntpath.splitext(name)[1],
-            })
+            files.append(
+                {
+                    "filename": name,
+                    "path": ntpath.join(folder, name),
+                    "isdir": isdir,
+                    "isreg": not isdir,
+                    "extension": None if isdir else ntpath.splitext(name)[1],
+                }
+            )
     module.exit_json(changed=False, files=files, matched=len(files), examined=examined)
 
 

@@ -59,8 +59,9 @@ def main():
     after = ";".join(existing)
     changed = after != before
     if changed and not module.check_mode:
-        rc, out, err = prefix.run(["reg", "add", MACHINE_KEY, "/v", params["name"], "/t", "REG_EXPAND_SZ", "/d", after,
-                                   "/f"])
+        rc, out, err = prefix.run(
+            ["reg", "add", MACHINE_KEY, "/v", params["name"], "/t", "REG_EXPAND_SZ", "/d", after, "/f"]
+        )
         if rc != 0:
             module.fail_json(msg="reg add failed: %s" % (out + err))
     module.exit_json(changed=changed, path_value=after)

@@ -40,9 +40,14 @@ def main():
     name, state = params["name"], params["state"]
     current = state_of(prefix, name)
     if current is None:
-        module.fail_json(msg="Service '%s' is not installed, need to set 'path' to create a new service" % name)
-    changed = state == "restarted" or (state == "started" and current != "running") or (
-        state == "stopped" and current != "stopped")
+        module.fail_json(
+            msg="Service '%s' is not installed, need to set 'path' to create a new service" % name
+        )
+    changed = (
+        state == "restarted"
+        or (state == "started" and current != "running")
+        or (state == "stopped" and current != "stopped")
+    )
     if changed and not module.check_mode:
         if state in ("stopped", "restarted") and current != "stopped":
             net(prefix, "stop", name)

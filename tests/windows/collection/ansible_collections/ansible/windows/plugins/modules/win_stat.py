@@ -13,7 +13,11 @@ import ntpath
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.ansible.windows.plugins.module_utils.wine_standin import WinePrefix, argument_spec, digest
+from ansible_collections.ansible.windows.plugins.module_utils.wine_standin import (
+    WinePrefix,
+    argument_spec,
+    digest,
+)
 
 
 def main():
@@ -21,7 +25,9 @@ def main():
         argument_spec=argument_spec(
             path=dict(type="path", required=True, aliases=["dest", "name"]),
             get_checksum=dict(type="bool", default=True),
-            checksum_algorithm=dict(type="str", default="sha1", choices=["md5", "sha1", "sha256", "sha384", "sha512"]),
+            checksum_algorithm=dict(
+                type="str", default="sha1", choices=["md5", "sha1", "sha256", "sha384", "sha512"]
+            ),
             follow=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
@@ -32,9 +38,15 @@ def main():
         module.exit_json(changed=False, stat={"exists": False})
     isdir = os.path.isdir(target)
     stat = {
-        "exists": True, "path": path, "filename": ntpath.basename(path), "isdir": isdir, "isreg": not isdir,
-        "islnk": False, "size": 0 if isdir else os.path.getsize(target),
-        "extension": None if isdir else ntpath.splitext(path)[1], "lastwritetime": os.path.getmtime(target),
+        "exists": True,
+        "path": path,
+        "filename": ntpath.basename(path),
+        "isdir": isdir,
+        "isreg": not isdir,
+        "islnk": False,
+        "size": 0 if isdir else os.path.getsize(target),
+        "extension": None if isdir else ntpath.splitext(path)[1],
+        "lastwritetime": os.path.getmtime(target),
     }
     if not isdir and module.params["get_checksum"]:
         stat["checksum"] = digest(target, module.params["checksum_algorithm"])

@@ -34,8 +34,10 @@ def main():
     status = info.get("status", -1)
     if status != 200:
         module.fail_json(
-            msg="Status code of request '%s' is not in list of valid status codes 200 : '%s'." % (status, info.get("msg")),
-            status_code=status, url=params["url"],
+            msg="Status code of request '%s' is not in list of valid status codes 200 : '%s'."
+            % (status, info.get("msg")),
+            status_code=status,
+            url=params["url"],
         )
     result = dict(changed=False, status_code=status, url=params["url"], msg="OK")
     if params["return_content"]:
