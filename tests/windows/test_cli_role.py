@@ -96,7 +96,7 @@ class CliHost:
             version, content=self.exe(reports or version), platforms=["windows-x64"], tampered=tampered
         )
 
-    def play(self, version: str = "", *, state: str = "present", **extra: Any) -> Run:
+    def play(self, version: str = "", *, state: str = "present", check: bool = False, **extra: Any) -> Run:
         """``ansible-playbook`` applying devin.outposts.cli to the Windows host (here, connection local)."""
         settings = {
             "devin_outposts_cli_state": state, "devin_outposts_cli_version": version,
@@ -128,7 +128,8 @@ class CliHost:
             ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_NOCOLOR="1", ANSIBLE_RETRY_FILES_ENABLED="False",
         )  # fmt: skip
         done = subprocess.run(
-            [ANSIBLE_PLAYBOOK, "-i", "inventory.yml", "-e", "@settings.yml", "site.yml"],
+            [ANSIBLE_PLAYBOOK, "-i", "inventory.yml", "-e", "@settings.yml", "site.yml",
+             *(["--check"] if check else [])],
             cwd=self.work, env=env, capture_output=True, text=True, timeout=480, check=False,
         )  # fmt: skip
         return Run(done.returncode, done.stdout + done.stderr)
@@ -298,3 +299,16 @@ def test_state_absent_removes_the_cli_and_the_path_entry(host: CliHost) -> None:
     again = host.play(state="absent")
     assert again.rc == 0, again.output
     assert again.recap["changed"] == 0, again.output
+
+
+def test_check_mode_on_a_host_without_the_cli_changes_nothing(host: CliHost) -> None:
+    """--check on a host without the CLI: the run reports what it would change, and nothing is on disk or on
+    the machine PATH afterwards (the published checksum is still fetched: its task has check_mode: false)."""
+    host.play(state="absent")
+    path_before = host.machine_path()
+    host.publish(VERSION_A)
+    run = host.play(VERSION_A, check=True)
+    assert run.rc == 0, run.output
+    assert run.recap["changed"] > 0, run.output
+    assert not host.wine.path(INSTALL_DIR).exists()
+    assert host.machine_path() == path_before
