@@ -17,7 +17,7 @@ from ansible_collections.ansible.windows.plugins.module_utils.wine_standin impor
 
 def state_of(prefix, name):
     """The service's state (running, stopped, ...), or None when it is not installed."""
-    rc, out, err = prefix.run(["sc", "query", name])
+    rc, out, dummy = prefix.run(["sc", "query", name])
     match = re.search(r"STATE\s*:\s*\d+\s+(\w+)", out)
     return match.group(1).lower() if rc == 0 and match else None
 
