@@ -33,7 +33,7 @@ declare -A ABOUT=(
     [eda]="pytest tests/eda: the EDA event source, ansible-rulebook runs the example rulebooks (one on an nspawn host)"
     [tarball]="make build, then the installed tarball: contents, ansible-doc, modules, the worker role on a host"
     [molecule]="roles: tests/roles, then the Molecule scenarios on systemd-nspawn hosts"
-    [windows]="tests/windows: the Windows service host as a real service under Wine (scripts/windows/setup.sh)"
+    [windows]="tests/windows under Wine: the worker's service host as a real service; the cli role's Windows tasks (scripts/windows/setup.sh)"
 )
 declare -A GROUPS_=(
     [lint]="ruff mypy imports ansible-lint changelog"

@@ -30,8 +30,10 @@ DENY=(
     '(^|/)\.(pytest|mypy|ruff|import_linter)_cache/' '\.tar\.gz$'
     '^\.gitignore$' '^\.shellcheckrc$' '^requirements-dev\.txt$' '^ruff\.toml$'
     '^pytest\.ini$' '^conftest\.py$'
-    '^tests/(output|unit|integration|roles|orchestrator|tarball|eda)/' '^tests/(conftest|prerequisites)\.py$'
+    '^tests/(output|unit|integration|roles|orchestrator|tarball|eda|windows)/' '^tests/(conftest|prerequisites)\.py$'
     '^changelogs/fragments/' '^playbooks/demo\.yml$'
+    # a nested collection is test-only (tests/windows/collection: the ansible.windows stand-ins)
+    '(^|/)ansible_collections/'
 )
 # What a user needs and must find.
 REQUIRE=(

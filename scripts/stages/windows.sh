@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The windows stage: the worker's Windows service host installed as the worker role installs it and run as a real
-# Windows service under Wine, against the fleet simulator on this machine (tests/windows; docs/windows.md, "Under
-# Wine in CI"). scripts/windows/setup.sh provisions it first (apt, PyPI; cached in .cache/windows).
+# Windows service under Wine, against the fleet simulator on this machine; and the cli role's own Windows tasks run by
+# ansible-playbook against the Wine prefix, with test-only ansible.windows stand-ins (tests/windows; docs/windows.md,
+# "Under Wine in CI"). scripts/windows/setup.sh provisions it first (apt, PyPI; cached in .cache/windows).
 #
 #   scripts/test.sh windows                 # or: make windows
 #   scripts/test.sh windows -k idle         # arguments go to pytest

@@ -3,8 +3,9 @@
 # SPDX-License-Identifier: MIT
 """The service manager as the windows stage sees it: run by the Windows CPython under Wine, with pywin32.
 
-Wine's ``sc.exe`` has no ``query``, so the stage reads service states through the same API a Windows tool would
-(``QueryServiceStatusEx``, ``ControlService``). Each command prints JSON lines on stdout:
+Wine 8's ``sc.exe`` has ``query`` but no ``queryex`` (no process id, no service-specific exit code), so the
+stage reads service states through the same API a Windows tool would (``QueryServiceStatusEx``,
+``ControlService``). Each command prints JSON lines on stdout:
 
 * ``status NAME``: one status;
 * ``watch NAME [--stop | --control CODE] [--second-stop] [--until STATES] [--timeout SECONDS]``: with ``--stop``,

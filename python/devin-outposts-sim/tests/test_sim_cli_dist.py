@@ -96,10 +96,31 @@ def test_a_tampered_artifact_serves_a_sha256_that_does_not_match(sim: SimHandle)
     assert artifact["published_sha256"] == served
 
 
+def test_a_windows_build_is_served_with_exe_and_only_when_named(sim: SimHandle) -> None:
+    artifacts = sim.admin.publish_cli("1.2.3")
+    assert "windows-x64" not in [a["platform"] for a in artifacts]  # the shell stand-in is no Windows build
+    (artifact,) = sim.admin.publish_cli("1.2.3", content=b"MZ exe bytes", platforms=["windows-x64"])
+    assert artifact["path"] == "1.2.3/devin-windows-x64.exe"
+    assert get(sim, "1.2.3/devin-windows-x64.exe").content == b"MZ exe bytes"
+    digest = get(sim, "1.2.3/devin-windows-x64.exe.sha256").text.strip()
+    assert digest == hashlib.sha256(b"MZ exe bytes").hexdigest()
+    assert "windows-x64" in sim.admin.cli_dist()["platforms"]
+    # The Linux names stay without .exe, and the Windows one needs it.
+    assert get(sim, "1.2.3/devin-linux-x64.exe").status_code == 404
+    assert get(sim, "1.2.3/devin-windows-x64").status_code == 404
+
+
+def test_a_tampered_windows_build(sim: SimHandle) -> None:
+    (artifact,) = sim.admin.publish_cli("9.9.9", content=b"MZ", platforms=["windows-x64"], tampered=True)
+    assert artifact["tampered"] is True
+    assert get(sim, "9.9.9/devin-windows-x64.exe.sha256").text.strip() == artifact["published_sha256"]
+
+
 @pytest.mark.parametrize(
     "path",
-    ["1.2.3/devin-windows-x64", "1.2.3/devin", "1.2.3/devin-linux-x64.md5", "1.2.3/other", "1.2.3"],
-)
+    ["1.2.3/devin-windows-x64", "1.2.3/devin", "1.2.3/devin-linux-x64.md5", "1.2.3/other", "1.2.3",
+     "1.2.3/devin-linux-x64.exe.sha256"],
+)  # fmt: skip
 def test_other_names_are_404(sim: SimHandle, path: str) -> None:
     sim.admin.publish_cli("1.2.3")
     response = get(sim, path)
@@ -125,7 +146,8 @@ def test_the_admin_routes_need_the_admin_token(sim: SimHandle) -> None:
         ({"version": ""}, "version must be a pinned version"),
         ({"version": "1.2/3"}, "version must be a pinned version"),
         ({}, "version must be a pinned version"),
-        ({"version": "1.2.3", "platforms": ["windows-x64"]}, "platforms must be"),
+        ({"version": "1.2.3", "platforms": ["windows-arm64"]}, "platforms must be"),
+        ({"version": "1.2.3", "platforms": ["windows-x64"]}, "a windows platform needs content"),
         ({"version": "1.2.3", "platforms": []}, "platforms must be"),
         ({"version": "1.2.3", "content_b64": "not base64!"}, "not valid base64"),
         ({"version": "1.2.3", "published_sha256": "abc"}, "64 lowercase hex"),

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from devin_outposts_sim.admin_client import SimAdmin
 from devin_outposts_sim.cli.common import EXIT_OK, print_json
-from devin_outposts_sim.state.cli_dist import PLATFORMS
+from devin_outposts_sim.state.cli_dist import ALL_PLATFORMS
 
 Action = Callable[[SimAdmin, argparse.Namespace], int]
 AdminParser = Callable[[Any, str, str, Action], Any]
@@ -56,5 +56,8 @@ def add_cli_dist_verbs(verbs: Any, admin_parser: AdminParser) -> None:
     )
     publish.add_argument("version", help="e.g. 1.2.3")
     publish.add_argument("--file", default=None, help="the artifact's content (default: the stand-in devin)")
-    publish.add_argument("--platform", action="append", choices=PLATFORMS, help="repeatable; default all")
+    publish.add_argument(
+        "--platform", action="append", choices=ALL_PLATFORMS,
+        help="repeatable; default every POSIX one (windows-x64 needs --file)",
+    )  # fmt: skip
     publish.add_argument("--tampered", action="store_true", help="serve a .sha256 that does not match")

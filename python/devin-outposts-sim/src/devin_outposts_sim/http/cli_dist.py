@@ -1,7 +1,7 @@
 """The routes of the simulated Devin CLI distribution (:mod:`devin_outposts_sim.state.cli_dist`).
 
-Public (no auth, like a CDN): ``GET /cli/<version>/devin-<platform>`` and its ``.sha256``; anything
-else under ``/cli/`` is ``404 {"detail": ...}``.
+Public (no auth, like a CDN): ``GET /cli/<version>/devin-<platform>`` (``devin-windows-x64.exe``) and its
+``.sha256``; anything else under ``/cli/`` is ``404 {"detail": ...}``.
 
 Admin (``Authorization: Bearer <admin token>``):
 
@@ -69,7 +69,7 @@ async def publish_cli(request: Request) -> Response:
         raise Invalid("tampered must be true or false")
     if tampered and digest is not None:
         raise Invalid("give at most one of tampered and published_sha256")
-    platforms = check_platforms(body.get("platforms"))
+    platforms = check_platforms(body.get("platforms"), has_content=content is not None)
 
     def publish() -> list[dict[str, object]]:
         # A tampered artifact's .sha256 is the digest of other bytes: it can never match.

@@ -3,7 +3,10 @@ downloads it. The contract (section 2) only gives ``curl -fsSL https://cli.devin
 the layout is our assumption (docs/roles.md), served under ``{sim_url}/cli/`` without auth:
 
 * ``<version>/devin-<platform>``: the binary, e.g. ``1.2.3/devin-linux-x64``;
-* ``<version>/devin-<platform>.sha256``: its SHA-256, hex digest only, one line.
+* ``<version>/devin-<platform>.sha256``: its SHA-256, hex digest only, one line;
+* Windows (``windows-x64``): ``<version>/devin-windows-x64.exe`` and ``….exe.sha256``, as the role's
+  Windows path asks for them. Published only when named, and only with content: the stand-in is a shell
+  script, which Windows cannot run (the windows stage publishes a small ``.exe`` it builds).
 
 Nothing is published out of the box: tests publish versions through the admin API. By default an
 artifact is the **stand-in** ``devin`` of that version (:func:`standin_cli`, a POSIX shell script that
@@ -23,9 +26,13 @@ from devin_outposts_sim.errors import Invalid
 from devin_outposts_sim.state.db import Database
 
 PREFIX = "/cli"
+#: The platforms a publish without ``platforms`` covers (the stand-in shell script runs on each of them).
 PLATFORMS = ("linux-x64", "linux-arm64", "macos-arm64")
+#: Platforms whose artifacts end in ``.exe``: published only when named, and only with content.
+WINDOWS_PLATFORMS = ("windows-x64",)
+ALL_PLATFORMS = PLATFORMS + WINDOWS_PLATFORMS
 VERSION_RE = re.compile(r"^v?[0-9][0-9A-Za-z._+-]{0,63}$")
-_NAME_RE = re.compile(r"^devin-([a-z0-9]+-[a-z0-9]+)(\.sha256)?$")
+_NAME_RE = re.compile(r"^devin-([a-z0-9]+-[a-z0-9]+)(\.exe)?(\.sha256)?$")
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 
 #: The tables of this part, wiped by :meth:`~devin_outposts_sim.state.store.Store.reset`.
@@ -72,13 +79,22 @@ def check_version(value: Any) -> str:
     return value
 
 
-def check_platforms(value: Any) -> tuple[str, ...]:
-    """A list of platforms, or None for all of them."""
+def check_platforms(value: Any, *, has_content: bool = True) -> tuple[str, ...]:
+    """A list of platforms, or None for all the POSIX ones (:data:`PLATFORMS`). A Windows platform needs
+    content (``has_content``): the default stand-in is a shell script."""
     if value is None:
         return PLATFORMS
-    if not isinstance(value, list) or not value or not all(item in PLATFORMS for item in value):
-        raise Invalid(f"platforms must be a non-empty list of {', '.join(PLATFORMS)} (or null for all)")
+    if not isinstance(value, list) or not value or not all(item in ALL_PLATFORMS for item in value):
+        names, default = ", ".join(ALL_PLATFORMS), ", ".join(PLATFORMS)
+        raise Invalid(f"platforms must be a non-empty list of {names} (or null for {default})")
+    if not has_content and any(item in WINDOWS_PLATFORMS for item in value):
+        raise Invalid("a windows platform needs content (the stand-in devin is a POSIX shell script)")
     return tuple(dict.fromkeys(value))
+
+
+def artifact_name(platform: str) -> str:
+    """``devin-<platform>``, with ``.exe`` for Windows."""
+    return f"devin-{platform}.exe" if platform in WINDOWS_PLATFORMS else f"devin-{platform}"
 
 
 def standin_cli(version: str) -> bytes:
@@ -91,11 +107,14 @@ def sha256_hex(content: bytes) -> str:
 
 
 def parse_name(name: str) -> Optional[tuple[str, bool]]:
-    """``(platform, is_sha256)`` for ``devin-<platform>[.sha256]``, or None for anything else."""
+    """``(platform, is_sha256)`` for ``devin-<platform>[.sha256]`` (``devin-windows-x64.exe[.sha256]``),
+    or None for anything else."""
     match = _NAME_RE.match(name)
-    if match is None or match.group(1) not in PLATFORMS:
+    if match is None or match.group(1) not in ALL_PLATFORMS:
         return None
-    return match.group(1), bool(match.group(2))
+    if bool(match.group(2)) != (match.group(1) in WINDOWS_PLATFORMS):
+        return None
+    return match.group(1), bool(match.group(3))
 
 
 @dataclass(frozen=True)
@@ -113,7 +132,7 @@ class CliArtifact:
     @property
     def path(self) -> str:
         """The artifact's path under the distribution's base URL."""
-        return f"{self.version}/devin-{self.platform}"
+        return f"{self.version}/{artifact_name(self.platform)}"
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -174,7 +193,7 @@ class CliDist:
         return CliArtifact(version, platform, bytes(row["content"]), str(row["published_sha256"]))
 
     def cli_state(self) -> dict[str, Any]:
-        """The platforms served and every artifact (without its bytes), oldest first."""
+        """The platforms served (POSIX, then Windows) and every artifact (without its bytes), oldest first."""
         with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT version, platform FROM cli_artifacts ORDER BY created_at, version, platform"
@@ -184,4 +203,4 @@ class CliDist:
             found = self.cli_artifact(str(row["version"]), str(row["platform"]))
             if found is not None:
                 artifacts.append(found.describe())
-        return {"prefix": PREFIX + "/", "platforms": list(PLATFORMS), "artifacts": artifacts}
+        return {"prefix": PREFIX + "/", "platforms": list(ALL_PLATFORMS), "artifacts": artifacts}
