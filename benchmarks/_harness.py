@@ -12,12 +12,15 @@
   when :func:`end_marker_session`, after marking the session terminated, writes to it (as a real remote
   exits when its session ends). SIGTERM from the worker kills it (no trap: traps around a blocking
   ``wait`` are racy in dash). A FIFO costs one ``mkfifo`` and no busy loop.
+* :func:`write_json` writes a run's figures for every benchmark's ``--json FILE|-``; :func:`without_nan`
+  turns a figure without samples into null first, where a benchmark has such figures.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import math
 import os
 import re
@@ -101,6 +104,28 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
         "max": max(values) if values else math.nan,
         "mean": sum(values) / len(values) if values else math.nan,
     }
+
+
+def without_nan(value: Any) -> Any:
+    """NaN (a figure with no samples) as null, in dicts and lists too: JSON has no NaN."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nan(item) for item in value]
+    return value
+
+
+def write_json(result: Any, target: str) -> None:
+    """The figures of a run as indented JSON, for ``--json FILE|-``: to stdout for ``-`` (the report then
+    goes to stderr), otherwise to the file ``target``, ending in a newline. Anything JSON has no type
+    for (a path, an option's value) is written as its ``str``."""
+    text = json.dumps(result, indent=2, default=str)
+    if target == "-":
+        print(text)
+    else:
+        Path(target).write_text(text + "\n")
 
 
 def ms(seconds: float) -> str:

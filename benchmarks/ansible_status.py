@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import math
 import os
 import resource
@@ -57,7 +56,7 @@ from devin_outposts.orchestrator.drivers.base import DriverContext, WorkerState
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
 from orchestrator import REPO, commit
 
-from _harness import BenchError
+from _harness import BenchError, write_json
 
 Out = Callable[[str], None]
 SCRIPTS = REPO / "scripts" / "test-hosts"
@@ -340,11 +339,7 @@ def main() -> int:
         return 1
     say(f"machine load at the end: {' '.join(f'{x:.2f}' for x in result['load_at_end'])}")
     if args.json:
-        text = json.dumps(result, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(result, args.json)
     return 0
 
 

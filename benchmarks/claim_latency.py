@@ -33,7 +33,6 @@ The figures are measurements, not assertions: the exit code is 0 unless the benc
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
@@ -62,6 +61,8 @@ from _harness import (
     summarize,
     wait_remote_start,
     wait_until,
+    without_nan,
+    write_json,
 )
 
 TARGET_CLAIM_P99 = 0.100
@@ -323,15 +324,6 @@ def report(results: dict[str, Any], say: Out) -> None:
         say(f"{name:30s} {value:24s} {target:14s} {verdict(met)}")
 
 
-def without_nan(value: Any) -> Any:
-    """NaN (a figure with no samples) as null: JSON has no NaN."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {key: without_nan(item) for key, item in value.items()}
-    return value
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -392,11 +384,7 @@ def main() -> int:
     report(results, say)
     say("wall times: " + ", ".join(f"{key} {value:.1f} s" for key, value in results["wall_s"].items()))
     if args.json:
-        text = json.dumps(without_nan(results), indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(without_nan(results), args.json)
     return 0
 
 

@@ -58,7 +58,7 @@ from typing import Any, Callable, Optional, TextIO
 from devin_outposts.core.netpolicy.policy import Policy
 from devin_outposts.core.netpolicy.proxy import EgressProxy
 
-from _harness import BenchError, cpu_seconds_of, percentile
+from _harness import BenchError, cpu_seconds_of, percentile, write_json
 
 TARGET_THROUGHPUT_RATIO = 0.80
 TARGET_ADDED_P50_S = 0.002
@@ -408,11 +408,7 @@ def main() -> int:
     say(f"wall time: {results['wall_s']:.1f} s; load average (1 min) {load_before:.2f} before, "
         f"{load_after:.2f} after; {os.cpu_count()} CPUs, Python {python}")  # fmt: skip
     if args.json:
-        text = json.dumps(results, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(results, args.json)
     return 0
 
 

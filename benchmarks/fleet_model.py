@@ -68,7 +68,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import math
 import multiprocessing
@@ -101,7 +100,16 @@ from devin_outposts.worker.runner import Worker
 from devin_outposts.worker.session import SERVED
 from devin_outposts_sim.admin_client import SimAdmin, SimAdminError
 
-from _harness import BenchError, BenchSim, analyse_claims, bench_sim, cpu_seconds_of, summarize
+from _harness import (
+    BenchError,
+    BenchSim,
+    analyse_claims,
+    bench_sim,
+    cpu_seconds_of,
+    summarize,
+    without_nan,
+    write_json,
+)
 
 Out = Callable[[str], None]
 FIXED_SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -975,16 +983,6 @@ def headline(results: list[dict[str, Any]], say: Out) -> None:
         say(f"  {name:32s} {value:>10s}   target {target:28s} {'MET' if met else 'MISSED'}")
 
 
-def without_nan(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {key: without_nan(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [without_nan(item) for item in value]
-    return value
-
-
 # --- main -------------------------------------------------------------------------------------------
 
 
@@ -1108,11 +1106,7 @@ def main() -> int:
     report(results, say)
     say(f"wall time {time.monotonic() - started:.0f} s")
     if args.json:
-        text = json.dumps(without_nan({"runs": results}), indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(without_nan({"runs": results}), args.json)
     return 0
 
 

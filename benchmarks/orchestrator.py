@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import platform
@@ -96,6 +95,7 @@ from _harness import (
     summarize,
     wait_until,
     worker_command,
+    write_json,
 )
 
 Out = Callable[[str], None]
@@ -933,11 +933,7 @@ def main() -> int:
     say("")
     say(f"machine load at the end: {' '.join(f'{x:.2f}' for x in result['load_at_end'])}")
     if args.json:
-        text = json.dumps(result, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(result, args.json)
     return 0
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -65,7 +64,7 @@ from orchestrator import (
     write_hold_worker,
 )
 
-from _harness import CLOCK_TICKS, BenchError, BenchSim, bench_sim, in_work_dir, wait_until
+from _harness import CLOCK_TICKS, BenchError, BenchSim, bench_sim, in_work_dir, wait_until, write_json
 
 Out = Callable[[str], None]
 TESTS = REPO / "python" / "devin-outposts" / "tests"
@@ -493,11 +492,7 @@ def main() -> int:
     say("")
     say(f"machine load at the end: {' '.join(f'{x:.2f}' for x in result['load_at_end'])}")
     if args.json:
-        text = json.dumps(result, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(result, args.json)
     return 0
 
 

@@ -24,7 +24,6 @@ Run as root (systemd-nspawn)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -32,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _harness import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_FRESH = 90.0
@@ -134,10 +135,8 @@ def main(argv: list[str]) -> int:
         print(f"role_converge: {exc}", file=sys.stderr)
         return 1
     print(report(result))
-    if args.json == "-":
-        print(json.dumps(result, indent=2))
-    elif args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if args.json:
+        write_json(result, args.json)
     return 0
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import os
 import shutil
 import statistics
@@ -56,7 +55,7 @@ import httpx
 
 from devin_outposts_sim.admin_client import SimAdminError
 
-from _harness import BenchError, BenchSim, bench_sim, cpu_seconds_of
+from _harness import BenchError, BenchSim, bench_sim, cpu_seconds_of, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 #: Where the Python source is, today (python/) and before the two distributions (the package in the role).
@@ -423,11 +422,7 @@ def main() -> int:
         return 1
     report(results, args, say)
     if args.json:
-        text = json.dumps(results, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(results, args.json)
     return 0
 
 

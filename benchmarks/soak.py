@@ -89,6 +89,7 @@ from _harness import (
     in_work_dir,
     publish_marker_remote,
     summarize,
+    write_json,
 )
 
 Out = Callable[[str], None]
@@ -793,11 +794,7 @@ def main() -> int:
         return 1
     report(result, say)
     if args.json:
-        text = json.dumps(result, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(result, args.json)
     return 0
 
 

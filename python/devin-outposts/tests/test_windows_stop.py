@@ -25,7 +25,6 @@ import asyncio
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,7 +37,7 @@ from devin_outposts.worker import spawn
 from devin_outposts.worker.runner import Worker
 from devin_outposts_sim.testing import run_sim
 
-from worker_fakes import DistServer, FakeRemote, alive, kill_pids
+from worker_fakes import DistServer, FakeRemote, alive
 
 #: What CPython 3.11/3.12 raise from ``os.kill(pid, CTRL_BREAK_EVENT)`` in a process without a console.
 NO_CONSOLE = SystemError("<built-in function kill> returned NULL without setting an exception")
@@ -329,15 +328,6 @@ class ServiceWithoutConsole(platform.Posix):
         if not kill:
             raise NO_CONSOLE
         super().signal_group(proc, pid, kill=kill)
-
-
-@pytest.fixture
-def remote(tmp_path: Path) -> Iterator[FakeRemote]:
-    fake = FakeRemote(tmp_path / "remote")
-    try:
-        yield fake
-    finally:
-        kill_pids(run["pid"] for run in fake.runs())
 
 
 def drain_with_a_live_session(tmp_path: Path, remote: FakeRemote) -> tuple[int, list[str], dict[str, Any]]:

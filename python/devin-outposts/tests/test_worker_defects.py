@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import stat
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -42,7 +42,7 @@ from devin_outposts.worker.binary import BinaryError, BinaryStore
 from devin_outposts.worker.runner import Worker
 from devin_outposts_sim.testing import run_sim
 
-from worker_fakes import DistServer, FakeRemote, WorkerProcess, kill_pids, wait_for
+from worker_fakes import DistServer, FakeRemote, WorkerProcess, wait_for
 
 SIM_TIMINGS: dict[str, float] = {
     "claim_ttl": 20,
@@ -50,15 +50,6 @@ SIM_TIMINGS: dict[str, float] = {
     "keepalive_interval": 0.3,
     "sweep_interval": 0.05,
 }
-
-
-@pytest.fixture
-def remote(tmp_path: Path) -> Iterator[FakeRemote]:
-    fake = FakeRemote(tmp_path / "remote")
-    try:
-        yield fake
-    finally:
-        kill_pids(run["pid"] for run in fake.runs())
 
 
 def actions(sim: Any, session_id: str) -> list[str]:

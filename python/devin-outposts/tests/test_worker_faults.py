@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import unquote
@@ -24,7 +24,7 @@ from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.runner import Worker
 from devin_outposts_sim.testing import run_sim, sim_process
 
-from worker_fakes import DistServer, FakeRemote, WorkerProcess, kill_pids, wait_for
+from worker_fakes import DistServer, FakeRemote, WorkerProcess, wait_for
 
 TOKEN = "cog_fault_test_account_token"
 HOSTILE_CONNECT = "ct_hostile_token"
@@ -102,15 +102,6 @@ def make_config(tmp: Path, api_url: str, static: str, **overrides: Any) -> Worke
         **overrides,
     }
     return WorkerConfig(**options)
-
-
-@pytest.fixture
-def remote(tmp_path: Path) -> Iterator[FakeRemote]:
-    fake = FakeRemote(tmp_path / "remote")
-    try:
-        yield fake
-    finally:
-        kill_pids(run["pid"] for run in fake.runs())
 
 
 # --- the simulator goes away ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -31,19 +31,10 @@ from devin_outposts.api.errors import FleetProtocolError, error_for_status
 from devin_outposts.api.limits import MAX_SSE_LINE
 from devin_outposts.api.models import parse_unix_seconds
 
-from worker_fakes import DistServer, FakeRemote, WorkerProcess, kill_pids, wait_for
+from worker_fakes import DistServer, FakeRemote, WorkerProcess, wait_for
 
 TOKEN = "cog_malformed_replies_test_token"
 SID = "devin-malformed"
-
-
-@pytest.fixture
-def remote(tmp_path: Path) -> Iterator[FakeRemote]:
-    fake = FakeRemote(tmp_path / "remote")
-    try:
-        yield fake
-    finally:
-        kill_pids(run["pid"] for run in fake.runs())
 
 
 def worker_args(tmp_path: Path, dist_url: str, *extra: str) -> list[str]:

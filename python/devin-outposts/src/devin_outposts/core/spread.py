@@ -347,9 +347,6 @@ class ClaimSpreader:
             fraction = self._fractions[session_id] = hash_fraction(self.acceptor_id, session_id)
         return fraction
 
-    def _crowd(self) -> int:
-        return self.crowd()
-
     def crowd(self) -> int:
         """How many workers are looking at the outpost, as far as this one can tell: the acceptors seen
         lately (this one included), divided by the share of claims that came from acceptors seen already.
