@@ -47,7 +47,8 @@ Measured, per run, from the moment every worker is watching until every session 
   after its last enqueue is cut short; its unserved sessions are then marked ``*`` (not necessarily
   lost: the fleet was too slow), and its queue-wait figures cover the served sessions only;
 * CPU seconds of the simulator and of each model process over the measured run (also as a share of
-  it), the 409s by fifth of the run (where the storms are), and warnings logged.
+  it), the 409s by fifth of the run (where the storms are) and by the rule that chose the row
+  (oldest, matched, spare, head: ``ClaimChoice.why``), and warnings logged.
 
 Each size runs twice when the worker has the ``claim_spread`` option (``WorkerConfig(claim_spread=...)``,
 ``--no-claim-spread``): claims spread over the oldest pending rows, and strict oldest-first as the
@@ -448,6 +449,30 @@ class CountingLog(logging.Handler):
             self.samples[key] = self.samples.get(key, 0) + 1
 
 
+class ConflictRules(logging.Handler):
+    """Counts the claims answered 409 by the rule that chose them (``ClaimChoice.why``: oldest, matched,
+    spare, head), from the claim loop's debug line; only that logger is opened to debug."""
+
+    LOGGER = "devin_outposts.core.claiming"
+    MESSAGE = "session %s was claimed by another worker (chosen as %s)"
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.counts: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg == self.MESSAGE and isinstance(record.args, tuple) and len(record.args) == 2:
+            self.counts[str(record.args[1])] += 1
+
+    def attach(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self)
+
+    def detach(self) -> None:
+        logging.getLogger(self.LOGGER).removeHandler(self)
+
+
 def worker_config(address: SimAddress, root: Path, index: int, spread: Optional[bool]) -> WorkerConfig:
     home = root / f"w{index:04d}"
     options: dict[str, Any] = {
@@ -526,8 +551,9 @@ async def run_part(spec: PartSpec, conn: Connection) -> None:
         )
     StandinRemote._next_pid = 4_000_000 + spec.first * 1_000  # above pid_max: never a real process
     tasks: list[asyncio.Task[int]] = []
-    log_counter = CountingLog()
+    log_counter, conflict_rules = CountingLog(), ConflictRules()
     logging.getLogger().addHandler(log_counter)
+    conflict_rules.attach()
     try:
         with standin_process_layer(ender):
             boot = time.monotonic()
@@ -543,6 +569,7 @@ async def run_part(spec: PartSpec, conn: Connection) -> None:
             await parent.inbox.get()  # "go": the parent enqueues now
             parent.arrived.clear()
             before, cpu_before = counts_of(transports), time.process_time()
+            conflict_rules.counts.clear()  # the run's, not the start's
             reported: set[str] = set()
             while parent.inbox.empty():  # until "stop"
                 check_alive(tasks)
@@ -570,12 +597,14 @@ async def run_part(spec: PartSpec, conn: Connection) -> None:
                 "warning_samples": dict(log_counter.samples),
                 "failures": dict(sum((t.failures for t in transports), Counter())),
                 "conflicts_at": [at for t in transports for at in t.conflicts_at],
+                "conflicts_by_rule": dict(conflict_rules.counts),
                 "per_worker": {w.config.acceptor_id: sum(1 for r in w.results if r.outcome == SERVED)
                                for w in fleet},
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             })  # fmt: skip
     finally:
         logging.getLogger().removeHandler(log_counter)
+        conflict_rules.detach()
         for task in tasks:
             task.cancel()
         for transport in transports:
@@ -775,6 +804,7 @@ def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "warnings",
         "warning_samples",
         "failures",
+        "conflicts_by_rule",
     )
     for name in counters:
         merged[name] = Counter()
@@ -831,6 +861,7 @@ def analyse(
         "sessions_per_worker": f"{min(per_worker.values(), default=0)}-{max(per_worker.values(), default=0)}",
         "mean_duration_s": plan.mean_duration,
         "conflicts_by_fifth": by_fifth(merged["conflicts_at"], window[0], window[0] + wall),
+        "conflicts_by_rule": dict(sorted(merged["conflicts_by_rule"].items())),
     }
 
 
@@ -922,6 +953,7 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
                  f"sessions per worker {part['sessions_per_worker']}",
                  f"expired claims {part['expired_claims']}",
                  f"409s by fifth of the run {part['conflicts_by_fifth']}",
+                 f"claim 409s by the rule that chose the row {part['conflicts_by_rule']}",
                  f"remotes stopped by the worker {part['stopped_by_worker']}",
                  f"worker exits {part['worker_exit_codes']}",
                  f"peak RSS {part['max_rss_mib']:.0f} MiB (largest model process)",
