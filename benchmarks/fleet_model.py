@@ -473,7 +473,18 @@ class ConflictRules(logging.Handler):
         logging.getLogger(self.LOGGER).removeHandler(self)
 
 
-def worker_config(address: SimAddress, root: Path, index: int, spread: Optional[bool]) -> WorkerConfig:
+#: --mode: which runs each size gets (hinted: spread, with --fleet-size W given to every worker).
+MODES = {
+    "both": ["spread", "strict"],
+    "spread": ["spread"],
+    "strict": ["strict"],
+    "hinted": ["hinted", "spread"],
+}
+
+
+def worker_config(
+    address: SimAddress, root: Path, index: int, spread: Optional[bool], fleet_size: Optional[int] = None
+) -> WorkerConfig:
     home = root / f"w{index:04d}"
     options: dict[str, Any] = {
         "api_url": address.url,
@@ -487,6 +498,8 @@ def worker_config(address: SimAddress, root: Path, index: int, spread: Optional[
     }
     if spread is not None:
         options["claim_spread"] = spread
+    if fleet_size is not None:
+        options["fleet_size"] = fleet_size
     return WorkerConfig(**options)
 
 
@@ -507,6 +520,8 @@ class PartSpec:
     count: int
     plan: Plan
     spread: Optional[bool]
+    #: The deployment's word on the fleet's size (``--fleet-size``), in the ``hinted`` runs.
+    fleet_size: Optional[int] = None
 
 
 class Parent:
@@ -544,7 +559,7 @@ async def run_part(spec: PartSpec, conn: Connection) -> None:
 
         fleet.append(
             Worker(
-                worker_config(spec.address, spec.root / "workers", index, spec.spread),
+                worker_config(spec.address, spec.root / "workers", index, spec.spread, spec.fleet_size),
                 client_factory=factory,
                 binaries=cast(BinaryStore, FixedBinaries(binary)),
             )
@@ -743,10 +758,12 @@ def run_fleet(
     run_limit: float,
     procs: int,
     arrival_rate: float = 0.0,
+    fleet_size: Optional[int] = None,
 ) -> dict[str, Any]:
     address = SimAddress.of(sim)
     specs = [
-        PartSpec(address, sim.root, first, count, plan, spread) for first, count in split(workers, procs)
+        PartSpec(address, sim.root, first, count, plan, spread, fleet_size)
+        for first, count in split(workers, procs)
     ]
     boot = time.monotonic()
     parts = Parts(specs)
@@ -1048,8 +1065,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--min-duration", type=float, default=1.0, help="shortest session, seconds (1)")
     parser.add_argument("--max-duration", type=float, default=3.0, help="longest session, seconds (3)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the session ids and lengths (1)")
-    parser.add_argument("--mode", choices=("both", "spread", "strict"), default="both",
-                        help="with the claim_spread option: run both (default) or one")  # fmt: skip
+    parser.add_argument("--mode", choices=tuple(MODES), default="both",
+                        help="with the claim_spread option: spread and strict (both, the default), one "
+                             "of them, or hinted (spread, each worker told the fleet's size: "
+                             "--fleet-size W) beside spread (hinted)")  # fmt: skip
     parser.add_argument("--run-limit", type=float, default=900.0,
                         help="seconds a run may take to serve its sessions before it is cut short "
                         "(900)")  # fmt: skip
@@ -1104,7 +1123,7 @@ def main() -> int:
     raise_fd_limit(max(size[0] for size in args.sizes))
     logging.basicConfig(level=logging.WARNING, handlers=[logging.NullHandler()])  # counted, not printed
     if spread_supported():
-        modes = {"both": ["spread", "strict"], "spread": ["spread"], "strict": ["strict"]}[args.mode]
+        modes = MODES[args.mode]
     else:
         modes = ["today"]
         say("this worker has no claim_spread option: one run per size of today's claim code")
@@ -1123,11 +1142,12 @@ def main() -> int:
                 for mode in modes:
                     name = f"{workers}x{sessions}-{mode}"
                     say(f"... {workers} workers x {sessions} sessions, {mode}")
-                    spread = None if mode == "today" else mode == "spread"
+                    spread = None if mode == "today" else mode != "strict"
                     limit = args.run_limit if mode != "strict" else args.baseline_run_limit
+                    hint = workers if mode == "hinted" else None
                     with bench_sim(root, name) as sim:
                         procs = procs_for(args.procs, workers)
-                        part = run_fleet(sim, workers, plan, spread, limit, procs, rate)
+                        part = run_fleet(sim, workers, plan, spread, limit, procs, rate, hint)
                     part["mode"] = mode
                     results.append(part)
     except (BenchError, SimAdminError, OSError, RuntimeError) as exc:

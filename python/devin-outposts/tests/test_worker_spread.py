@@ -326,3 +326,36 @@ def test_the_crowd_estimate_follows_whom_the_claims_come_from() -> None:
     before = big.spreader.crowd()
     big.upsert(entry("s0", 0, holder="newcomer-0", deadline=future + 60))
     assert big.spreader.crowd() == before
+
+
+def test_a_fleet_size_from_the_deployment_spreads_the_first_claims_of_a_fleet_that_starts_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 200 workers that have seen nobody, one new row. Without a word on the fleet's size each takes it
+    # as if alone (the oldest row, within the first-claim jitter); told the size, each has its moment in
+    # the window of that many workers, so the first claims come one at a time.
+    clock = FakeMonotonic()
+    monkeypatch.setattr(time, "monotonic", clock)
+    names = [f"fleet-{n:03d}" for n in range(200)]
+    unaware = feeds(names)
+    hinted = [QueueFeed(object(), "o", name, spread=True, fleet_size=200) for name in names]  # type: ignore[arg-type]
+    for feed in (*unaware, *hinted):
+        feed.replace_all([entry("devin-first", 1)])
+    plain = [c for f in unaware if (c := f.next_claim()) is not None]
+    assert {c.why for c in plain} == {"oldest"} and max(c.wait for c in plain) <= FIRST_CLAIM_JITTER
+    told = [c for f in hinted if (c := f.next_claim()) is not None]
+    assert {c.why for c in told} == {"spare"}
+    waits = sorted(c.wait for c in told)
+    assert waits[-1] - waits[0] > 10 * FIRST_CLAIM_JITTER  # spread over the window of 200 workers
+    assert sum(1 for wait in waits if wait - waits[0] < 0.1) <= 3  # a few within a round trip, not 200
+    assert all(f.spreader.crowd() >= 200 for f in hinted)
+
+
+def test_the_fleet_size_counts_only_until_the_workers_own_claim_shows() -> None:
+    (feed,) = QueueFeed(object(), "o", "me", spread=True, fleet_size=500),  # type: ignore[arg-type]
+    assert feed.spreader.crowd() == 500
+    feed.replace_all([entry("a", 1), entry("b", 2)])
+    feed.upsert(entry("a", 1, holder="me", deadline=time.time() + 600))  # its first claim, on the watch
+    assert feed.spreader.crowd() < 500  # the claims seen decide from now on
+    choice = feed.next_claim(exclude=["a"])  # still nobody else seen: strictly the oldest, at once
+    assert choice is not None and (choice.entry.session_id, choice.wait, choice.why) == ("b", 0.0, "oldest")

@@ -152,6 +152,8 @@ def test_config_empty_env_values_count_as_unset() -> None:
         (["--remote-binary-sha", "abc"], BASE_ENV, "hex git SHA"),
         (["--poll-interval-secs", "0"], BASE_ENV, "at least"),
         (["--max-sessions", "0"], BASE_ENV, "at least"),
+        (["--fleet-size", "0"], BASE_ENV, "at least"),
+        ([], {**BASE_ENV, "DEVIN_WORKER_FLEET_SIZE": "many"}, "integer"),
         (["--max-sessions", "2", "--once"], BASE_ENV, "--max-sessions"),
         (["--max-sessions", "2", "--session", "devin-1"], BASE_ENV, "--max-sessions"),
         (["--max-sessions", "2", "--pty-bridge-port", "7000"], BASE_ENV, "--pty-bridge-port"),

@@ -103,6 +103,10 @@ class ClaimSettings(Protocol):
         """Spread claims over the outpost's coordinators."""
 
     @property
+    def fleet_size(self) -> Optional[int]:
+        """How many workers start together on the outpost, as the deployment says (None: unknown)."""
+
+    @property
     def once(self) -> bool:
         """Stop claiming after the first claim."""
 
@@ -224,6 +228,7 @@ class ClaimLoop:
             on_update=self.pool.route,
             on_change=self.pool.wake,
             spread=self.config.claim_spread,
+            fleet_size=self.config.fleet_size,
         )
         self.pool.on_finished = self._finished
         if not self.pool.draining:

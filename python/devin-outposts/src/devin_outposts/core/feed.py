@@ -111,6 +111,7 @@ class QueueFeed:
         clock: Callable[[], float] = time.time,
         spread: bool = False,
         on_change: Optional[Callable[[], None]] = None,
+        fleet_size: Optional[int] = None,
     ) -> None:
         self.client = client
         self.outpost_id = outpost_id
@@ -138,7 +139,7 @@ class QueueFeed:
         self._foreign: dict[str, float] = {}
         self.spread = spread
         #: Whom this worker has seen on the outpost, and which row it should claim (core/spread.py).
-        self.spreader = ClaimSpreader(acceptor_id, outpost_id)
+        self.spreader = ClaimSpreader(acceptor_id, outpost_id, fleet_size)
         #: session_id -> when (monotonic) it became claimable in our view: a deferral counts from there.
         self._claimable_since: dict[str, float] = {}
 

@@ -39,7 +39,9 @@ SPREAD_STEP`` seconds (2 s) plus the first of its moments. With a single worker 
 the order is exactly oldest-first. A fleet that starts together knows no peer until each has claimed
 once; a worker that has seen nobody makes its first claim at a random moment within
 :data:`FIRST_CLAIM_JITTER` (the oldest row still), so that most of such a fleet sees someone claim, and
-joins the crowd, first.
+joins the crowd, first. A deployment that knows how many workers start together says so
+(``fleet_size``, ``--fleet-size``): until its first claim shows, each then is one of the crowd from the
+start, its window sized for at least that many workers.
 """
 
 from __future__ import annotations
@@ -151,9 +153,13 @@ class SpreadView(Protocol):
 class ClaimSpreader:
     """One worker's side of the spreading on one outpost: its peers, its 409s, its pending choice."""
 
-    def __init__(self, acceptor_id: str, outpost_id: str) -> None:
+    def __init__(self, acceptor_id: str, outpost_id: str, fleet_size: Optional[int] = None) -> None:
         self.acceptor_id = acceptor_id
         self.outpost_id = outpost_id
+        #: How many workers the deployment says start together on this outpost (``--fleet-size``; None:
+        #: unknown). Until this worker's first claim shows on the watch, it is one of that many: it does
+        #: not take the oldest row as if alone, and its crowd is at least that big (:meth:`crowd`).
+        self.fleet_size = fleet_size if fleet_size and fleet_size > 1 else None
         #: Other acceptors seen holding a claim on this outpost -> when (monotonic), most recent last.
         self._peers: dict[str, float] = {}
         #: The oldest claimable row in our view and when (monotonic) it became the oldest.
@@ -288,7 +294,8 @@ class ClaimSpreader:
         """
         streak = max(conflicts, self.streak())
         idle = self.idle_peers(view.busy_acceptors())
-        if not idle and not streak and (not self._peers or self.known_to_peers):
+        alone = not self._peers and not self._starting_in_a_fleet()
+        if not idle and not streak and (alone or self.known_to_peers):
             # Alone (nobody seen), or known to peers that are all busy: strictly the oldest row. A worker
             # that sees others claim but has never been seen itself is one of a crowd (a fleet that
             # started together): it takes a spare row below, at its moment in the crowd's window.
@@ -357,12 +364,21 @@ class ClaimSpreader:
         a fleet that has just started would otherwise be weighed with a crowd of a few, and hundreds
         of its workers would go for the same rows. After n claims, all by newcomers, the estimate is
         about 4 (n + 1)(n + 4.25); a small fleet, whose claims soon come from known workers, falls back
-        near its size (the prior weighs less as claims are seen, at most 64 of them).
+        near its size (the prior weighs less as claims are seen, at most 64 of them). With a
+        ``fleet_size`` from the deployment, the estimate is at least that until this worker's first
+        claim shows on the watch (a fleet that has just started: nobody has seen anybody yet).
         """
         known = len(self._peers) + 1
         prior = NEWCOMER_PRIOR
         unseen_share = (self._claims_by_newcomers + prior) / (self._claims_seen + prior + 0.25)
-        return min(CROWD_MAX, max(known, round(known / max(1.0 - unseen_share, known / CROWD_MAX))))
+        estimate = max(known, round(known / max(1.0 - unseen_share, known / CROWD_MAX)))
+        if self._starting_in_a_fleet():
+            estimate = max(estimate, self.fleet_size or 0)  # the deployment's word, until we have claimed
+        return min(CROWD_MAX, estimate)
+
+    def _starting_in_a_fleet(self) -> bool:
+        """A deployment said several workers start together, and this one has not claimed yet."""
+        return self.fleet_size is not None and self._seen_self is None
 
     def _spare_choice(
         self, view: SpreadView, spare: list[QueueEntry], crowd: int, streak: int, mono: float, defer: float

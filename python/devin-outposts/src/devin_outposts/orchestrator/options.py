@@ -323,6 +323,10 @@ class OrchestratorConfig:
         return True
 
     @property
+    def fleet_size(self) -> Optional[int]:
+        return None  # orchestrators are few: their spreading learns them from their claims
+
+    @property
     def once(self) -> bool:
         return False
 

@@ -93,6 +93,9 @@ OPTIONS: tuple[Option, ...] = (
            "sessions instead of sending all of them at the oldest one (default; --no-claim-spread: "
            "strictly oldest first)", "ours", env="DEVIN_WORKER_CLAIM_SPREAD", parse=boolean, default=True,
            switch=True),
+    Option("fleet_size", ("--fleet-size",), "how many workers start together on the outpost, when the "
+           "deployment knows: their first claims are spread as among that many (default: learned from the "
+           "claims seen)", "ours", env="DEVIN_WORKER_FLEET_SIZE", parse=_N(int, 1)),
     Option("drain_timeout", ("--drain-timeout",), "seconds running sessions may finish after SIGTERM before "
            "they are stopped and released (default {default})", "ours", env="DEVIN_WORKER_DRAIN_TIMEOUT",
            parse=_N(float, 0), default=30.0),
@@ -151,6 +154,8 @@ class WorkerConfig:
     #: Share the oldest pending rows out between the outpost's idle workers (``--no-claim-spread``: strictly
     #: the oldest row first, as every worker did before; kept for comparison and as an escape hatch).
     claim_spread: bool = _DEFAULT["claim_spread"]
+    #: How many workers start together on the outpost (``--fleet-size``), a hint for the spreading.
+    fleet_size: Optional[int] = None
     drain_timeout: float = _DEFAULT["drain_timeout"]
     network_policy: EnforcementMode = _DEFAULT["network_policy"]
     metrics_addr: Optional[MetricsAddr] = None
