@@ -105,9 +105,13 @@ ENDERS = 8  #: threads of the brain that end sessions
 
 HOLD_WORKER = """#!/bin/sh
 # benchmark stand-in for `devin-outposts worker start --session <id>`: record the start, hold until SIGTERM
+# (the drivers pass --session=<id>; --session <id> is taken too)
 sid=unknown
 while [ $# -gt 0 ]; do
-    if [ "$1" = --session ]; then sid=$2; fi
+    case "$1" in
+        --session) sid=$2 ;;
+        --session=*) sid=${{1#--session=}} ;;
+    esac
     shift
 done
 : > "{runs}/$sid.$$"
