@@ -232,6 +232,10 @@ def _with_env(instance: Instance, change: Any) -> str:
     return original
 
 
+def _outpost(text: str, name: str) -> str:
+    return re.sub(r"(?m)^DEVIN_OUTPOSTS_WORKER_OUTPOST=.*$", "DEVIN_OUTPOSTS_WORKER_OUTPOST=" + name, text)
+
+
 def test_exit_codes_reach_the_service_status(installed: dict[str, Instance], fleet: Fleet) -> None:
     second = installed["second"]
     original = second.env_file.read_text(encoding="utf-8")
@@ -241,6 +245,16 @@ def test_exit_codes_reach_the_service_status(installed: dict[str, Instance], fle
         rows = second.start() + second.wait_stopped()
         assert rows[-1]["state"] == "STOPPED" and rows[-1]["exit_code"] == 0, rows
         assert re.search(r"exit(ing)? (with )?(code )?3|token", second.log(), re.IGNORECASE), second.log()
+        # The outpost not found (exit 4) and an outpost of another platform (exit 6): clean stops, no restart.
+        _with_env(second, lambda text: _outpost(original, "no-such-outpost"))
+        rows = second.start() + second.wait_stopped()
+        assert rows[-1]["state"] == "STOPPED" and rows[-1]["exit_code"] == 0, rows
+        assert "the outpost was not found" in second.log(), second.log()
+        linux = fleet.sim.admin.create_outpost("windows-stage-linux", "linux")
+        _with_env(second, lambda text: _outpost(original, linux.name))
+        rows = second.start() + second.wait_stopped()
+        assert rows[-1]["state"] == "STOPPED" and rows[-1]["exit_code"] == 0, rows
+        assert "the outpost's platform is not this machine's" in second.log(), second.log()
         # A bad worker.env (exit 2): a clean stop, the line named and no value echoed.
         _with_env(second, lambda text: original + "this line has no equals sign " + fleet.token[:8] + "\r\n")
         rows = second.start() + second.wait_stopped()
