@@ -352,7 +352,7 @@ def test_a_fleet_size_from_the_deployment_spreads_the_first_claims_of_a_fleet_th
 
 
 def test_the_fleet_size_counts_only_until_the_workers_own_claim_shows() -> None:
-    (feed,) = QueueFeed(object(), "o", "me", spread=True, fleet_size=500),  # type: ignore[arg-type]
+    feed = QueueFeed(object(), "o", "me", spread=True, fleet_size=500)  # type: ignore[arg-type]
     assert feed.spreader.crowd() == 500
     feed.replace_all([entry("a", 1), entry("b", 2)])
     feed.upsert(entry("a", 1, holder="me", deadline=time.time() + 600))  # its first claim, on the watch
