@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from role_tasks import find_task, module_args  # type: ignore[import-not-found]
 from test_windows_roles import ANSIBLE_PLAYBOOK, ROOT, ansible_env  # type: ignore[import-not-found]
 
 WORKER = ROOT / "roles" / "worker"
@@ -41,33 +42,15 @@ NAMES = ["main", "gpu.2", "with space", "back\\slash\\", 'quo"te', "new\nline", 
 COMMAND_NAMES = [name for name in NAMES if '"' not in name and "\n" not in name]
 
 
-def _task(path: Path, name: str) -> dict[str, Any]:
-    """The task called ``name`` in ``path`` (blocks searched too)."""
-    stack: list[Any] = [yaml.safe_load(path.read_text(encoding="utf-8"))]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            if item.get("name") == name:
-                return item
-            stack.extend(item.get(key) or [] for key in ("block", "rescue", "always"))
-    raise LookupError(f"{path.name}: no task {name!r}")
-
-
-def _module_args(task: dict[str, Any]) -> dict[str, Any]:
-    return next(value for key, value in task.items() if key.startswith(("ansible.", "devin.")))
-
-
 def _render_playbook(out: Path) -> list[dict[str, Any]]:
     tasks_dir = WORKER / "tasks"
-    token = _task(tasks_dir / "main.yml", "Resolve the token (devin_outposts_worker_token, else the controller's DEVIN_OUTPOSTS_TOKEN)")
-    resolve = _task(tasks_dir / "windows_preflight.yml", "Resolve the instances (Windows)")
-    service = _module_args(_task(tasks_dir / "windows_configure.yml", "Define each instance's Windows service"))
-    venv = _module_args(_task(tasks_dir / "windows_install.yml", "Create each instance's virtual environment"))
-    read = _module_args(_task(tasks_dir / "windows_install.yml", "Read each venv's installed package version and base interpreter"))
-    pip_task = _task(tasks_dir / "windows_install.yml", "Install or upgrade the package in each virtual environment")
-    python = _module_args(_task(tasks_dir / "windows_python.yml", "Read the version of the interpreter"))
+    token = find_task(tasks_dir / "main.yml", "Resolve the token (devin_outposts_worker_token, else the controller's DEVIN_OUTPOSTS_TOKEN)")
+    resolve = find_task(tasks_dir / "windows_preflight.yml", "Resolve the instances (Windows)")
+    service = module_args(find_task(tasks_dir / "windows_configure.yml", "Define each instance's Windows service"))
+    venv = module_args(find_task(tasks_dir / "windows_install.yml", "Create each instance's virtual environment"))
+    read = module_args(find_task(tasks_dir / "windows_install.yml", "Read each venv's installed package version and base interpreter"))
+    pip_task = find_task(tasks_dir / "windows_install.yml", "Install or upgrade the package in each virtual environment")
+    python = module_args(find_task(tasks_dir / "windows_python.yml", "Read the version of the interpreter"))
     render = [
         ("image_path", {"value": service["path"]}, "_devin_outposts_worker_present", {}),
         ("service_user", {"value": service["username"]}, "_devin_outposts_worker_present", {}),
@@ -75,7 +58,7 @@ def _render_playbook(out: Path) -> list[dict[str, Any]]:
         ("venv_argv", {"value": venv["argv"]}, "_devin_outposts_worker_present", {}),
         ("read_argv", {"value": read["argv"]}, "_devin_outposts_worker_present", {}),
         ("python_argv", {"value": python["argv"]}, "[1]", {}),
-        ("pip_argv", {"value": _module_args(pip_task)["argv"]}, "wrapped", pip_task["vars"]),
+        ("pip_argv", {"value": module_args(pip_task)["argv"]}, "wrapped", pip_task["vars"]),
     ]  # fmt: skip
     tasks: list[dict[str, Any]] = [
         {"name": "Known facts of the install", "ansible.builtin.set_fact": {
@@ -210,7 +193,7 @@ def test_the_image_path_of_main(rendered: dict[str, Any]) -> None:
 def test_the_user_account_and_its_password_go_to_the_service_only(rendered: dict[str, Any]) -> None:
     assert set(rendered["service_user"]) == {r".\devin-worker"}
     assert set(rendered["service_password"]) == {PASSWORD}
-    task = _task(WORKER / "tasks" / "windows_configure.yml", "Define each instance's Windows service")
+    task = find_task(WORKER / "tasks" / "windows_configure.yml", "Define each instance's Windows service")
     assert task["no_log"] == "{{ devin_outposts_worker_windows_account_type == 'user' }}"
 
 
@@ -272,5 +255,5 @@ def test_worker_env_is_one_plain_line_per_variable(rendered: dict[str, Any]) -> 
 
 def test_the_secret_writing_tasks_are_no_log() -> None:
     """Every Windows task that templates the token or the password into a file or a service hides its output."""
-    task = _task(WORKER / "tasks" / "windows_configure.yml", "Write each instance's worker.env (the token lives only here)")
+    task = find_task(WORKER / "tasks" / "windows_configure.yml", "Write each instance's worker.env (the token lives only here)")
     assert task["no_log"] is True

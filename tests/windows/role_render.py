@@ -20,27 +20,10 @@ from typing import Any
 
 import yaml
 from prerequisites import ROOT  # type: ignore[import-not-found]
+from role_tasks import find_task, module_args  # type: ignore[import-not-found]
 
 WORKER = ROOT / "roles" / "worker"
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
-
-
-def find_task(path: Path, name: str) -> dict[str, Any]:
-    """The task called ``name`` in ``path`` (blocks searched too)."""
-    stack: list[Any] = [yaml.safe_load(path.read_text(encoding="utf-8"))]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            if item.get("name") == name:
-                return item
-            stack.extend(item.get(key) or [] for key in ("block", "rescue", "always"))
-    raise LookupError(f"{path.name}: no task {name!r}")
-
-
-def module_args(task: dict[str, Any]) -> dict[str, Any]:
-    return next(value for key, value in task.items() if key.startswith(("ansible.", "devin.")))
 
 
 def _playbook(out: Path) -> list[dict[str, Any]]:
