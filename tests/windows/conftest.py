@@ -17,6 +17,7 @@ At the end, one line per case (``windows case: <name>: <result>``).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,16 @@ class Instance:
     def ensure_stopped(self) -> None:
         if self.status()["state"] != "STOPPED":
             self.stop()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Instance]:
+        """Started (it must reach RUNNING), and stopped again whatever happens inside."""
+        started = [row["state"] for row in self.start() if "state" in row]
+        assert started[-1] == "RUNNING", started
+        try:
+            yield self
+        finally:
+            self.ensure_stopped()
 
 
 def _wheel(out: Path) -> Path:

@@ -72,8 +72,7 @@ def test_a_session_is_served_end_to_end_with_a_windows_remote(
     installed: dict[str, Instance], fleet: Fleet
 ) -> None:
     main = installed["main"]
-    assert states(main.start())[-1] == "RUNNING"
-    try:
+    with main.running():
         session_id, connection = serve_one(fleet)
         # The worker downloaded the .exe published for windows_x64.exe, checked it and spawned it: the stand-in
         # script that connected is the child of that .exe, whose pid the worker logged.
@@ -89,19 +88,14 @@ def test_a_session_is_served_end_to_end_with_a_windows_remote(
         assert call["state"] == "done", call
         assert "served-on-windows" in json.dumps(call["result"]), call
         assert actions(fleet, session_id)[0] == "claim"
-    finally:
-        main.ensure_stopped()
 
 
 def test_the_end_of_a_session_releases_its_claim(installed: dict[str, Instance], fleet: Fleet) -> None:
     main = installed["main"]
-    assert states(main.start())[-1] == "RUNNING"
-    try:
+    with main.running():
         session_id, dummy = serve_one(fleet)
         fleet.sim.admin.end_session(session_id)
         wait_for(lambda: "release" in actions(fleet, session_id), timeout=30, what="the claim's release")
-    finally:
-        main.ensure_stopped()
     assert "crashed" not in main.log()
 
 
@@ -109,8 +103,7 @@ def test_no_token_in_the_sessions_environment_the_logs_or_the_service_configurat
     installed: dict[str, Instance], fleet: Fleet
 ) -> None:
     main = installed["main"]
-    assert states(main.start())[-1] == "RUNNING"
-    try:
+    with main.running():
         session_id, connection = serve_one(fleet)
         assert fleet.token not in json.dumps(connection)
         # The Windows environment of the session's commands, as cmd's `set` prints it. (The stand-in's own report
@@ -125,8 +118,6 @@ def test_no_token_in_the_sessions_environment_the_logs_or_the_service_configurat
         assert not [name for name in names if name.startswith("DEVIN_OUTPOSTS") or "PROXY" in name], names
         assert env.get("DEVIN_OUTPOST_SESSION_ID") == session_id, names
         assert "DEVIN_OUTPOST_CONNECT_TOKEN" not in names
-    finally:
-        main.ensure_stopped()
     assert fleet.token not in main.log()
     (config,) = main.probe("config")
     assert config["binary_path"] == main.row["image_path"], config
@@ -143,12 +134,9 @@ def test_stop_with_a_live_session_drains_stops_the_remote_and_releases_the_claim
     installed: dict[str, Instance], fleet: Fleet
 ) -> None:
     main = installed["main"]
-    assert states(main.start())[-1] == "RUNNING"
-    try:
+    with main.running():
         session_id, dummy = serve_one(fleet)
         stopped = main.stop()
-    finally:
-        main.ensure_stopped()
     pending = [row for row in stopped if row.get("state") == "STOP_PENDING"]
     # The drain lasts DRAIN_TIMEOUT s and the host reports a new checkpoint every 2 s.
     assert len(pending) >= 2 and pending[-1]["checkpoint"] > pending[0]["checkpoint"], stopped
@@ -164,12 +152,9 @@ def test_control_128_stops_at_once_without_the_drain_and_releases_the_claim(
 ) -> None:
     """The documented way to stop without a drain (there is no second STOP): ``sc control <service> 128``."""
     main = installed["main"]
-    assert states(main.start())[-1] == "RUNNING"
-    try:
+    with main.running():
         session_id, dummy = serve_one(fleet)
         rows = main.probe("watch", "--control", "128", "--timeout", "120", timeout=180)
-    finally:
-        main.ensure_stopped()
     assert {"control": 0} in rows, rows
     assert rows[-1]["state"] == "STOPPED" and rows[-1]["exit_code"] == 0, rows
     log = main.log()
@@ -183,11 +168,8 @@ def test_a_second_stop_while_draining_is_refused_and_the_docs_say_so(
     installed: dict[str, Instance], fleet: Fleet
 ) -> None:
     main = installed["main"]
-    assert states(main.start())[-1] == "RUNNING"
-    try:
+    with main.running():
         rows = main.stop("--second-stop")
-    finally:
-        main.ensure_stopped()
     (second,) = [row["second_stop"] for row in rows if "second_stop" in row]
     assert second == ERROR_SERVICE_CANNOT_ACCEPT_CTRL, rows
     table = (ROOT / "docs" / "windows-worker.md").read_text(encoding="utf-8")
@@ -204,8 +186,7 @@ def test_a_restart_after_a_crash_takes_back_the_claimed_session(
     kills the service, its remote and the service manager at once, like a power cut, and the prefix starts again.
     """
     main = installed["main"]
-    assert states(main.start())[-1] == "RUNNING"
-    try:
+    with main.running():
         session_id, first = serve_one(fleet)
         main.wine.stop()  # the crash: nothing runs the drain, nothing releases the claim
         main.wine.start()
@@ -216,8 +197,6 @@ def test_a_restart_after_a_crash_takes_back_the_claimed_session(
         fleet.sim.admin.add_calls(session_id, [tools.run("echo taken-back")])
         (call,) = fleet.sim.admin.wait_calls(session_id, timeout=120)
         assert call["state"] == "done" and "taken-back" in json.dumps(call["result"]), call
-    finally:
-        main.ensure_stopped()
     history = actions(fleet, session_id)
     # Claimed, renewed while it ran, then claimed again by the same acceptor (a take-back is a renewing claim):
     # never released in between, and released once at the stop.
@@ -271,11 +250,8 @@ def test_exit_codes_reach_the_service_status(installed: dict[str, Instance], fle
                 original,
             ),
         )
-        assert states(main.start())[-1] == "RUNNING"
-        try:
+        with main.running():
             rows = second.start() + second.wait_stopped()
-        finally:
-            main.ensure_stopped()
         final = rows[-1]
         assert final["state"] == "STOPPED", rows
         assert (final["exit_code"], final["specific"]) == (ERROR_SERVICE_SPECIFIC_ERROR, EXIT_LOCKED), rows
