@@ -34,7 +34,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TextIO, TypeVar
 
 from devin_outposts.core.processes import process_alive
 from devin_outposts_sim import testing
@@ -126,6 +126,17 @@ def write_json(result: Any, target: str) -> None:
         print(text)
     else:
         Path(target).write_text(text + "\n")
+
+
+def reporter(json_target: Optional[str]) -> Callable[[str], None]:
+    """The ``say`` of a benchmark's report: one line, flushed, to stdout; to stderr when ``--json -`` puts
+    the figures on stdout (so that they stay parseable)."""
+    stream: TextIO = sys.stderr if json_target == "-" else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=stream, flush=True)
+
+    return say
 
 
 def ms(seconds: float) -> str:

@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable
 
 from devin_outposts.orchestrator.drivers.ansible import AnsibleDriver
 from devin_outposts.orchestrator.drivers.ansible.options import OPTIONS
@@ -56,7 +56,7 @@ from devin_outposts.orchestrator.drivers.base import DriverContext, WorkerState
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
 from orchestrator import REPO, commit
 
-from _harness import BenchError, write_json
+from _harness import BenchError, reporter, write_json
 
 Out = Callable[[str], None]
 SCRIPTS = REPO / "scripts" / "test-hosts"
@@ -320,10 +320,7 @@ def bench(args: argparse.Namespace, say: Out) -> dict[str, Any]:
 
 def main() -> int:
     args = parse_args()
-    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    say = reporter(args.json)
 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     sizes = ",".join(f"{m}x{h}" for m, h in args.sizes)

@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional
 
 from devin_outposts_sim.admin_client import SimAdmin, SimAdminError
 
@@ -57,6 +57,7 @@ from _harness import (
     ms,
     publish_marker_remote,
     remote_starts,
+    reporter,
     running_workers,
     summarize,
     wait_remote_start,
@@ -349,10 +350,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    say = reporter(args.json)
 
     results: dict[str, Any] = {"targets": {"claim_sse_p99_s": TARGET_CLAIM_P99, "double_serves": 0,
                                            "idle_rss_mib": TARGET_IDLE_RSS_MIB}}  # fmt: skip

@@ -53,12 +53,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional
 
 from devin_outposts.core.netpolicy.policy import Policy
 from devin_outposts.core.netpolicy.proxy import EgressProxy
 
-from _harness import BenchError, cpu_seconds_of, percentile, write_json
+from _harness import BenchError, cpu_seconds_of, percentile, reporter, write_json
 
 TARGET_THROUGHPUT_RATIO = 0.80
 TARGET_ADDED_P50_S = 0.002
@@ -388,10 +388,7 @@ def main() -> int:
         return run_proxy(args.socket)
     if args.role == "idle":
         return run_idle(args.idle_proxies, args.ping_port)
-    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    say = reporter(args.json)
 
     started = time.monotonic()
     load_before = os.getloadavg()[0]

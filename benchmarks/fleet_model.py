@@ -87,7 +87,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional, TextIO, cast
+from typing import Any, Callable, ClassVar, Optional, cast
 from urllib.parse import unquote
 
 import httpx
@@ -107,6 +107,7 @@ from _harness import (
     analyse_claims,
     bench_sim,
     cpu_seconds_of,
+    reporter,
     summarize,
     without_nan,
     write_json,
@@ -1115,10 +1116,7 @@ def procs_for(asked: Optional[int], workers: int) -> int:
 
 def main() -> int:
     args = parse_args()
-    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    say = reporter(args.json)
 
     raise_fd_limit(max(size[0] for size in args.sizes))
     logging.basicConfig(level=logging.WARNING, handlers=[logging.NullHandler()])  # counted, not printed

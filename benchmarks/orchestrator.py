@@ -74,7 +74,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional
 
 from _faultproxy import FaultProxy
 from devin_outposts_sim.admin_client import SimAdminError
@@ -91,6 +91,7 @@ from _harness import (
     in_work_dir,
     ms,
     publish_marker_remote,
+    reporter,
     running_workers,
     summarize,
     wait_until,
@@ -920,10 +921,7 @@ def bench(args: argparse.Namespace, root: Path, say: Out) -> dict[str, Any]:
 
 def main() -> int:
     args = parse_args()
-    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    say = reporter(args.json)
 
     say(f"orchestrator benchmark {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, commit {commit()}, "
         f"{os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}: run 1 {args.sessions} "

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable
 
 from devin_outposts_sim.admin_client import SimAdminError
 from orchestrator import (
@@ -64,7 +64,16 @@ from orchestrator import (
     write_hold_worker,
 )
 
-from _harness import CLOCK_TICKS, BenchError, BenchSim, bench_sim, in_work_dir, wait_until, write_json
+from _harness import (
+    CLOCK_TICKS,
+    BenchError,
+    BenchSim,
+    bench_sim,
+    in_work_dir,
+    reporter,
+    wait_until,
+    write_json,
+)
 
 Out = Callable[[str], None]
 TESTS = REPO / "python" / "devin-outposts" / "tests"
@@ -475,10 +484,7 @@ def bench(args: argparse.Namespace, root: Path, say: Out) -> dict[str, Any]:
 
 def main() -> int:
     args = parse_args()
-    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    say = reporter(args.json)
 
     say(f"orchestrator scale benchmark {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, commit "
         f"{commit()}, {os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}: "

@@ -49,13 +49,13 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional
 
 import httpx
 
 from devin_outposts_sim.admin_client import SimAdminError
 
-from _harness import BenchError, BenchSim, bench_sim, cpu_seconds_of, write_json
+from _harness import BenchError, BenchSim, bench_sim, cpu_seconds_of, reporter, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 #: Where the Python source is, today (python/) and before the two distributions (the package in the role).
@@ -393,10 +393,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    say = reporter(args.json)
 
     results: dict[str, list[dict[str, Any]]] = {}
     try:

@@ -72,7 +72,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional
 
 from _faultproxy import FaultProxy
 from devin_outposts.core.processes import process_alive
@@ -88,6 +88,7 @@ from _harness import (
     end_marker_session,
     in_work_dir,
     publish_marker_remote,
+    reporter,
     summarize,
     write_json,
 )
@@ -779,10 +780,7 @@ def soak(args: argparse.Namespace, root: Path, say: Out) -> dict[str, Any]:
 
 def main() -> int:
     args = parse_args()
-    stream: TextIO = sys.stderr if args.json == "-" else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    say = reporter(args.json)
 
     say(f"soak: {args.workers} workers, {args.duration:.0f} s, claim TTL {args.claim_ttl:g} s, sessions "
         f"{args.min_length:g}-{args.max_length:g} s at load {args.load:g} (seed {args.seed}), a fault every "
