@@ -343,17 +343,17 @@ class SimAddress:
 
 
 def enqueue_all(
-    address: SimAddress, plan: Plan, rate: float = 0.0
+    address: SimAddress, plan: Plan, rate: float = 0.0, idle: Callable[[float], None] = time.sleep
 ) -> tuple[dict[str, float], tuple[float, float]]:
     """The driver's sessions from one connection, back to back (``rate`` 0) or ``rate`` per second:
-    when each request was sent, and the window."""
+    when each request was sent, and the window. ``idle(seconds)`` passes the time before each enqueue
+    (0 when back to back): the parent reads the model processes' pipes meanwhile (:meth:`Parts.pump_for`)."""
     sent_at: dict[str, float] = {}
     admin = address.new_admin()
     try:
         first = time.time()
         for number, sid in enumerate(plan.ids):
-            if rate > 0:
-                time.sleep(max(0.0, first + number / rate - time.time()))
+            idle(max(0.0, first + number / rate - time.time()) if rate > 0 else 0.0)
             sent = time.time()
             admin.enqueue(address.outpost_id, session_id=sid)
             sent_at[sid] = sent
@@ -480,6 +480,7 @@ MODES = {
     "spread": ["spread"],
     "strict": ["strict"],
     "hinted": ["hinted", "spread"],
+    "all": ["hinted", "spread", "strict"],
 }
 
 
@@ -730,6 +731,21 @@ class Parts:
             elif kind == "error":
                 raise BenchError(f"a model process broke: {message[1]}")
 
+    def pump_for(self, seconds: float) -> None:
+        """Read what comes in for ``seconds`` (at least once, even for 0).
+
+        The parent must never stop reading for long: a model process sends what it served as it goes,
+        and once a pipe's buffer (64 KiB) is full, its send blocks that process's event loop, and with it
+        every worker in it. The enqueue once slept between sessions without reading: at 1,000 workers x
+        1,000 sessions, the buffers filled about 320 s into the run, every worker stood still (no claim,
+        no release) until the last enqueue, and the backlog then came as a storm of 409s.
+        """
+        deadline = time.monotonic() + seconds
+        while True:
+            self.pump(max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                return
+
     def until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not done():
@@ -774,7 +790,7 @@ def run_fleet(
         parts.tell("go")
         cpu_before = (cpu_seconds_of(address.pid), time.process_time())
         measured_from = time.monotonic()  # the CPU shares are over the enqueue too (it is paced)
-        sent_at, window = enqueue_all(address, plan, arrival_rate)
+        sent_at, window = enqueue_all(address, plan, arrival_rate, parts.pump_for)
         deadline = time.monotonic() + run_limit
         while len(parts.served) < len(plan.ids) and time.monotonic() < deadline:
             parts.pump(0.2)
@@ -950,12 +966,12 @@ def report(results: list[dict[str, Any]], say: Out) -> None:
     pairs = paired(results)
     if pairs:
         say("")
-        say("spread / strict oldest-first, same sizes, same sessions:")
-        say(f"{'W x N':>11} {'sess/s':>7} {'req/s.':>7} {'claim/s.':>8} {'409/s.':>7} {'wait p50':>8} "
-            f"{'p99':>7} {'p99 diff':>8}")  # fmt: skip
+        say("spread (or hinted) / strict oldest-first, same sizes, same sessions:")
+        say(f"{'W x N':>11} {'mode':7} {'sess/s':>7} {'req/s.':>7} {'claim/s.':>8} {'409/s.':>7} "
+            f"{'wait p50':>8} {'p99':>7} {'p99 diff':>8}")  # fmt: skip
         for spread, strict in pairs:
             diff = spread["queue_wait"]["p99"] - strict["queue_wait"]["p99"]
-            say(f"{spread['workers']:>4} x {spread['sessions']:<4} "
+            say(f"{spread['workers']:>4} x {spread['sessions']:<4} {spread['mode']:7} "
                 f"{ratio(spread['sessions_per_s'], strict['sessions_per_s']):>7} "
                 f"{ratio(spread['requests_per_session'], strict['requests_per_session']):>7} "
                 f"{ratio(spread['claim_posts_per_session'], strict['claim_posts_per_session']):>8} "
@@ -1001,11 +1017,16 @@ def model_cpu(part: Mapping[str, Any]) -> str:
 
 
 def paired(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each spreading run (spread, hinted) with the strict oldest-first run of the same size."""
     by_size: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for part in results:
         by_size.setdefault((part["workers"], part["sessions"]), {})[part["mode"]] = part
     return [
-        (modes["spread"], modes["strict"]) for modes in by_size.values() if {"spread", "strict"} <= set(modes)
+        (modes[mode], modes["strict"])
+        for modes in by_size.values()
+        if "strict" in modes
+        for mode in ("hinted", "spread")
+        if mode in modes
     ]
 
 
@@ -1068,8 +1089,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1, help="seed of the session ids and lengths (1)")
     parser.add_argument("--mode", choices=tuple(MODES), default="both",
                         help="with the claim_spread option: spread and strict (both, the default), one "
-                             "of them, or hinted (spread, each worker told the fleet's size: "
-                             "--fleet-size W) beside spread (hinted)")  # fmt: skip
+                             "of them, hinted (spread, each worker told the fleet's size: "
+                             "--fleet-size W) beside spread (hinted), or all three (all)")  # fmt: skip
     parser.add_argument("--run-limit", type=float, default=900.0,
                         help="seconds a run may take to serve its sessions before it is cut short "
                         "(900)")  # fmt: skip

@@ -31,7 +31,7 @@ from ansible.module_utils.common.text.converters import to_text
 
 _INSTANCE_KEYS = frozenset(
     ["name", "outpost", "state", "implementation", "max_sessions", "workdir", "token", "env", "acceptor_id",
-     "drain_timeout", "api_url", "extra_args"]
+     "drain_timeout", "api_url", "extra_args", "fleet_size"]
 )
 _STATES = ("started", "stopped", "absent")
 _IMPLEMENTATIONS = ("bundled", "devin_cli")
@@ -136,8 +136,26 @@ def worker_instances(instances, defaults):
             "api_url": _text(item.get("api_url")) or _text(defaults.get("api_url")),
             "has_token": has_token,
             "extra_args": extra_args,
+            "fleet_size": _fleet_size(item, defaults, implementation, label),
         })
     return rows
+
+
+def _fleet_size(item, defaults, implementation, label):
+    """How many workers start together on the instance's outpost (``--fleet-size``; 0: not said).
+
+    Only the bundled worker knows the option: the role's default leaves the official CLI's instances out, and
+    an instance of the official CLI that sets its own is refused rather than silently ignored.
+    """
+    own = item.get("fleet_size")
+    if implementation != "bundled":
+        if own not in (None, 0, "0", ""):
+            raise AnsibleFilterError("{0}: fleet_size is an option of the bundled worker, not of devin_cli".format(label))
+        return 0
+    size = _int(defaults.get("fleet_size", 0) if own is None else own, label + ": fleet_size")
+    if size < 0:
+        raise AnsibleFilterError("{0}: fleet_size must be 0 (not said) or more, got {1}".format(label, size))
+    return size
 
 
 def worker_instance_dirs(instances):

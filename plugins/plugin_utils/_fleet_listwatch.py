@@ -153,6 +153,16 @@ class ListWatch:
         )
         return Step.LIST if self.need_list or stale else Step.WATCH
 
+    def resync_in(self) -> Optional[float]:
+        """Seconds until the periodic list is due (None: no ``resync_interval``, or nothing listed yet).
+
+        A loop ends its stream itself at that moment rather than waiting for the server to end it: the server
+        ends together the streams of clients that connected together, so lists made on each stream's end would
+        come as one wave of a whole fleet's lists, each interval's jitter notwithstanding."""
+        if self.resync_interval is None or self._listed_at is None:
+            return None
+        return max(0.0, self._listed_at + self.resync_interval - self.clock())
+
     def listed(self, cursor: Optional[str]) -> bool:
         """A list succeeded, with this final cursor. True when its rows are news (the caller's picture starts
         from them); False when it resumed a stored cursor, whose watch replays every change since."""

@@ -109,8 +109,10 @@ def _sample_vars() -> dict[str, Any]:
         "devin_outposts_worker_windows_account_password": PASSWORD,
         "devin_outposts_worker_ca_certificate": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
         "devin_outposts_worker_https_proxy": "http://proxy.example.test:3128",
+        "devin_outposts_worker_fleet_size": 40,
         "devin_outposts_worker_instances": [
-            {"name": name, "outpost": "win", **({"env": {"INJECT": "a\nDEVIN_OUTPOSTS_TOKEN=stolen"}} if i == 0 else {})}
+            {"name": name, "outpost": "win", **({"env": {"INJECT": "a\nDEVIN_OUTPOSTS_TOKEN=stolen"}} if i == 0 else {}),
+             **({"fleet_size": 1} if name == "gpu.2" else {})}
             for i, name in enumerate(NAMES)
         ],
     }  # fmt: skip
@@ -251,6 +253,14 @@ def test_worker_env_is_one_plain_line_per_variable(rendered: dict[str, Any]) -> 
     # A newline in a value cannot add a variable: the value is one line, the token line is the role's.
     assert env["INJECT"] == "aDEVIN_OUTPOSTS_TOKEN=stolen"
     assert sum(1 for line in lines if line.startswith("DEVIN_OUTPOSTS_TOKEN=")) == 1
+    assert env["DEVIN_WORKER_FLEET_SIZE"] == "40"  # devin_outposts_worker_fleet_size
+
+
+def test_a_fleet_of_one_says_nothing_of_its_size(rendered: dict[str, Any]) -> None:
+    index, row = _row(rendered, "gpu.2")
+    assert row["fleet_size"] == 1
+    text = (rendered["dir"] / f"{index}.env").read_text(encoding="utf-8")
+    assert "DEVIN_WORKER_FLEET_SIZE" not in text, text
 
 
 def test_the_secret_writing_tasks_are_no_log() -> None:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from local_play import run_local_play
+from role_tasks import find_task  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "worker"
@@ -45,7 +46,8 @@ def render(tmp_path: Path, role_vars: dict[str, Any]) -> dict[str, dict[str, str
     resolve_instances = {"name": "Resolve the instances", "ansible.builtin.set_fact": {
         "resolved": "{{ devin_outposts_worker_instances | devin.outposts.worker_instances({'workdir_root': "
                     "devin_outposts_worker_workdir_root, 'data_dir': devin_outposts_worker_data_dir, 'env': "
-                    "devin_outposts_worker_env, 'api_url': devin_outposts_worker_api_url, 'has_token': true}) }}"}}  # fmt: skip
+                    "devin_outposts_worker_env, 'api_url': devin_outposts_worker_api_url, 'has_token': true, "
+                    "'fleet_size': devin_outposts_worker_fleet_size}) }}"}}  # fmt: skip
     play = [{
         "name": "Render the worker's drop-ins and environment files", "hosts": "localhost",
         "connection": "local", "gather_facts": False,
@@ -98,3 +100,23 @@ def test_the_official_cli_keeps_its_token_in_its_environment_file(tmp_path: Path
         assert "StandardInput" not in dropin and "Environment" not in dropin, out[name]["dropin"]
         assert env["DEVIN_OUTPOSTS_TOKEN"] == f'"{token}"'
         assert dropin["ExecStart"].startswith("/usr/local/bin/devin worker start")
+
+
+def test_the_fleet_size_goes_to_the_bundled_workers_environment(tmp_path: Path) -> None:
+    """``devin_outposts_worker_fleet_size`` (or an instance's ``fleet_size``) becomes DEVIN_WORKER_FLEET_SIZE of
+    the bundled workers; a fleet of one says nothing, and the official CLI, which has no such option, gets none."""
+    out = render(tmp_path, {
+        "devin_outposts_worker_token": TOKEN,
+        "devin_outposts_worker_fleet_size": 300,
+        "devin_outposts_worker_instances": [
+            {"name": "main", "outpost": "pool"},
+            {"name": "own", "outpost": "pool", "fleet_size": 12},
+            {"name": "lone", "outpost": "solo", "fleet_size": 1},
+            {"name": "cli", "outpost": "pool", "implementation": "devin_cli", "max_sessions": 1},
+        ],
+    })  # fmt: skip
+    sizes = {name: directives(out[name]["env"]).get("DEVIN_WORKER_FLEET_SIZE") for name in out}
+    assert sizes == {"main": '"300"', "own": '"12"', "lone": None, "cli": None}
+    # The role's own preflight passes the variable to the same filter (this test's play resolves it the same way).
+    resolve = find_task(ROLE / "tasks" / "preflight.yml", "Resolve the instances")
+    assert resolve["vars"]["__devin_outposts_worker_defaults"]["fleet_size"] == "{{ devin_outposts_worker_fleet_size }}"

@@ -66,6 +66,7 @@ def test_defaults_are_filled_in():
         "api_url": "https://api.devin.ai",
         "has_token": False,
         "extra_args": [],
+        "fleet_size": 0,
     }]
 
 
@@ -97,12 +98,25 @@ def test_the_default_token_counts_when_set(has_token, expected):
     ({"name": "w", "implementation": "docker"}, "implementation must be one of bundled, devin_cli"),
     ({"name": "w", "max_sessions": "many"}, "instance w: max_sessions must be an integer"),
     ({"name": "w", "env": ["A=1"]}, "instance w: env must be a dict"),
+    ({"name": "w", "fleet_size": "lots"}, "instance w: fleet_size must be an integer"),
+    ({"name": "w", "fleet_size": -3}, "instance w: fleet_size must be 0 (not said) or more, got -3"),
+    ({"name": "w", "implementation": "devin_cli", "fleet_size": 50}, "fleet_size is an option of the bundled worker"),
     ("w", "devin_outposts_worker_instances[0] must be a dict"),
 ])
 def test_bad_items_fail_with_one_line(item, message):
     with pytest.raises(AnsibleFilterError) as caught:
         worker_instances([item], DEFAULTS)
     assert message in str(caught.value)
+
+
+def test_the_fleet_size_comes_from_the_instance_else_the_default_and_never_to_the_official_cli():
+    rows = worker_instances([
+        {"name": "a", "outpost": "o"},
+        {"name": "b", "outpost": "o", "fleet_size": "7"},
+        {"name": "c", "outpost": "o", "implementation": "devin_cli"},
+        {"name": "d", "outpost": "o", "implementation": "devin_cli", "fleet_size": 0},
+    ], dict(DEFAULTS, fleet_size="200"))
+    assert [row["fleet_size"] for row in rows] == [200, 7, 0, 0]
 
 
 def test_the_instances_must_be_a_list():

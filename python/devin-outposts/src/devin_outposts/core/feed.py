@@ -11,7 +11,11 @@ sessions may be claimed (docs/fleet-api.md §4 and §5):
   :data:`FEED_BACKOFF_CAP` seconds, with jitter. Any failure but an outage (a rejected cursor, 400/422,
   a malformed event, an unexpected answer) re-lists;
 * every :data:`RESYNC_INTERVAL` seconds (less up to :data:`RESYNC_JITTER` of it, drawn once per feed) the
-  watch is re-seeded by a full list, a level-based safety net;
+  watch is re-seeded by a full list, a level-based safety net. The feed ends its stream itself when that
+  list is due: the server ends together the streams of a fleet that connected together, and lists made
+  on those ends would come as one wave of the whole fleet's lists (see :data:`RESYNC_JITTER`);
+* while such a re-list is in flight, a spreading feed offers no row (:meth:`QueueFeed.next_claim`): its
+  picture is about to be replaced by a fresher one, and claims chosen on the old one collide;
 * with ``watch=False`` the queue is re-listed every poll interval instead.
 
 Those decisions (when to list, where to resume, when to wait and how long) are the fleet API's one
@@ -51,10 +55,11 @@ from devin_outposts.core.spread import ClaimChoice, ClaimSpreader
 log = logging.getLogger(__name__)
 
 RESYNC_INTERVAL = 300.0
-#: Each feed lists again up to this share of RESYNC_INTERVAL sooner (drawn once): a fleet that started
-#: together would otherwise send every worker's full list in the same second, every 300 s (1,000 lists of
-#: the whole outpost at once, in the fleet model).
-RESYNC_JITTER = 0.2
+#: Each feed lists again up to this share of RESYNC_INTERVAL sooner (drawn once), and ends its stream for
+#: it: a fleet that started together would otherwise send every worker's full list in the same second,
+#: every 300 s. In the fleet model, 1,000 workers listing at once slowed the simulator's answers and
+#: blinded every worker for the same seconds, and each wave set off a storm of 409s (docs/worker.md).
+RESYNC_JITTER = 0.5
 #: The longest wait between attempts to reach a failing API: an idle worker notices a recovered API
 #: within this many seconds (each attempt is one request; jitter spreads a fleet's attempts).
 FEED_BACKOFF_CAP = 5.0
@@ -142,6 +147,8 @@ class QueueFeed:
         self.spreader = ClaimSpreader(acceptor_id, outpost_id, fleet_size)
         #: session_id -> when (monotonic) it became claimable in our view: a deferral counts from there.
         self._claimable_since: dict[str, float] = {}
+        #: A list that will replace a picture we already had is in flight (see next_claim).
+        self.relisting = False
 
     # --- the picture ------------------------------------------------------------------------------
 
@@ -345,6 +352,10 @@ class QueueFeed:
         if not self.spread:
             first = self.next_candidate(exclude)
             return ClaimChoice(first, 0.0) if first is not None else None
+        if self.relisting:
+            # The picture is about to be replaced: rows another worker claimed since the stream closed
+            # still look free here, and the deferrals have counted blind time. The list's end wakes us.
+            return None
         return self.spreader.choose(self, exclude, looking_since=looking_since, conflicts=conflicts)
 
     def candidates(self, exclude: Iterable[str] = ()) -> list[QueueEntry]:
@@ -367,7 +378,15 @@ class QueueFeed:
     # --- following the server ---------------------------------------------------------------------
 
     async def _list(self) -> None:
-        entries, cursor = await self.client.list_all_devins(outpost=self.outpost_id)
+        self.relisting = self.synced
+        try:
+            entries, cursor = await self.client.list_all_devins(outpost=self.outpost_id)
+        except BaseException:
+            if self.relisting:
+                self.relisting = False
+                self.on_change()  # claims go on from the picture we have (an outage fails them anyway)
+            raise
+        self.relisting = False
         self.replace_all(entries)
         self.listwatch.listed(cursor)
 
@@ -411,6 +430,17 @@ class QueueFeed:
             self.metrics.inc("watch_reconnects")
 
     async def _stream(self) -> None:
+        """Apply the stream's events until the server ends it, or until the periodic list is due."""
+        due = self.listwatch.resync_in()
+        if due is None:
+            await self._follow()
+            return
+        try:
+            await asyncio.wait_for(self._follow(), timeout=due)
+        except asyncio.TimeoutError:
+            log.debug("ending the watch stream: the periodic list is due", extra={"outpost": self.outpost_id})
+
+    async def _follow(self) -> None:
         events = self.client.watch_devins(outpost=self.outpost_id, cursor=self.cursor)
         async for event in events:
             self.apply(event)
