@@ -387,7 +387,24 @@ def run_mode(
 # --- the report ------------------------------------------------------------------------------------------
 
 
+#: The figures of each window: label, key, format.
+ROWS = (
+    ("fleet API requests/s", "requests_per_s", "{:12.2f}"),
+    ("  of which claim renewals/s", "renewals_per_s", "{:12.2f}"),
+    ("  beyond renewals/s", "beyond_renewals_per_s", "{:12.2f}"),
+    ("platform API requests/s", "platform_requests_per_s", "{:12.2f}"),
+    ("orchestrator CPU % of one core", "cpu_pct", "{:12.2f}"),
+    ("its children's CPU % of one core (podman)", "children_cpu_pct", "{:12.2f}"),
+    ("orchestrator RSS median (MiB)", "rss_mib", "{:12.1f}"),
+    ("threads", "threads", "{:12.0f}"),
+    ("simulator CPU %", "sim_cpu_pct", "{:12.2f}"),
+)
+
+
 def report(driver: str, runs: dict[str, dict[str, Any]], say: Out) -> None:
+    if set(runs) != set(MODES):  # --modes named one: its figures alone, no baseline beside them
+        report_one(driver, runs, say)
+        return
     live = runs["watch"]["live"]
     for part, what in (("steady", "steady state, no churn"), ("window", "with churn")):
         poll, watch = runs["poll"][part], runs["watch"][part]
@@ -395,23 +412,26 @@ def report(driver: str, runs: dict[str, dict[str, Any]], say: Out) -> None:
         say(f"{driver}: {live} live sessions, {what} ({watch['churned']} sessions ended and as many enqueued "
             f"in {watch['window_s']:.0f} s with watch, {poll['churned']} with poll)")  # fmt: skip
         say(f"  {'':44s} {'watch':>12s} {'poll (baseline)':>16s} {'ratio':>8s}")
-        rows = [
-            ("fleet API requests/s", "requests_per_s", "{:12.2f}"),
-            ("  of which claim renewals/s", "renewals_per_s", "{:12.2f}"),
-            ("  beyond renewals/s", "beyond_renewals_per_s", "{:12.2f}"),
-            ("platform API requests/s", "platform_requests_per_s", "{:12.2f}"),
-            ("orchestrator CPU % of one core", "cpu_pct", "{:12.2f}"),
-            ("its children's CPU % of one core (podman)", "children_cpu_pct", "{:12.2f}"),
-            ("orchestrator RSS median (MiB)", "rss_mib", "{:12.1f}"),
-            ("threads", "threads", "{:12.0f}"),
-            ("simulator CPU %", "sim_cpu_pct", "{:12.2f}"),
-        ]
-        for label, key, fmt in rows:
+        for label, key, fmt in ROWS:
             a, b = fmt.format(watch[key]), fmt.format(poll[key])
             say(f"  {label:44s} {a} {b:>16s} {ratio(watch[key], poll[key]):>8s}")
         say(f"  /healthz answer time: watch {fmt_ms(watch['healthz_s'])}; poll {fmt_ms(poll['healthz_s'])}")
         say(f"  platform requests/s by verb: watch {watch['platform_per_s']}")
         say(f"                               poll {poll['platform_per_s']}")
+
+
+def report_one(driver: str, runs: dict[str, dict[str, Any]], say: Out) -> None:
+    """One mode's figures (``--modes watch`` or ``--modes poll``): no ratio, there is no baseline."""
+    ((mode, run),) = runs.items()
+    for part, what in (("steady", "steady state, no churn"), ("window", "with churn")):
+        figures = run[part]
+        say("")
+        churn = f"{figures['churned']} sessions ended and as many enqueued in {figures['window_s']:.0f} s"
+        say(f"{driver} --machine-status {mode}: {run['live']} live sessions, {what} ({churn})")
+        for label, key, fmt in ROWS:
+            say(f"  {label:44s} {fmt.format(figures[key])}")
+        say(f"  /healthz answer time: {fmt_ms(figures['healthz_s'])}")
+        say(f"  platform requests/s by verb: {figures['platform_per_s']}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -421,6 +441,8 @@ def parse_args() -> argparse.Namespace:
     add = parser.add_argument
     add("--drivers", default="process,podman,kubernetes", help="which drivers, comma-separated (all three)")
     add("--live", type=int, default=500, help="sessions held live (500)")
+    add("--modes", default="poll,watch", help="--machine-status modes, comma-separated (poll,watch: both, "
+        "poll the baseline); one mode alone is reported without a baseline")  # fmt: skip
     add(
         "--podman-live",
         type=int,
@@ -439,6 +461,9 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.live, args.podman_live, args.window, args.settle = 50, 20, 20.0, 5.0
     args.drivers = [d.strip() for d in args.drivers.split(",") if d.strip()]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or set(args.modes) - set(MODES):
+        parser.error(f"--modes: one or both of {', '.join(MODES)}")
     unknown = set(args.drivers) - {"process", "podman", "kubernetes"}
     if unknown:
         parser.error(f"unknown driver(s): {', '.join(sorted(unknown))}")
@@ -472,7 +497,7 @@ def bench(args: argparse.Namespace, root: Path, say: Out) -> dict[str, Any]:
     for driver in args.drivers:
         live = args.podman_live if driver == "podman" else args.live
         runs: dict[str, dict[str, Any]] = {}
-        for mode in MODES:
+        for mode in [m for m in MODES if m in args.modes]:
             say(f"{driver} --machine-status {mode}: {live} live {time.strftime('%H:%M:%S')}")
             with platform_for(driver, root / f"{driver}-{mode}-platform") as platform:
                 runs[mode] = run_mode(args, root, platform, mode, live, say)
