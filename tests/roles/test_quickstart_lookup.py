@@ -4,7 +4,8 @@ The issue: "the quickstart's ``ansible ... -o`` prints 2 deprecation warnings on
 ``outpost_id`` lookup does the job)". ansible-core 2.21 deprecates ``-o`` and the oneline callback. This test
 takes the line that sets ``OUTPOST`` from docs/quickstart.md's commands, as printed, and runs it in bash with
 the ``ansible`` of the oldest, the development and the newest supported ansible-core, against the simulator
-of the ``sim`` fixture: it must print no deprecation warning and set ``OUTPOST`` to the outpost's id.
+of the ``sim`` fixture: it must print no Ansible deprecation warning (``[DEPRECATION WARNING]``) and set
+``OUTPOST`` to the outpost's id.
 (``scripts/check-quickstart.sh`` runs the whole guide and also fails on a deprecation warning.)
 
 Run: ``.venv/bin/python -m pytest tests/roles/test_quickstart_lookup.py``.
@@ -66,4 +67,8 @@ def test_the_outpost_id_line_prints_no_deprecation(core: str, sim: SimHandle, tm
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert f"OUTPOST={outpost.outpost_id}\n" in done.stdout, out
-    assert "DEPRECATION" not in out.upper(), out
+    # Ansible's own deprecation warnings, as scripts/check-quickstart.sh looks for them. Not the Python
+    # warnings of ansible-core's dependencies: cryptography 51 warns that DSA is deprecated when ansible-core
+    # imports it (ansible/_internal/_ssh/_ssh_agent.py), on every ansible command: no line of the guide can
+    # change that.
+    assert "DEPRECATION WARNING" not in out, out
