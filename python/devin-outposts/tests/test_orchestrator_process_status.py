@@ -82,8 +82,17 @@ def script(path: Path, text: str, mode: int = 0o755) -> Path:
 
 
 def leader(driver: ProcessDriver, name: str) -> int:
-    record = json.loads((driver.machines_dir / name / "worker.pid").read_text())
-    return int(record["pid"])
+    """The pid the machine's leader recorded. It writes the record itself once started, which can come
+    just after the board shows the machine running (it did on a loaded machine): wait for it, whole."""
+
+    def record() -> Optional[dict[str, Any]]:
+        try:
+            found: dict[str, Any] = json.loads((driver.machines_dir / name / "worker.pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return found
+
+    return int(wait_for(record, what=f"{name}/worker.pid")["pid"])
 
 
 async def started(driver: ProcessDriver, session_id: str) -> Machine:
