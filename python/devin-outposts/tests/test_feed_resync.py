@@ -9,6 +9,7 @@ and a spreading feed offers no row while a list that will replace its picture is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Optional
 
@@ -82,6 +83,17 @@ class Server:
             self.streams_closed += 1
 
 
+@contextlib.asynccontextmanager
+async def following(feed: QueueFeed) -> AsyncIterator[None]:
+    """The feed's loop runs inside the block, and is cancelled when the block ends (whatever happens)."""
+    task = asyncio.create_task(feed.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def until(predicate: Any, what: str, timeout: float = 10.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -107,12 +119,8 @@ def test_the_feed_ends_its_own_stream_when_its_periodic_list_is_due() -> None:
         server = Server([[entry("a", 1)], [entry("a", 1)], [entry("a", 1)]])
         feed = QueueFeed(server, OUTPOST, "me")  # type: ignore[arg-type]
         feed.listwatch.resync_interval = 0.05
-        task = asyncio.create_task(feed.run())
-        try:
+        async with following(feed):
             await until(lambda: server.lists >= 3, "a third list")
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
         # Each stream was opened from its list's cursor and closed by the feed before the next list
         # (the server's streams never end on their own here).
         assert server.watches[:2] == ["list-1", "list-2"]
@@ -143,8 +151,7 @@ def test_a_spreading_feed_offers_no_row_while_a_relist_is_in_flight() -> None:
     async def main() -> None:
         # While the second list is in flight, another worker claims "a" and "b" is enqueued.
         server, feed, woken = relisting_feed([entry("a", 1, holder="peer"), entry("b", 2)])
-        task = asyncio.create_task(feed.run())
-        try:
+        async with following(feed):
             await until(lambda: server.lists == 2, "the periodic list")
             oldest = feed.next_candidate()
             assert oldest is not None and oldest.session_id == "a"  # the picture being replaced
@@ -156,9 +163,6 @@ def test_a_spreading_feed_offers_no_row_while_a_relist_is_in_flight() -> None:
             assert len(woken) > before  # the claim loop is woken to look again
             choice = feed.next_claim()
             assert choice is not None and choice.entry.session_id == "b"
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
 
@@ -166,8 +170,7 @@ def test_a_spreading_feed_offers_no_row_while_a_relist_is_in_flight() -> None:
 def test_a_failed_relist_lifts_the_hold_and_wakes_the_claim_loop() -> None:
     async def main() -> None:
         server, feed, woken = relisting_feed(FleetConnectionError("list sessions", "ConnectError: refused"))
-        task = asyncio.create_task(feed.run())
-        try:
+        async with following(feed):
             await until(lambda: server.lists == 2, "the periodic list")
             assert feed.next_claim() is None
             before = len(woken)
@@ -176,9 +179,6 @@ def test_a_failed_relist_lifts_the_hold_and_wakes_the_claim_loop() -> None:
             assert len(woken) > before
             choice = feed.next_claim()  # the picture we had: claims go on (an outage fails them anyway)
             assert choice is not None and choice.entry.session_id == "a"
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
 
@@ -188,8 +188,7 @@ def test_the_first_list_holds_nothing_back() -> None:
         server = Server([[entry("a", 1)]])
         server.release[1] = asyncio.Event()
         feed = QueueFeed(server, OUTPOST, "me", spread=True)  # type: ignore[arg-type]
-        task = asyncio.create_task(feed.run())
-        try:
+        async with following(feed):
             await until(lambda: server.lists == 1, "the first list")
             assert (
                 not feed.relisting
@@ -198,8 +197,5 @@ def test_the_first_list_holds_nothing_back() -> None:
             await until(lambda: feed.synced, "the first picture")
             choice = feed.next_claim()
             assert choice is not None and choice.entry.session_id == "a"
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())

@@ -430,13 +430,10 @@ class QueueFeed:
             self.metrics.inc("watch_reconnects")
 
     async def _stream(self) -> None:
-        """Apply the stream's events until the server ends it, or until the periodic list is due."""
-        due = self.listwatch.resync_in()
-        if due is None:
-            await self._follow()
-            return
+        """Apply the stream's events until the server ends it, or until the periodic list is due (no
+        timeout when there is no periodic list)."""
         try:
-            await asyncio.wait_for(self._follow(), timeout=due)
+            await asyncio.wait_for(self._follow(), timeout=self.listwatch.resync_in())
         except asyncio.TimeoutError:
             log.debug("ending the watch stream: the periodic list is due", extra={"outpost": self.outpost_id})
 
