@@ -1,5 +1,5 @@
 """What the session sandbox's tests run on the host side: fake upstreams on 127.0.0.1, and a test-only
-CONNECT server on a Unix socket standing in for the egress proxy. Both record what reaches them, and the
+CONNECT server behind a doorway standing in for the egress proxy. Both record what reaches them, and the
 tests judge the sandbox by that (never by what the sandbox says it did).
 
 The CONNECT server decides by its own table (``routes``: ``host:port`` → an upstream port on 127.0.0.1),
@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import pytest
 
+from devin_outposts.core.netpolicy import doorway
 from devin_outposts.core.netpolicy.probe import probe_host
 from devin_outposts_sim.remote import tools
 
@@ -74,18 +75,16 @@ class Upstream:
 
 
 class ConnectServer:
-    """The egress proxy's stand-in: every request head it gets is recorded; a ``CONNECT`` to a routed
-    ``host:port`` gets ``200`` and a tunnel to the upstream, any other request ``403``."""
+    """The egress proxy's stand-in, behind a doorway (core/netpolicy/doorway.py) as the real one is: every
+    request head it gets is recorded; a ``CONNECT`` to a routed ``host:port`` gets ``200`` and a tunnel to
+    the upstream, any other request ``403``. :attr:`launcher_end` is what the launcher inherits."""
 
-    def __init__(self, path: Path, routes: dict[str, int]) -> None:
-        self.path = path
+    def __init__(self, routes: dict[str, int]) -> None:
         self.routes = routes
         self.requests: list[str] = []
         self._lock = threading.Lock()
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(str(path))
-        os.chmod(path, 0o600)
-        self._server.listen(64)
+        self._server, self.launcher_end = doorway.pair()
+        self._server.setblocking(True)
         threading.Thread(target=self._serve, daemon=True).start()
 
     def connects(self) -> list[str]:
@@ -96,12 +95,16 @@ class ConnectServer:
     def _serve(self) -> None:
         while True:
             try:
-                conn, dummy_peer = self._server.accept()
+                connections, ended = doorway.receive(self._server)
             except OSError:
                 return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+            for conn in connections:
+                threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+            if ended:
+                return
 
     def _one(self, conn: socket.socket) -> None:
+        conn.setblocking(True)
         conn.settimeout(30)
         head = b""
         with contextlib.suppress(OSError):
@@ -137,6 +140,7 @@ class ConnectServer:
 
     def close(self) -> None:
         self._server.close()
+        self.launcher_end.close()
 
 
 def _tunnel(first: socket.socket, second: socket.socket) -> None:
@@ -186,7 +190,7 @@ def why_not() -> Optional[str]:
         return "network namespaces are Linux's"
     if os.geteuid() != 0:
         return "the sandbox tests run as root (as CI does), and once as nobody"
-    for tool, package in (("unshare", "util-linux"), ("ip", "iproute2"), ("nft", "nftables")):
+    for tool, package in (("ip", "iproute2"), ("nft", "nftables")):
         if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
             return f"{tool} is not installed (Debian package {package})"
     return probe_host()

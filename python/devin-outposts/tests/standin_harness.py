@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,12 @@ REQUIRED = (
 #: The worker's environment may not set these: they would pass through (desktop stream) and make the
 #: expected set depend on the machine the test runs on.
 DESKTOP = ("DISPLAY", "WAYLAND_DISPLAY", "XAUTHORITY")
+
+
+#: An interpreter every session can run (the system's; this venv's may live under /root).
+SESSION_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+#: The ids a root worker's confined sessions run as in these tests (core/netpolicy/session_ids.py).
+SESSION_UID_RANGE = "300000-300199"
 
 
 @dataclass
@@ -69,9 +76,11 @@ class Harness:
             LANG="C.UTF-8",
             TZ="UTC",
         )
+        if os.geteuid() == 0:  # a root worker's confined sessions run as ids of their own
+            env["DEVIN_WORKER_SESSION_UID_RANGE"] = SESSION_UID_RANGE
         return env
 
-    def worker(self, name: str, *args: str) -> WorkerProcess:
+    def worker(self, name: str, *args: str, prefix: tuple[str, ...] = ()) -> WorkerProcess:
         base = [
             "--outpost", self.outpost.name, "--static-base-url", self.sim.static_base_url,
             "--cache-dir", str(self.tmp / name / "data" / "cache"),
@@ -79,7 +88,7 @@ class Harness:
             "--poll-interval-secs", "0.5", "--confirm-interval-secs", "0.1", "--stop-grace-secs", "5",
             "--backoff-max-secs", "2", "--drain-timeout", "1",
         ]  # fmt: skip
-        process = WorkerProcess([*base, *args], self.env(), self.tmp / f"{name}.log")
+        process = WorkerProcess([*base, *args], self.env(), self.tmp / f"{name}.log", prefix=prefix)
         self.workers.append(process)
         return process.start()
 
@@ -119,9 +128,10 @@ def running_harness(tmp_path: Path) -> Iterator[Harness]:
     # session to another worker, which would make "served exactly once" a matter of luck.
     with run_sim(claim_ttl=15, watch_max_duration=5, keepalive_interval=0.5, sweep_interval=0.05) as sim:
         outpost = sim.admin.create_outpost("rhel", "linux")
-        # Its shebang names this interpreter: a launcher (a pyenv shim behind /usr/bin/env) would add
-        # variables of its own to the environment the stand-in reports.
-        sha = sim.admin.publish_standin_variant("worker-e2e", python=sys.executable, latest=True)
+        # Its shebang names the system's interpreter: a launcher (a pyenv shim behind /usr/bin/env) would add
+        # variables of its own to the environment the stand-in reports, and a confined session of a root
+        # worker runs as a uid of its own, which cannot reach an interpreter under /root.
+        sha = sim.admin.publish_standin_variant("worker-e2e", python=SESSION_PYTHON, latest=True)
         h = Harness(sim, tmp_path, sim.create_token("machine"), outpost, sha)
         try:
             yield h

@@ -8,6 +8,7 @@ rebinding guard judge what the map answers, as they judge the system resolver's 
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import hashlib
@@ -25,6 +26,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.netpolicy.doorway import Opener
 from devin_outposts.core.netpolicy.policy import Decision, Policy
 from devin_outposts.core.netpolicy.proxy import Destination, EgressProxy, ProxyError
 
@@ -140,9 +142,12 @@ class Harness:
     proxy: EgressProxy
     resolver: MapResolver
     verdicts: list[tuple[Decision, Destination, str, str]]
+    #: The launcher's end of the proxy's doorway (what the shim holds).
+    doorway: socket.socket
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_unix_connection(self.proxy.socket_path)
+        sock = await Opener(self.doorway).open()
+        return await asyncio.open_unix_connection(sock=sock)
 
     async def request(
         self, head: str
@@ -181,16 +186,16 @@ async def proxy_for(
         Policy.from_spec(spec, gateway_url),
         session_id=SESSION,
         outpost_id=OUTPOST,
-        socket_path=tmp_path / "egress.sock",
         resolve=resolver,
         observer=record,
         **options,
     )
-    await proxy.start()
+    launcher_end = await proxy.start()
     try:
-        yield Harness(proxy, resolver, verdicts)
+        yield Harness(proxy, resolver, verdicts, launcher_end)
     finally:
         await proxy.close()
+        launcher_end.close()
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -770,7 +775,7 @@ def test_a_client_that_sends_nothing_is_dropped(tmp_path: Path) -> None:
 # --- the socket and its life ------------------------------------------------------------------------------
 
 
-def test_close_ends_open_tunnels_and_removes_the_socket(tmp_path: Path) -> None:
+def test_close_ends_open_tunnels(tmp_path: Path) -> None:
     async def scenario() -> None:
         up = await upstream()
         async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
@@ -787,49 +792,38 @@ def test_close_ends_open_tunnels_and_removes_the_socket(tmp_path: Path) -> None:
             for reader in [*readers, idle_reader]:
                 assert await read_all(reader) == b""
             assert len(await up.all_ended()) == 3
-            assert sorted(os.listdir(tmp_path)) == []  # the socket is gone
+            with pytest.raises(OSError):  # the doorway is closed: nothing new comes through
+                await harness.connect()
         await up.close()
 
     run(scenario)
 
 
-def test_the_socket_is_0600(tmp_path: Path) -> None:
+def test_the_proxy_has_no_name_and_takes_only_what_its_doorway_brings(tmp_path: Path) -> None:
+    """Nothing is created on the file system, the doorway's ends are no one's to inherit, and what comes
+    through that is not a Unix stream socket is closed unserved."""
+
     async def scenario() -> None:
-        async with proxy_for(tmp_path, ALLOWED) as harness:
-            mode = os.stat(harness.proxy.socket_path).st_mode
-            assert stat.S_ISSOCK(mode)
-            assert stat.S_IMODE(mode) == 0o600
-            assert sorted(os.listdir(tmp_path)) == ["egress.sock"]  # no temporary name left behind
-
-    run(scenario)
-
-
-def test_start_refuses_a_path_that_is_not_a_stale_socket(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        path = tmp_path / "egress.sock"
-        path.write_text("not a socket")
-        proxy = EgressProxy(
-            Policy.from_spec(ALLOWED), session_id=SESSION, outpost_id=OUTPOST, socket_path=path
-        )
-        with pytest.raises(ProxyError, match="exists and is not a socket"):
-            await proxy.start()
-        assert path.read_text() == "not a socket"
-        path.unlink()
-        async with proxy_for(tmp_path, ALLOWED):  # a live socket: another proxy listens on it
-            with pytest.raises(ProxyError, match="another process is listening"):
-                await proxy.start()
-
-    run(scenario)
-
-
-def test_start_replaces_a_stale_socket(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        path = tmp_path / "egress.sock"
-        with socket.socket(socket.AF_UNIX) as dead:  # bound, never listening: what a killed process leaves
-            dead.bind(str(path))
         async with proxy_for(tmp_path, ALLOWED, NAMES) as harness:
+            assert os.listdir(tmp_path) == []
+            assert not harness.doorway.get_inheritable()
+            datagram, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [datagram.fileno()]))]
+            harness.doorway.sendmsg([b"c"], rights)
+            datagram.close()
             status, dummy_headers, dummy_reader, dummy = await harness.connect_tunnel("evil.test:443")
-            assert status == "HTTP/1.1 403 Forbidden"
+            assert status == "HTTP/1.1 403 Forbidden"  # the proxy still serves the real ones
+            with pytest.raises(ConnectionRefusedError):  # the proxy closed its copy: no one reads it
+                other.send(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
+            other.close()
+        with pytest.raises(ProxyError, match="already started"):
+            proxy = EgressProxy(Policy.from_spec(ALLOWED), session_id=SESSION, outpost_id=OUTPOST)
+            end = await proxy.start()
+            try:
+                await proxy.start()
+            finally:
+                end.close()
+                await proxy.close()
 
     run(scenario)
 

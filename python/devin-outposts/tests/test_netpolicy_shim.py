@@ -1,6 +1,6 @@
 """The shim's transparent port (core/netpolicy/shim.py) on the host, without a namespace: the test gives
 each connection the original destination that the nat table's redirect would have (``destination_of``),
-and the shim talks to an egress socket: the real egress proxy where only its verdict matters (nothing is
+and the shim talks through a doorway: to the real egress proxy where only its verdict matters (nothing is
 connected), or netpolicy_harness's CONNECT stand-in, which routes a ``host:port`` to an upstream on
 127.0.0.1 and records every request line. The tests judge by what the client got and what the stand-in and
 the upstreams saw.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from devin_outposts.core.netpolicy.doorway import Opener
 from devin_outposts.core.netpolicy.policy import IPAddress, Policy
 from devin_outposts.core.netpolicy.proxy import EgressProxy
 
@@ -68,13 +70,14 @@ class Banner:
 
 @asynccontextmanager
 async def transparent_port(
-    egress_socket: Path, destination: tuple[str, int], policy: Policy = POLICY
+    doorway: socket.socket, destination: tuple[str, int], policy: Policy = POLICY
 ) -> AsyncIterator[tuple[str, int]]:
-    """A shim's transparent listener on 127.0.0.1 whose every connection was "going to" ``destination``."""
+    """A shim's transparent listener on 127.0.0.1 whose every connection was "going to" ``destination``;
+    ``doorway`` is the launcher's end of the egress proxy's (or its stand-in's) doorway."""
     address: IPAddress = ipaddress.ip_address(destination[0])
     book = stubdns.FakeAddressBook(namespace.FAKE_POOL_V4, None)
     the_shim = shim.Shim(
-        str(egress_socket),
+        Opener(doorway),
         book,
         limits=shim.Limits(first_bytes_seconds=NEVER, peek_seconds=NEVER),
         policy=policy,
@@ -110,9 +113,9 @@ def test_a_server_that_speaks_first_is_reached_at_once_at_an_address_the_policy_
     async def scenario() -> None:
         banner = await Banner().start()
         target = f"203.0.113.5:{banner.port}"
-        stand_in = ConnectServer(tmp_path / "egress.sock", {target: banner.port})
+        stand_in = ConnectServer({target: banner.port})
         try:
-            async with transparent_port(stand_in.path, ("203.0.113.5", banner.port)) as listener:
+            async with transparent_port(stand_in.launcher_end, ("203.0.113.5", banner.port)) as listener:
                 reader, writer = await asyncio.open_connection(*listener)
                 assert await reader.readline() == b"SSH-2.0-banner\r\n"
                 writer.write(b"SSH-2.0-client\r\n")
@@ -133,9 +136,9 @@ def test_an_address_no_rule_allows_still_waits_for_a_name_in_the_first_bytes(tmp
 
     async def scenario() -> None:
         banner = await Banner().start()
-        stand_in = ConnectServer(tmp_path / "egress.sock", {f"allowed.test:{banner.port}": banner.port})
+        stand_in = ConnectServer({f"allowed.test:{banner.port}": banner.port})
         try:
-            async with transparent_port(stand_in.path, ("192.0.2.10", banner.port)) as listener:
+            async with transparent_port(stand_in.launcher_end, ("192.0.2.10", banner.port)) as listener:
                 reader, writer = await asyncio.open_connection(*listener)
                 writer.write(b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
                 assert await reader.readline() == b"SSH-2.0-banner\r\n"
@@ -151,16 +154,17 @@ def test_an_address_no_rule_allows_still_waits_for_a_name_in_the_first_bytes(tmp
 async def refused(tmp_path: Path, destination: tuple[str, int], first_bytes: bytes, **kwargs: Any) -> bytes:
     """What a client that sends ``first_bytes`` to ``destination`` gets back, the real egress proxy judging
     it with :data:`POLICY` (nothing it refuses is resolved or connected)."""
-    proxy = EgressProxy(POLICY, session_id="devin-s1", outpost_id="o1", socket_path=tmp_path / "egress.sock")
-    await proxy.start()
+    proxy = EgressProxy(POLICY, session_id="devin-s1", outpost_id="o1")
+    launcher_end = await proxy.start()
     try:
-        async with transparent_port(tmp_path / "egress.sock", destination, **kwargs) as listener:
+        async with transparent_port(launcher_end, destination, **kwargs) as listener:
             reader, writer = await asyncio.open_connection(*listener)
             writer.write(first_bytes)
             answer = await read_all(reader)
             writer.close()
     finally:
         await proxy.close()
+        launcher_end.close()
     assert (proxy.allowed, proxy.denied) == (0, 1)
     return answer
 
@@ -189,16 +193,10 @@ def test_a_refused_plain_http_client_at_an_address_it_resolved_is_answered_403(t
         fake = stubdns.FakeAddressBook(namespace.FAKE_POOL_V4, None)
         address = fake.addresses("named.test")
         assert address is not None
-        proxy = EgressProxy(
-            policy,
-            session_id="devin-s1",
-            outpost_id="o1",
-            socket_path=tmp_path / "egress.sock",
-            resolve=resolve,
-        )
-        await proxy.start()
+        proxy = EgressProxy(policy, session_id="devin-s1", outpost_id="o1", resolve=resolve)
+        launcher_end = await proxy.start()
         the_shim = shim.Shim(
-            str(tmp_path / "egress.sock"),
+            Opener(launcher_end),
             fake,
             limits=shim.Limits(first_bytes_seconds=NEVER, peek_seconds=NEVER),
             policy=policy,
@@ -213,6 +211,7 @@ def test_a_refused_plain_http_client_at_an_address_it_resolved_is_answered_403(t
         finally:
             server.close()
             await proxy.close()
+            launcher_end.close()
         assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
         assert b"\r\nX-Devin-Egress-Denied: " in answer and b"127.0.0.1" in answer, answer
         assert (proxy.allowed, proxy.denied) == (0, 1)

@@ -32,7 +32,7 @@ from netpolicy_harness import (
     cannot_run,
     confinement_plan,
 )
-from standin_harness import Harness, running_harness
+from standin_harness import SESSION_PYTHON, Harness, running_harness
 from worker_fakes import metrics_from_log
 
 
@@ -60,7 +60,7 @@ def confinable() -> None:
 
 def client_output(harness: Harness, session_id: str, plan: list[list[Any]]) -> str:
     """Run the session client with ``plan`` as the session's one command; its output."""
-    command = [sys.executable, str(SESSION_CLIENT), json.dumps(plan)]
+    command = [SESSION_PYTHON, str(SESSION_CLIENT), json.dumps(plan)]
     harness.sim.admin.add_calls(session_id, [tools.run(command)])
     [call] = harness.calls_done(session_id)
     assert call["result"]["exit_code"] == 0, call
@@ -120,11 +120,13 @@ def test_a_session_without_a_policy_is_not_confined(
 def test_a_worker_that_cannot_confine_releases_policy_sessions_and_serves_the_others(
     harness: Harness,
 ) -> None:
-    """A worker whose PATH has no ``unshare`` (a host without util-linux) cannot confine sessions: it
-    releases a session whose policy is enabled, with one line and a count, and serves one without a policy."""
+    """A worker on a host whose user namespaces are disabled (here: run in a user namespace whose own
+    ``user.max_user_namespaces`` is 0) cannot confine sessions: it releases a session whose policy is
+    enabled, with one line that names the setting and a count, and serves one without a policy."""
     h = harness
-    h.path = str(h.tmp / "no-such-bin")
-    worker = h.worker("w1", "--metrics-addr", "127.0.0.1:0")
+    no_namespaces = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
+    prefix = ("unshare", "--user", "--map-root-user", "sh", "-c", no_namespaces, "sh")
+    worker = h.worker("w1", "--metrics-addr", "127.0.0.1:0", prefix=prefix)
     policy = {"enabled": True, "allow": [{"hostname": "github.com"}]}
     refused = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
     h.wait(lambda: h.released(refused), f"{refused} to be released")
@@ -135,6 +137,7 @@ def test_a_worker_that_cannot_confine_releases_policy_sessions_and_serves_the_ot
     log = worker.log()
     lines = [line for line in log.splitlines() if "cannot enforce it" in line]
     assert len(lines) == 1 and refused in lines[0], log
+    assert "user namespaces are disabled (user.max_user_namespaces = 0)" in lines[0], log
     text = metrics_from_log(log)
     assert re.search(r"^devin_outposts_worker_network_policy_refusals_total(\{[^}]*\})? 1$", text, re.M), text
 

@@ -221,15 +221,18 @@ class WorkerProcess:
         env: Mapping[str, str],
         log_path: Path,
         command: tuple[str, ...] = ("worker", "start"),
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.args = args
         self.env = dict(env)
         self.log_path = log_path
         self.command = command
+        #: What the worker's command line is run under (a program that execs it).
+        self.prefix = prefix
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
     def start(self) -> WorkerProcess:
-        argv = [sys.executable, "-m", "devin_outposts", *self.command, *self.args]
+        argv = [*self.prefix, sys.executable, "-m", "devin_outposts", *self.command, *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True

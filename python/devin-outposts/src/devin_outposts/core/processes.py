@@ -1,7 +1,9 @@
 """The record of a running ``devin-remote`` and stopping one that a killed predecessor left behind.
 
-A worker writes ``<state>/remote.pid`` (pid, process group and kernel start time) for each remote it
-starts (:mod:`devin_outposts.worker.spawn`). A worker restarted after ``kill -9`` reads it before it
+A worker writes ``<state>.remote.pid`` (pid, process group and kernel start time) beside the session's
+state directory ``<state>`` for each remote it starts (:mod:`devin_outposts.worker.spawn`): beside it, not
+in it, because the session writes its state directory, and a record it could forge would have the worker
+stop a process of its choice. A worker restarted after ``kill -9`` reads it before it
 starts a new remote for the same session, and the orchestrator's ``process`` driver reads it when it
 tears down a machine whose worker could not stop its remote: both stop the recorded group, but only while
 the recorded pid still has the recorded start time, so a reused pid is never signalled.
@@ -23,6 +25,11 @@ log = logging.getLogger(__name__)
 PIDFILE = "remote.pid"
 
 
+def record_path(state_dir: Path) -> Path:
+    """Where the record of ``state_dir``'s remote is: ``<state_dir>.remote.pid``, in the same parent."""
+    return state_dir.parent / f"{state_dir.name}.{PIDFILE}"
+
+
 def start_time(pid: int) -> Optional[str]:
     """The kernel's start time of ``pid`` where the platform knows it (Linux), else None."""
     return platform.current().process_start_time(pid)
@@ -42,14 +49,15 @@ def process_alive(pid: int) -> bool:
 def write_remote_record(state_dir: Path, pid: int) -> None:
     """Record the remote ``pid`` (the leader of its own process group) in ``state_dir``, atomically."""
     record = {"pid": pid, "pgid": pid, "started": start_time(pid)}
-    tmp = state_dir / f".{PIDFILE}.tmp"
+    path = record_path(state_dir)
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(record))
-    os.replace(tmp, state_dir / PIDFILE)
+    os.replace(tmp, path)
 
 
 def forget_remote_record(state_dir: Path) -> None:
     with contextlib.suppress(OSError):
-        (state_dir / PIDFILE).unlink()
+        record_path(state_dir).unlink()
 
 
 def reap_stale_remote(state_dir: Path) -> bool:
@@ -58,7 +66,7 @@ def reap_stale_remote(state_dir: Path) -> bool:
     Only acts when the recorded pid still has the recorded start time (Linux), so a reused pid is never
     signalled. Returns True when something was killed.
     """
-    path = state_dir / PIDFILE
+    path = record_path(state_dir)
     try:
         record = json.loads(path.read_text())
         pid, pgid, started = int(record["pid"]), int(record["pgid"]), record.get("started")

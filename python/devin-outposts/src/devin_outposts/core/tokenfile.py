@@ -123,8 +123,13 @@ def _release(fd: int) -> None:
         pass
 
 
+#: Every token file this process read (absolute paths): hidden from the sessions it confines.
+FILES_READ: set[str] = set()
+
+
 def _from_file(path: str) -> str:
     where = f"{ENV_TOKEN_FILE}={path}"
+    FILES_READ.add(os.path.abspath(path))
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:

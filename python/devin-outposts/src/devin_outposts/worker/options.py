@@ -43,6 +43,7 @@ from devin_outposts.core.config import (
     url,
     workdir,
 )
+from devin_outposts.core.netpolicy import session_ids
 from devin_outposts.core.netpolicy.confinement import ENV_SESSION_NETWORK_POLICY, EnforcementMode
 from devin_outposts.core.tokenfile import ENV_DIRECT_TOKEN, ENV_TOKEN, ENV_TOKEN_FD, ENV_TOKEN_FILE
 
@@ -59,6 +60,24 @@ def _json_object(name: str, raw: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def _id_range(name: str, raw: str) -> Optional[str]:
+    if not raw.strip():
+        return None
+    try:
+        session_ids.parse_range(raw)
+    except session_ids.IdRangeError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return raw.strip()
+
+
+def _absolute_paths(name: str, raw: str) -> tuple[str, ...]:
+    paths = tuple(part.strip() for part in raw.split(",") if part.strip())
+    for path in paths:
+        if not os.path.isabs(path):
+            raise ConfigError(f"{name}: {path!r} is not an absolute path")
+    return paths
 
 
 _N = number
@@ -104,6 +123,13 @@ OPTIONS: tuple[Option, ...] = (
            "warning (unsafe)", "ours", env="DEVIN_WORKER_NETWORK_POLICY",
            parse=lambda name, raw: EnforcementMode(_mode(name, raw)), default=EnforcementMode.ENFORCE,
            choices=ENFORCEMENT_MODES),
+    Option("session_uid_range", ("--session-uid-range",), "a root worker's ids for its confined sessions, "
+           "START-END, each session its own uid and gid (default: root's ranges in /etc/subuid and "
+           "/etc/subgid; none: a root worker refuses them)", "ours", env="DEVIN_WORKER_SESSION_UID_RANGE",
+           parse=_id_range),
+    Option("session_hide", ("--session-hide",), "a path confined sessions must not see, besides the worker's "
+           "own directories and /run (repeatable; the variable lists them separated by commas)", "ours",
+           env="DEVIN_WORKER_SESSION_HIDE", parse=_absolute_paths, default=(), repeatable=True),
     shared_option("metrics_addr", "ours", _W),
     shared_option("log_format", "ours", _W),
     shared_option("log_level", "ours", _W),
@@ -158,6 +184,10 @@ class WorkerConfig:
     fleet_size: Optional[int] = None
     drain_timeout: float = _DEFAULT["drain_timeout"]
     network_policy: EnforcementMode = _DEFAULT["network_policy"]
+    #: A root worker's ids for its confined sessions (``--session-uid-range``, START-END), as given.
+    session_uid_range: Optional[str] = None
+    #: Paths confined sessions must not see, besides the worker's own (``--session-hide``).
+    session_hide: tuple[str, ...] = ()
     metrics_addr: Optional[MetricsAddr] = None
     log_format: str = _DEFAULT["log_format"]
     log_level: str = _DEFAULT["log_level"]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from devin_outposts.api.models import Outpost, QueueEntry
+from devin_outposts.core import tokenfile
 from devin_outposts.core.claiming import KeepOverCap, keep_none
 from devin_outposts.core.metrics import Metrics
 from devin_outposts.core.netpolicy.confinement import Confinement
@@ -154,18 +155,22 @@ class SessionServer(ClaimedSession):
             chrome_path=self.config.chrome_path,
             desktop=self.config.desktop,
         )
-        wrap = None
-        if self.confinement is not None:
-            await self.confinement.start(gateway_url)
-            wrap = self.confinement.wrap
-        return await RemoteProcess.start(
-            self.binary,
-            cwd=self.cwd,
-            env=env,
-            state_dir=self.state_dir,
-            session_id=self.session_id,
-            wrap=wrap,
-        )
+        if self.confinement is None:
+            return await RemoteProcess.start(
+                self.binary, cwd=self.cwd, env=env, state_dir=self.state_dir, session_id=self.session_id
+            )
+        await self.confinement.start(gateway_url, self.binary)
+        try:
+            return await RemoteProcess.start(
+                self.binary,
+                cwd=self.cwd,
+                env=env,
+                state_dir=self.state_dir,
+                session_id=self.session_id,
+                wrap=self.confinement.command,
+            )
+        finally:
+            self.confinement.launched()
 
     async def finish(self, result: SessionResult) -> None:
         if self.confinement is not None:
@@ -187,9 +192,12 @@ class SessionServer(ClaimedSession):
             session_id=self.session_id,
             outpost_id=outpost_id or self.config.outpost or "",
             session_dir=state_dir,
+            workdir=self.cwd,
             network_policy=network_policy,
             mode=self.config.network_policy,
             observer=self.metrics.count_egress,
+            hide=hidden_from_sessions(self.config),
+            id_range=self.config.session_uid_range,
         )
         if self.confinement.enabled and not self.confinement.confined:
             self.metrics.inc("network_policy_unenforced")
@@ -198,6 +206,20 @@ class SessionServer(ClaimedSession):
             return None
         self.metrics.inc("network_policy_refusals")
         return SessionResult(self.session_id, FAILED, refusal, refused_policy=True)
+
+
+def hidden_from_sessions(config: WorkerConfig) -> list[str]:
+    """What a confined session must not see of this worker, besides what the launcher always hides: its
+    data directory (the other sessions' state, the binary cache, its identity), its working directory (the
+    other slots), its user's home, the token files it read, and ``--session-hide``."""
+    paths = [
+        config.data_dir,
+        config.workdir,
+        Path.home(),
+        *sorted(tokenfile.FILES_READ),
+        *config.session_hide,
+    ]
+    return [str(Path(path).absolute()) for path in paths]
 
 
 class WorkerHost:

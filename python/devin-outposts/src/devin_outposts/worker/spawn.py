@@ -31,7 +31,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -128,16 +128,20 @@ class RemoteProcess:
         env: Mapping[str, str],
         state_dir: Path,
         session_id: str,
-        wrap: Optional[Callable[[list[str]], list[str]]] = None,
+        wrap: Optional[Callable[[list[str]], tuple[list[str], Sequence[int]]]] = None,
     ) -> RemoteProcess:
         """Start ``devin-remote serve``; its record is on disk before it runs (see the module docstring).
-        ``wrap`` turns the command into the one to run (the network sandbox's launcher around it)."""
+        ``wrap`` turns the command into the one to run and the descriptors it inherits (the session
+        sandbox's launcher around it)."""
         host = platform.current()
-        argv = [str(binary), "serve"]
+        argv: list[str] = [str(binary), "serve"]
+        pass_fds: Sequence[int] = ()
         if wrap is not None:
-            argv = wrap(argv)
+            argv, pass_fds = wrap(argv)
         gated = host.gated_argv(argv)
         options: dict[str, Any] = {"cwd": str(cwd), "env": dict(env), **host.process_group_options()}
+        if pass_fds:
+            options["pass_fds"] = tuple(pass_fds)
         if gated is None:  # no launcher (Windows): started at once, recorded just after
             proc = await _spawn(argv, asyncio.subprocess.DEVNULL, options)
             remote = cls(proc, state_dir, session_id)

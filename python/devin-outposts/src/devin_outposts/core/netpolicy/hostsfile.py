@@ -1,6 +1,6 @@
 """The session's ``/etc/hosts``: the host's, with only this machine's own names on its loopback (and the
-multicast and unspecified entries that come with them), bound over ``/etc/hosts`` in the launcher's mount
-namespace (docs/network-policy.md, "How a session is confined").
+multicast and unspecified entries that come with them), bound over ``/etc/hosts`` in the session's view
+(:mod:`.view`) (docs/network-policy.md, "How a session is confined").
 
 Why: a name that the session resolves from the host's ``/etc/hosts`` (``10.0.0.5 git.corp``) reaches the
 shim as a bare address, and the shim cannot tell which name it was for. A client that speaks first still
@@ -16,22 +16,15 @@ address it connects to, and every address goes through the egress path.
 
 from __future__ import annotations
 
-import ctypes
 import ipaddress
-import os
+import logging
 import socket
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Optional
 
 HOSTS = Path("/etc/hosts")
-#: The file bound over :data:`HOSTS`, in the directory the launcher is given (the session's).
-SESSION_HOSTS_NAME = "hosts"
-_MS_RDONLY, _MS_REMOUNT, _MS_BIND = 0x1, 0x20, 0x1000
 _LOOPBACK_ALIASES = ("localhost.localdomain", "ip6-localhost", "ip6-loopback")
-
-
-class HostsFileError(OSError):
-    """The session's hosts file could not be written or bound over ``/etc/hosts``."""
 
 
 def own_lines(text: str, own_names: Iterable[str]) -> str:
@@ -72,27 +65,17 @@ def _is_own(name: str, own: set[str]) -> bool:
     return name in own or name == "localhost" or name.endswith(".localhost")
 
 
-def bind_session_hosts(directory: str, hosts: Path = HOSTS) -> Path:
-    """Write the own lines (:func:`own_lines`) of ``hosts`` to ``<directory>/hosts`` and bind it, read-only,
-    over ``hosts`` in this process's mount namespace (the launcher's own, which
-    :func:`.namespace.hide_host_services` checked first). Raises :class:`HostsFileError`."""
+def session_hosts(hosts: Path = HOSTS) -> Optional[str]:
+    """The session's ``/etc/hosts``: the own lines (:func:`own_lines`) of ``hosts``; None when there is no
+    such file (every name goes to the stub DNS already). The launcher binds it, read-only, over ``hosts``
+    in its view (:mod:`.view`); a file it cannot read is a warning, not a refusal: it confines nothing."""
     try:
         original = hosts.read_text(errors="replace")
     except FileNotFoundError:
-        return hosts  # nothing to hide: every name goes to the stub DNS already
+        return None
     except OSError as exc:
-        raise HostsFileError(f"cannot read {hosts}: {exc}") from exc
-    target = Path(directory) / SESSION_HOSTS_NAME
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(own_lines(original, own_names()))
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except OSError as exc:
-        raise HostsFileError(f"cannot write {target}: {exc}") from exc
-    libc = ctypes.CDLL(None, use_errno=True)
-    for source, flags in ((str(target), _MS_BIND), ("none", _MS_BIND | _MS_REMOUNT | _MS_RDONLY)):
-        if libc.mount(source.encode(), str(hosts).encode(), None, flags, None) != 0:
-            error = ctypes.get_errno()
-            raise HostsFileError(error, f"cannot bind {target} over {hosts}: {os.strerror(error)}")
-    return target
+        logging.getLogger("devin_outposts.sandbox").warning(
+            "names in %s resolve to their addresses, not through the stub DNS: %s", hosts, exc
+        )
+        return None
+    return own_lines(original, own_names())

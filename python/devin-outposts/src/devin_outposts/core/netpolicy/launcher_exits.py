@@ -15,7 +15,7 @@ class SandboxExit(IntEnum):
     BAD_USAGE = 240
     #: ``ip`` (iproute2) or ``nft`` (nftables) is not installed.
     MISSING_TOOL = 241
-    #: The namespace could not be set up: not a fresh one (no ``unshare``?), or ``ip``/``nft`` refused.
+    #: The namespace could not be set up (``ip``/``nft`` or a mount refused), or the view not be built.
     SETUP_FAILED = 242
     #: The preflight found a way out of the namespace (another link, no drop, no redirect).
     NOT_ISOLATED = 243
@@ -23,3 +23,5 @@ class SandboxExit(IntEnum):
     SHIM_FAILED = 244
     #: The session's program could not be started (not found, not executable, no user namespace for it).
     SESSION_NOT_STARTED = 245
+    #: The session's namespaces could not be made (user namespaces disabled, a seccomp filter, no map).
+    NAMESPACES = 246

@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from .sandbox import SandboxExit, sandbox_argv, write_policy_file
+from . import doorway
+from .sandbox import SandboxExit, SandboxSpec, sandbox_command, write_spec
 
 #: A cold interpreter, ``ip`` and ``nft``: well under a second on an idle host.
 PROBE_TIMEOUT_SECONDS = 60.0
@@ -30,33 +31,41 @@ def probe() -> Optional[str]:
     return probe_host()
 
 
-def probe_host(
-    *, unshare: Optional[str] = None, python: Optional[str] = None, timeout: float = PROBE_TIMEOUT_SECONDS
-) -> Optional[str]:
-    """:func:`probe` without the cache, with the programs to use (tests give others)."""
+def probe_host(*, python: Optional[str] = None, timeout: float = PROBE_TIMEOUT_SECONDS) -> Optional[str]:
+    """:func:`probe` without the cache, with the interpreter to use (tests give another)."""
     system = sys.platform  # (a plain value: mypy's other platform runs check the rest)
     if not system.startswith("linux"):
         return f"sessions can only be confined on Linux (this is {system})"
-    unshare = unshare or shutil.which("unshare")
-    if unshare is None or not os.access(unshare, os.X_OK):
-        return "util-linux's unshare is not installed (Debian package util-linux)"
     true = shutil.which("true") or "/bin/true"
     with tempfile.TemporaryDirectory(prefix="devin-outposts-probe-") as directory:
-        policy_file = write_policy_file(Path(directory) / "policy.json", {"enabled": True, "allow": []}, None)
-        socket_path = Path(directory) / "egress.sock"
-        argv = sandbox_argv([true], socket_path, policy_file, python=python, unshare=unshare)
+        state, work = Path(directory) / "state", Path(directory) / "work"
+        for path in (state / "home", state / "tmp", state / "var-tmp", work):
+            path.mkdir(parents=True)
+        spec = SandboxSpec({"enabled": True, "allow": []}, None, workdir=str(work), state_dir=str(state))
+        spec_fd = write_spec(spec)
+        proxy_end, launcher_end = doorway.pair()
+        fds = (spec_fd, launcher_end.fileno())
+        argv = sandbox_command([true], spec_fd=spec_fd, doorway_fd=launcher_end.fileno(), python=python)
         try:
-            result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)  # noqa: S603
+            result = subprocess.run(  # noqa: S603
+                argv, capture_output=True, text=True, timeout=timeout, check=False, pass_fds=fds, cwd=work
+            )
         except OSError as exc:
-            return f"cannot run {unshare}: {exc}"
+            return f"cannot run {argv[0]}: {exc}"
         except subprocess.TimeoutExpired:
             return f"a trial session did not finish within {timeout:.0f} s"
+        finally:
+            os.close(spec_fd)
+            launcher_end.close()
+            proxy_end.close()
     if result.returncode == 0:
         return None
     said = _last_line(result.stderr)
+    if result.returncode == SandboxExit.NAMESPACES or result.returncode < 0 or "Address family not" in said:
+        return _namespace_reason(said, result.returncode)
     if result.returncode in {int(code) for code in SandboxExit}:
         return _launcher_reason(SandboxExit(result.returncode), said)
-    return _namespace_reason(said, result.returncode)
+    return f"the trial session failed (exit {result.returncode}): {said}"
 
 
 def _launcher_reason(code: SandboxExit, said: str) -> str:
@@ -66,7 +75,7 @@ def _launcher_reason(code: SandboxExit, said: str) -> str:
 
 
 def _namespace_reason(said: str, returncode: int) -> str:
-    """Why ``unshare --user --net`` failed: the first setting of this host that forbids it, else its words.
+    """Why the launcher could not make the session's namespaces: the first setting of this host that forbids it, else its words.
     The systemd directives named are the ones a worker unit's hardening can break confinement with (each one
     tried on Debian 12 and 13: docs/roles.md, "Hardening")."""
     if returncode == -_SIGSYS:
@@ -107,7 +116,7 @@ def _namespace_reason(said: str, returncode: int) -> str:
             "cannot create a user and network namespace under a seccomp filter (systemd RestrictNamespaces= "
             f"on this service must allow user, net and mnt, SystemCallFilter= unshare and @mount): {said}"
         )
-    return f"cannot create a user and network namespace (unshare exited {returncode}): {said}"
+    return f"cannot create a user and network namespace: {said}"
 
 
 if sys.platform == "win32":

@@ -1,9 +1,9 @@
 """The egress proxy of one session: the only way out of the session's network namespace, checked against
 its network policy (docs/network-policy.md, "The egress proxy").
 
-It runs inside the worker's process, on the worker's event loop, and listens on a Unix socket
-(``<session dir>/egress.sock``, mode 0600) that the shim inside the session's namespace connects to. The
-protocol on that socket is a plain HTTP proxy:
+It runs inside the worker's process, on the worker's event loop, and serves the connections that the shim
+inside the session's namespace sends it through its doorway (:mod:`.doorway`): it has no name on the file
+system, so no other process can connect to it. The protocol on each connection is a plain HTTP proxy:
 
 * ``CONNECT host:port HTTP/1.1``: ``200 Connection established`` and a tunnel; ``403 Forbidden`` (the rule
   and the reason in the body and in an ``X-Devin-Egress-Denied`` header, one line each) when the policy
@@ -43,15 +43,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
 import socket
-import stat
 import sys
 from collections.abc import Awaitable, Sequence
 from typing import Callable, Optional, Union
 
-from devin_outposts.core.netpolicy import http1, peek, relay
+from devin_outposts.core.netpolicy import doorway, http1, peek, relay
 from devin_outposts.core.netpolicy.policy import (
     DEFAULT_DENY,
     Decision,
@@ -95,7 +92,7 @@ Observer = Callable[[Decision, Destination, str, str], None]
 
 
 class ProxyError(Exception):
-    """The proxy cannot start (its socket path is taken, or cannot be bound)."""
+    """The proxy cannot start (started twice, or not on Linux)."""
 
 
 class _Answer(Exception):
@@ -117,7 +114,8 @@ class _Answer(Exception):
 
 
 class EgressProxy:
-    """One session's egress proxy on a Unix socket: ``await start()``, then ``await close()``."""
+    """One session's egress proxy behind a doorway (:mod:`.doorway`): ``await start()`` gives the launcher's
+    end, then ``await close()``."""
 
     def __init__(
         self,
@@ -125,7 +123,6 @@ class EgressProxy:
         *,
         session_id: str,
         outpost_id: str,
-        socket_path: Union[str, os.PathLike[str]],
         resolve: Optional[Resolver] = None,
         observer: Optional[Observer] = None,
         connect_timeout: float = 10.0,
@@ -134,7 +131,6 @@ class EgressProxy:
         self.policy = policy
         self.session_id = session_id
         self.outpost_id = outpost_id
-        self.socket_path = os.fspath(socket_path)
         self.resolve: Resolver = resolve or _getaddrinfo
         self.observer = observer
         #: How long resolving a name, and then connecting to one address, may take.
@@ -144,72 +140,58 @@ class EgressProxy:
         #: Connections allowed and denied so far (each connection counts once).
         self.allowed = 0
         self.denied = 0
-        self._listener: Optional[socket.socket] = None
+        self._doorway: Optional[socket.socket] = None
         self._acceptor: Optional[asyncio.Task[None]] = None
         self._handlers: set[asyncio.Task[None]] = set()
-        self._socket_inode: Optional[tuple[int, int]] = None
 
-    async def start(self) -> None:
-        """Listen on :attr:`socket_path` (0600 from the moment it appears). A stale socket left there by a
-        dead process is replaced; anything else there (a file, a live socket) is a :class:`ProxyError`."""
-        _remove_stale_socket(self.socket_path)
-        listener = _unix_socket()
-        # Bound under a temporary name, made 0600, then renamed into place: no moment at which the socket
-        # exists with the umask's mode (changing the umask would change it for every thread).
-        temporary = os.path.join(os.path.dirname(self.socket_path) or ".", f".{secrets.token_hex(4)}")
-        try:
-            listener.bind(temporary)
-            os.chmod(temporary, 0o600)
-            os.rename(temporary, self.socket_path)
-            listener.listen(128)
-            listener.setblocking(False)
-        except OSError as exc:
-            listener.close()
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise ProxyError(
-                f"Could not listen on {self.socket_path} for session {self.session_id}: {exc}"
-            ) from exc
-        info = os.stat(self.socket_path)
-        self._socket_inode = (info.st_dev, info.st_ino)
-        self._listener = listener
-        self._acceptor = asyncio.ensure_future(self._accept(listener))
-        log.debug("network policy: session %s: egress proxy on %s", self.session_id, self.socket_path)
+    async def start(self) -> socket.socket:
+        """Open a new doorway and serve what comes through it; the launcher's end, which the caller hands to
+        exactly one launcher (``pass_fds``) and then closes. Only one doorway per proxy."""
+        if self._doorway is not None:
+            raise ProxyError(f"the egress proxy of session {self.session_id} is already started")
+        if sys.platform != "linux":
+            raise ProxyError("The egress proxy's doorway is a Unix socket pair: Linux only")
+        proxy_end, launcher_end = doorway.pair()
+        self._doorway = proxy_end
+        self._acceptor = asyncio.ensure_future(self._accept(proxy_end))
+        log.debug("network policy: session %s: egress proxy started", self.session_id)
+        return launcher_end
 
     async def close(self) -> None:
-        """Stop listening, end every open connection and tunnel, and remove the socket (if still ours)."""
+        """Close the doorway and end every open connection and tunnel (idempotent)."""
         if self._acceptor is not None:
             self._acceptor.cancel()
             await asyncio.gather(self._acceptor, return_exceptions=True)
             self._acceptor = None
-        if self._listener is not None:
-            self._listener.close()  # connections still in its backlog are reset
-            self._listener = None
+        if self._doorway is not None:
+            self._doorway.close()  # connections sent but not yet received are closed with it
+            self._doorway = None
         handlers = list(self._handlers)
         for handler in handlers:
             handler.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
-        with contextlib.suppress(OSError):
-            info = os.stat(self.socket_path)
-            if (info.st_dev, info.st_ino) == self._socket_inode:
-                os.unlink(self.socket_path)
 
-    async def _accept(self, listener: socket.socket) -> None:
-        """Accept clients, each served by a task of its own (an accept loop of our own rather than
-        ``asyncio.start_unix_server``: close() then holds every accepted connection and can end it)."""
-        loop = asyncio.get_running_loop()
+    async def _accept(self, proxy_end: socket.socket) -> None:
+        """Serve each connection the doorway brings, each by a task of its own, until the other end has
+        closed (the launcher and the shim have ended); open tunnels stay until they end or :meth:`close`."""
         while True:
             try:
-                connection, dummy_address = await loop.sock_accept(listener)
+                connections, ended = doorway.receive(proxy_end)
+            except BlockingIOError:
+                await doorway.ready(proxy_end)
+                continue
             except OSError as exc:  # out of descriptors, say: wait instead of spinning
-                log.warning("network policy: session %s: could not accept: %s", self.session_id, exc)
+                log.warning("network policy: session %s: could not receive: %s", self.session_id, exc)
                 await asyncio.sleep(0.5)
                 continue
-            connection.setblocking(False)
-            _enlarge_send_buffer(connection)
-            handler = asyncio.ensure_future(self._handle(connection))
-            self._handlers.add(handler)
-            handler.add_done_callback(self._handlers.discard)
+            for connection in connections:
+                _enlarge_send_buffer(connection)
+                handler = asyncio.ensure_future(self._handle(connection))
+                self._handlers.add(handler)
+                handler.add_done_callback(self._handlers.discard)
+            if ended:
+                log.debug("network policy: session %s: the doorway's other end closed", self.session_id)
+                return
 
     # --- one client connection -------------------------------------------------------------------------
 
@@ -501,28 +483,3 @@ async def _getaddrinfo(host: str, port: int) -> list[Address]:
     """The system resolver's addresses for ``host`` (TCP), without duplicates, in its order."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-def _unix_socket() -> socket.socket:
-    if sys.platform == "win32":  # keeps the module importable there
-        raise ProxyError("The egress proxy listens on a Unix socket: Linux only")
-    else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
-        return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-
-
-def _remove_stale_socket(path: str) -> None:
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise ProxyError(f"Could not listen on {path}: it exists and is not a socket")
-    with _unix_socket() as probe:
-        try:
-            probe.connect(path)
-        except ConnectionRefusedError:
-            os.unlink(path)  # nobody listens: left by a process that died
-            return
-        except OSError as exc:
-            raise ProxyError(f"Could not listen on {path}: {exc}") from exc
-    raise ProxyError(f"Could not listen on {path}: another process is listening on it")

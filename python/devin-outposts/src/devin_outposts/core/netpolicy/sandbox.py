@@ -1,20 +1,20 @@
-"""Running a session confined to its network policy: the launcher's command line and the worker's seam.
+"""Running a session in its sandbox: what the launcher is told, its command line, and the worker's seam.
 
 The worker (or an orchestrator driver) starts a session whose policy is enforced as::
 
-    sandbox_argv(argv, egress_socket, policy_file)
-    # = unshare --user --map-root-user --net --mount -- python -I -m devin_outposts.core.netpolicy.sandbox \\
-    #       --socket <session dir>/egress.sock --policy-file <0600 json> -- <argv...>
+    command = sandbox_command(argv, spec_fd=write_spec(spec), doorway_fd=launcher_end.fileno())
+    # = python -I -m devin_outposts.core.netpolicy.sandbox --spec-fd N --doorway-fd M -- <argv...>
 
-after :func:`write_policy_file`, with the egress proxy already listening on the socket, as the worker's
-user (root or not: an unprivileged user namespace is enough). :func:`~.probe.probe` says once whether this
-host can do it at all. The launcher (:mod:`.launcher`) sets the namespace up, checks it has no way out,
-starts the shim and the stub DNS and then ``argv``, and exits as ``argv`` does; its own failures exit
-with a :class:`SandboxExit` code and one line on stderr, and ``argv`` never runs.
+as its own user, with both descriptors passed on (``pass_fds``) and the egress proxy already serving the
+doorway's other end (:mod:`.doorway`). A :class:`SandboxSpec` says everything the launcher needs: the
+policy and the gateway, what the session sees of the host (:class:`~.view.View`), where it lives, and,
+for a root worker, the uid and gid it runs as. It travels in an anonymous file (``memfd``): nothing about
+the session is written where another process could read or change it.
 
-Why ``unshare`` (util-linux) and not Python's ``os.unshare``: that exists from Python 3.12 only, and a
-process cannot enter a new user namespace once it has threads; the ``unshare`` program does it before this
-interpreter starts.
+:func:`~.probe.probe` says once whether this host can do it at all. The launcher (:mod:`.launcher`) enters
+fresh namespaces, builds the view, sets the network namespace up, checks it has no way out, starts the shim
+and the stub DNS and then ``argv`` in a process namespace of its own, and exits as ``argv`` does; its own
+failures exit with a :class:`SandboxExit` code and one line on stderr, and ``argv`` never runs.
 """
 
 from __future__ import annotations
@@ -22,89 +22,128 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Optional, Union
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
 
 from .launcher_exits import SandboxExit
 from .policy import Policy, PolicyError
 
 LAUNCHER_MODULE = "devin_outposts.core.netpolicy.sandbox"
-__all__ = ["LAUNCHER_MODULE", "SandboxExit", "main", "read_policy_file", "sandbox_argv", "write_policy_file"]
+__all__ = [
+    "LAUNCHER_MODULE",
+    "SandboxExit",
+    "SandboxSpec",
+    "main",
+    "read_spec",
+    "sandbox_command",
+    "write_spec",
+]
 
 
-def sandbox_argv(
-    argv: Sequence[str],
-    socket_path: Union[str, Path],
-    policy_file: Union[str, Path],
-    *,
-    python: Optional[str] = None,
-    unshare: Optional[str] = None,
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What the launcher of one session is told (JSON in an anonymous file)."""
+
+    #: The claim's ``spec.network_policy`` (the wire dict).
+    network_policy: Any
+    gateway_url: Optional[str]
+    #: The session's working directory (its ``cwd``; writable).
+    workdir: str
+    #: The session's state directory (``DEVIN_REMOTE_STATE_DIR``; writable; ``home``, ``tmp`` and ``var-tmp``
+    #: in it are the session's ``HOME``, ``/tmp`` and ``/var/tmp``).
+    state_dir: str
+    #: Paths covered for the session besides the launcher's own list (:data:`.view.ALWAYS_HIDDEN`...).
+    hide: Sequence[str] = ()
+    #: Paths the session keeps read-only where they would be hidden (the ``devin-remote`` it runs).
+    readonly: Sequence[str] = ()
+    #: The host's uid and gid the session runs as, when not the worker's own (a root worker's sessions).
+    session_uid: Optional[int] = None
+    session_gid: Optional[int] = None
+    #: The user name the session's uid gets in its ``/etc/passwd`` when the host has none for it.
+    session_user: str = "devin-session"
+
+    @property
+    def home(self) -> str:
+        return os.path.join(self.state_dir, "home")
+
+    def policy(self) -> Policy:
+        return Policy.from_spec(self.network_policy, self.gateway_url)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SandboxSpec:
+        document = json.loads(text)
+        if not isinstance(document, dict):
+            raise ValueError("the sandbox spec is not an object")
+        known = {name: document[name] for name in cls.__dataclass_fields__ if name in document}
+        for name in ("workdir", "state_dir"):
+            if not isinstance(known.get(name), str) or not os.path.isabs(known[name]):
+                raise ValueError(f"the sandbox spec's {name} is not an absolute path")
+        for name in ("hide", "readonly"):
+            paths = known.get(name, ())
+            if not isinstance(paths, list) or not all(isinstance(p, str) and os.path.isabs(p) for p in paths):
+                raise ValueError(f"the sandbox spec's {name} is not a list of absolute paths")
+            known[name] = tuple(paths)
+        spec = cls(**known)
+        spec.policy()  # refuse here what the launcher could not read
+        return spec
+
+
+def sandbox_command(
+    argv: Sequence[str], *, spec_fd: int, doorway_fd: int, python: Optional[str] = None
 ) -> list[str]:
-    """The command line that runs ``argv`` confined (``python``: this interpreter by default)."""
+    """The command line that runs ``argv`` in its sandbox (``python``: this interpreter by default)."""
     return [
-        unshare or shutil.which("unshare") or "unshare",
-        "--user",
-        "--map-root-user",
-        "--net",
-        "--mount",
-        "--",
         python or sys.executable,
         "-I",
         "-m",
         LAUNCHER_MODULE,
-        "--socket",
-        str(socket_path),
-        "--policy-file",
-        str(policy_file),
+        "--spec-fd",
+        str(spec_fd),
+        "--doorway-fd",
+        str(doorway_fd),
         "--",
         *argv,
     ]
 
 
-def write_policy_file(path: Union[str, Path], network_policy: Any, gateway_url: Optional[str]) -> Path:
-    """Write what the launcher reads: ``{"network_policy": ..., "gateway_url": ...}``, mode 0600, replaced
-    whole. ``network_policy`` is the wire dict, an ``api.models.NetworkPolicy`` or None."""
-    if hasattr(network_policy, "model_dump"):
-        network_policy = network_policy.model_dump(mode="json")
-    Policy.from_spec(network_policy, gateway_url)  # refuse here what the launcher could not read
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        os.chmod(temporary, 0o600)  # whatever the umask (O_CREAT's mode is masked by it)
-        json.dump({"network_policy": network_policy, "gateway_url": gateway_url}, handle)
-    os.replace(temporary, target)
-    return target
+def write_spec(spec: SandboxSpec) -> int:
+    """An anonymous, read-only-to-be descriptor holding ``spec`` (positioned at its start, inheritable:
+    give it to the launcher with ``pass_fds``, then close it). Raises ``PolicyError`` on a policy the
+    launcher could not read."""
+    spec.policy()
+    descriptor = os.memfd_create("devin-outposts-sandbox")  # close-on-exec: pass_fds gives it on
+    try:
+        os.write(descriptor, spec.to_json().encode())
+        os.lseek(descriptor, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
 
 
-def read_policy_file(path: Union[str, Path]) -> Policy:
-    """The policy a file from :func:`write_policy_file` holds; ValueError when it cannot be read as one."""
+def read_spec(descriptor: int) -> SandboxSpec:
+    """The spec behind ``descriptor`` (closed afterwards); ValueError when it cannot be read as one."""
     try:
-        document = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read the policy file {path}: {exc}") from exc
-    if not isinstance(document, Mapping):
-        raise ValueError(f"the policy file {path} does not hold an object")
-    gateway_url = document.get("gateway_url")
-    if gateway_url is not None and not isinstance(gateway_url, str):
-        raise ValueError(f"the policy file {path}: gateway_url is not a string")
-    try:
-        return Policy.from_spec(document.get("network_policy"), gateway_url)
-    except PolicyError as exc:
-        raise ValueError(f"the policy file {path}: {exc}") from exc
+        with os.fdopen(descriptor, "rb") as handle:
+            text = handle.read(16 << 20).decode("utf-8")
+        return SandboxSpec.from_json(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, PolicyError) as exc:
+        raise ValueError(f"cannot read the sandbox spec: {exc}") from exc
 
 
 def main(args: Optional[Sequence[str]] = None) -> int:
     """The launcher's command line (see the module's docstring)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m {LAUNCHER_MODULE}",
-        description="Run a command confined to a session's network policy.",
+        description="Run a command in a session's sandbox.",
     )
-    parser.add_argument("--socket", required=True, help="the egress proxy's Unix socket")
-    parser.add_argument("--policy-file", required=True, help="the 0600 JSON file write_policy_file wrote")
+    parser.add_argument("--spec-fd", type=int, required=True, help="the descriptor write_spec made")
+    parser.add_argument("--doorway-fd", type=int, required=True, help="the launcher's end of the doorway")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the session's command line")
     try:
         options = parser.parse_args(args)
@@ -116,23 +155,23 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     if not argv:
         return _refuse(SandboxExit.BAD_USAGE, "no command to run after --")
     try:
-        policy = read_policy_file(options.policy_file)
+        spec = read_spec(options.spec_fd)
     except ValueError as exc:
         return _refuse(SandboxExit.BAD_USAGE, str(exc))
-    return _launch(options.socket, policy, argv, os.path.dirname(os.path.abspath(options.policy_file)))
+    return _launch(spec, options.doorway_fd, argv)
 
 
 if sys.platform == "linux":
 
-    def _launch(egress_socket: str, policy: Policy, argv: Sequence[str], session_dir: str) -> int:
+    def _launch(spec: SandboxSpec, doorway_fd: int, argv: Sequence[str]) -> int:
         from . import launcher  # Linux only
 
-        return launcher.run(egress_socket, policy, argv, session_dir)
+        return launcher.run(spec, doorway_fd, argv)
 
 else:
 
-    def _launch(egress_socket: str, policy: Policy, argv: Sequence[str], session_dir: str) -> int:
-        return _refuse(SandboxExit.SETUP_FAILED, "network namespaces need Linux")
+    def _launch(spec: SandboxSpec, doorway_fd: int, argv: Sequence[str]) -> int:
+        return _refuse(SandboxExit.SETUP_FAILED, "session sandboxes need Linux")
 
 
 def _refuse(code: SandboxExit, why: str) -> int:

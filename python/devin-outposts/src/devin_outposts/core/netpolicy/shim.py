@@ -1,16 +1,17 @@
 """The shim inside a session's namespace: the two listeners that lead every TCP connection to the egress
-proxy's Unix socket, the only way out (docs/network-policy.md, "How a session is confined").
+proxy through the session's doorway (:mod:`.doorway`), the only way out (docs/network-policy.md, "How a
+session is confined").
 
 * 127.0.0.1:3128 (:data:`~.namespace.EXPLICIT_PORT`), the explicit proxy the session's ``HTTPS_PROXY`` names:
-  each connection's bytes go to the socket as they are, both ways; the egress proxy speaks HTTP proxy with
-  the client itself.
+  each connection's bytes go to the egress proxy as they are, both ways; the egress proxy speaks HTTP proxy
+  with the client itself.
 * 127.0.0.1:3129 and [::1]:3129 (:data:`~.namespace.TRANSPARENT_PORT`), where the namespace's nat table
   redirects every other TCP connection: the shim learns where it was going (``SO_ORIGINAL_DST``), then which
   name that was: the stub DNS's name for a fake address, the gateway for the host's loopback, the IP
   literal itself when the policy allows that address, else what the first bytes ask for (TLS SNI, HTTP
   ``Host``), else the IP literal. Only that last case waits for the client's first bytes: a protocol whose
   server speaks first (SSH, SMTP) starts at once wherever the destination is known. It sends ``CONNECT
-  name:port`` over the socket; on ``200`` it sends the bytes it read ahead and pipes. On anything else it
+  name:port`` to the egress proxy; on ``200`` it sends the bytes it read ahead and pipes. On anything else it
   logs one line and, when the client started a plain HTTP request, answers it with the egress proxy's own
   answer (``403 Forbidden`` with its ``X-Devin-Egress-Denied`` line); any other client is closed (no
   answer is possible in TLS or an unknown protocol).
@@ -33,6 +34,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .doorway import Opener
 from .peek import (
     MAX_PEEK_BYTES,
     MORE,
@@ -68,24 +70,25 @@ class Limits:
     first_bytes_seconds: float = 1.0
     #: How long the rest of a ClientHello or an HTTP head may take once it started.
     peek_seconds: float = 10.0
-    #: Connecting to the egress socket, and the proxy's answer to a CONNECT (it connects upstream first).
+    #: Opening a connection to the egress proxy, and its answer to a CONNECT (it connects upstream first).
     connect_seconds: float = 5.0
     reply_seconds: float = 60.0
 
 
 class Shim:
-    """Serves both listeners of one session; the egress socket is opened once per connection."""
+    """Serves both listeners of one session; a connection to the egress proxy is opened for each one."""
 
     def __init__(
         self,
-        egress_socket: str,
+        egress: Opener,
         book: FakeAddressBook,
         loopback_gateway: Optional[tuple[str, int]] = None,
         limits: Limits = Limits(),
         policy: Optional[Policy] = None,
         destination_of: Optional[Callable[[Any], tuple[IPAddress, int]]] = None,
     ) -> None:
-        self.egress_socket = egress_socket
+        #: Opens a connection to the session's egress proxy (through its doorway).
+        self.egress = egress
         self.book = book
         self.loopback_gateway = loopback_gateway
         self.limits = limits
@@ -97,7 +100,7 @@ class Shim:
         self._slots = asyncio.Semaphore(limits.connections)
 
     async def explicit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A connection to the explicit proxy port: piped to the egress socket as it is."""
+        """A connection to the explicit proxy port: piped to the egress proxy as it is."""
         async with self._slot(writer) as admitted:
             if not admitted:
                 return
@@ -215,12 +218,10 @@ class Shim:
         self, client: asyncio.StreamWriter
     ) -> Optional[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
         try:
-            return await asyncio.wait_for(
-                asyncio.open_unix_connection(self.egress_socket, limit=CHUNK),
-                self.limits.connect_seconds,
-            )
+            sock = await asyncio.wait_for(self.egress.open(), self.limits.connect_seconds)
+            return await asyncio.open_unix_connection(sock=sock, limit=CHUNK)
         except (OSError, asyncio.TimeoutError) as exc:
-            log.warning("egress: cannot reach the egress proxy at %s: %s", self.egress_socket, exc)
+            log.warning("egress: cannot reach the egress proxy: %s", exc or "timed out")
             client.close()
             return None
 
