@@ -146,7 +146,9 @@ class FaultFleet:
                     return fault  # a refused claim: nothing changes
                 self.sessions[sid]["holder"] = acceptor
                 self.tokens += 1
-                answer = self.entry(sid, connect_token=f"ct_fault_{self.tokens}", gateway_url="ws://127.0.0.1:9/g")
+                answer = self.entry(
+                    sid, connect_token=f"ct_fault_{self.tokens}", gateway_url="ws://127.0.0.1:9/g"
+                )
             return fault if fault is not None else (200, json.dumps(answer).encode())
         if action == "release" and method == "POST":
             with self.lock:

@@ -158,15 +158,29 @@ def test_default_platform_round_trip(sim: SimHandle) -> None:
 def cli(sim: SimHandle, *args: str, token: str) -> subprocess.CompletedProcess[str]:
     env = {"DEVIN_API_URL": sim.url, "DEVIN_OUTPOSTS_TOKEN": token, "PATH": "/usr/bin:/bin"}
     return subprocess.run(
-        [sys.executable, "-m", "devin_outposts", *args], env=env, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "devin_outposts", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
         check=False,
     )
 
 
 def test_cli_create_list_delete(sim: SimHandle) -> None:
     token = sim.create_token("orchestrator")
-    created = cli(sim, "worker", "outpost", "create", "cli-made", "--platform", "linux",
-                  "--description", "from the cli", token=token)
+    created = cli(
+        sim,
+        "worker",
+        "outpost",
+        "create",
+        "cli-made",
+        "--platform",
+        "linux",
+        "--description",
+        "from the cli",
+        token=token,
+    )
     assert created.returncode == 0, created.stderr
     outpost_id = created.stdout.strip()
     assert outpost_id.startswith("outpost_env-")

@@ -73,9 +73,7 @@ class Recorder:
 
 def make_client(recorder: Recorder, **kwargs: Any) -> FleetClient:
     kwargs.setdefault("backoff_base", 0.0)
-    return FleetClient(
-        "https://api.example.test/", TOKEN, transport=httpx.MockTransport(recorder), **kwargs
-    )
+    return FleetClient("https://api.example.test/", TOKEN, transport=httpx.MockTransport(recorder), **kwargs)
 
 
 def run(coro: Any) -> Any:
@@ -135,13 +133,19 @@ def test_list_all_follows_cursor_and_upserts_boundary_rows() -> None:
         [
             httpx.Response(
                 200,
-                json={"items": [entry("devin-a"), entry("devin-b", session_status="pending")],
-                      "cursor": "c1", "has_next_page": True},
+                json={
+                    "items": [entry("devin-a"), entry("devin-b", session_status="pending")],
+                    "cursor": "c1",
+                    "has_next_page": True,
+                },
             ),
             httpx.Response(
                 200,
-                json={"items": [entry("devin-b", 1781050005, session_status="running"), entry("devin-c")],
-                      "cursor": "c2", "has_next_page": False},
+                json={
+                    "items": [entry("devin-b", 1781050005, session_status="running"), entry("devin-c")],
+                    "cursor": "c2",
+                    "has_next_page": False,
+                },
             ),
         ]
     )
@@ -173,10 +177,24 @@ def test_list_all_refuses_a_cursor_that_does_not_advance() -> None:
 def test_list_all_outposts_follows_end_cursor() -> None:
     rec = Recorder(
         [
-            httpx.Response(200, json={"items": [outpost("outpost_env-1", "a")], "end_cursor": "e1",
-                                      "has_next_page": True, "total": 2}),
-            httpx.Response(200, json={"items": [outpost("outpost_env-2", "b")], "end_cursor": "e2",
-                                      "has_next_page": False, "total": 2}),
+            httpx.Response(
+                200,
+                json={
+                    "items": [outpost("outpost_env-1", "a")],
+                    "end_cursor": "e1",
+                    "has_next_page": True,
+                    "total": 2,
+                },
+            ),
+            httpx.Response(
+                200,
+                json={
+                    "items": [outpost("outpost_env-2", "b")],
+                    "end_cursor": "e2",
+                    "has_next_page": False,
+                    "total": 2,
+                },
+            ),
         ]
     )
 
@@ -192,8 +210,14 @@ def test_list_all_outposts_follows_end_cursor() -> None:
 
 
 def test_claim_posts_acceptor_and_keeps_token_secret() -> None:
-    claimed = entry("devin-1", phase="claimed", acceptor_id="w1", claim_deadline=1781050300,
-                    connect_token="ct_secret_value", gateway_url="wss://gw.example.test")
+    claimed = entry(
+        "devin-1",
+        phase="claimed",
+        acceptor_id="w1",
+        claim_deadline=1781050300,
+        connect_token="ct_secret_value",
+        gateway_url="wss://gw.example.test",
+    )
     rec = Recorder([httpx.Response(200, json=claimed)])
 
     async def go() -> Any:
@@ -225,8 +249,13 @@ def test_hostile_session_id_stays_one_path_segment() -> None:
 
 @pytest.mark.parametrize(
     ("status", "error"),
-    [(401, FleetAuthError), (403, FleetAuthError), (404, FleetNotFound), (409, FleetConflict),
-     (422, FleetInvalid)],
+    [
+        (401, FleetAuthError),
+        (403, FleetAuthError),
+        (404, FleetNotFound),
+        (409, FleetConflict),
+        (422, FleetInvalid),
+    ],
 )
 def test_error_mapping_names_operation_and_detail(status: int, error: type[Exception]) -> None:
     rec = Recorder([httpx.Response(status, json={"detail": "Session is already claimed"})])

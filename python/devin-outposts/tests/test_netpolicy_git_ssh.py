@@ -155,8 +155,14 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
         server.close()
 
 
-def _harness_worker(h: Harness, hosts: Path) -> WorkerProcess:
-    """What ``Harness.worker`` starts, inside the mount namespace with ``hosts``."""
+def _harness_worker(h: Harness, hosts: Path, sshd: Sshd) -> WorkerProcess:
+    """What ``Harness.worker`` starts, inside the mount namespace with ``hosts``; the session's ssh key and
+    known hosts in its working directory (they become its own when it starts)."""
+    session_ssh = h.tmp / "w1" / "work" / "ssh"
+    session_ssh.mkdir(parents=True)
+    for name in ("client_key", "known_hosts"):
+        shutil.copy(sshd.root / name, session_ssh / name)
+        (session_ssh / name).chmod(0o600)
     args = [
         "--outpost", h.outpost.name, "--static-base-url", h.sim.static_base_url,
         "--cache-dir", str(h.tmp / "w1" / "data" / "cache"), "--workdir", str(h.tmp / "w1" / "work"),
@@ -169,15 +175,15 @@ def _harness_worker(h: Harness, hosts: Path) -> WorkerProcess:
 
 
 def git_over_ssh(sshd: Sshd, host: str, script: str) -> str:
-    """A shell command for the session: ``GIT_SSH_COMMAND`` with the test's key and known hosts, then
-    ``script`` with ``$URL`` the repository's ``ssh://`` URL on ``host``."""
+    """A shell command for the session: ``GIT_SSH_COMMAND`` with the test's key and known hosts (copied
+    into its working directory: the session sees no other directory of the test's), then ``script`` with
+    ``$URL`` the repository's ``ssh://`` URL on ``host``."""
     ssh = (
-        f"ssh -F /dev/null -i {sshd.client_key} -o IdentitiesOnly=yes -o BatchMode=yes "
-        f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={sshd.root / 'known_hosts'} "
-        "-o ConnectTimeout=20"
+        'ssh -F /dev/null -i "$KEYS/client_key" -o IdentitiesOnly=yes -o BatchMode=yes '
+        '-o StrictHostKeyChecking=yes -o UserKnownHostsFile="$KEYS/known_hosts" -o ConnectTimeout=20'
     )
     url = f"ssh://root@{host}:{sshd.port}{sshd.repo}"
-    return f"export GIT_SSH_COMMAND={shlex.quote(ssh)} URL={shlex.quote(url)}; {script}"
+    return f'export KEYS="$PWD/ssh" GIT_SSH_COMMAND={shlex.quote(ssh)} URL={shlex.quote(url)}; {script}'
 
 
 def run_in_session(h: Harness, session_id: str, command: str) -> dict[str, Any]:
@@ -196,7 +202,7 @@ def test_git_clone_and_push_over_ssh_to_an_allowed_host(
 ) -> None:
     h = harness
     (sshd.root / "known_hosts").write_text(sshd.known_hosts(NAME, OTHER))
-    worker = _harness_worker(h, _hosts_file(h))
+    worker = _harness_worker(h, _hosts_file(h), sshd)
     policy = {"enabled": True, "allow": [{"hostname": NAME}, {"ipv4": "127.0.0.1/32"}]}
     sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
     script = (
@@ -205,7 +211,7 @@ def test_git_clone_and_push_over_ssh_to_an_allowed_host(
         '&& git add PUSHED.md && git commit -q -m "from the session" && git push -q origin main'
     )
     result = run_in_session(h, sid, git_over_ssh(sshd, NAME, script))
-    assert result["exit_code"] == 0, (result, sshd.log(), worker.log())
+    assert result["exit_code"] == 0, (result["stderr"], result, sshd.log(), worker.log())
     # The clone, in the session's working directory (its path is the first line the command printed).
     clone = Path(result["output"].splitlines()[0].strip())
     assert (clone / "README.md").read_text() == "cloned over ssh\n", result
@@ -233,7 +239,7 @@ def test_git_over_ssh_to_a_name_that_resolves_to_loopback_is_refused_without_an_
     covers that; the egress proxy refuses it, logs why, and sshd never sees a connection."""
     h = harness
     (sshd.root / "known_hosts").write_text(sshd.known_hosts(NAME))
-    worker = _harness_worker(h, _hosts_file(h))
+    worker = _harness_worker(h, _hosts_file(h), sshd)
     policy = {"enabled": True, "allow": [{"hostname": NAME}]}
     sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy).session_id
     result = run_in_session(h, sid, git_over_ssh(sshd, NAME, 'git clone -q "$URL" clone'))

@@ -17,7 +17,6 @@ import os
 import random
 import socket
 import ssl
-import stat
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -792,8 +791,8 @@ def test_close_ends_open_tunnels(tmp_path: Path) -> None:
             for reader in [*readers, idle_reader]:
                 assert await read_all(reader) == b""
             assert len(await up.all_ended()) == 3
-            with pytest.raises(OSError):  # the doorway is closed: nothing new comes through
-                await harness.connect()
+            with pytest.raises((BrokenPipeError, ConnectionResetError)):
+                await harness.connect()  # the doorway is closed: nothing new comes through
         await up.close()
 
     run(scenario)
@@ -816,14 +815,14 @@ def test_the_proxy_has_no_name_and_takes_only_what_its_doorway_brings(tmp_path: 
             with pytest.raises(ConnectionRefusedError):  # the proxy closed its copy: no one reads it
                 other.send(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
             other.close()
-        with pytest.raises(ProxyError, match="already started"):
-            proxy = EgressProxy(Policy.from_spec(ALLOWED), session_id=SESSION, outpost_id=OUTPOST)
-            end = await proxy.start()
-            try:
+        proxy = EgressProxy(Policy.from_spec(ALLOWED), session_id=SESSION, outpost_id=OUTPOST)
+        end = await proxy.start()
+        try:
+            with pytest.raises(ProxyError, match="already started"):
                 await proxy.start()
-            finally:
-                end.close()
-                await proxy.close()
+        finally:
+            end.close()
+            await proxy.close()
 
     run(scenario)
 

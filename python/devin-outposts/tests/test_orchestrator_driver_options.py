@@ -37,8 +37,12 @@ TABLES = {
     "ansible": (ANSIBLE_OPTIONS, "orchestrator-ansible.md"),
 }
 #: Per driver: one option of each kind the drivers share, where it has one.
-SECONDS = {"process": "stop_grace", "podman": "stop_grace", "kubernetes": "delete_timeout",
-           "ansible": "status_timeout"}
+SECONDS = {
+    "process": "stop_grace",
+    "podman": "stop_grace",
+    "kubernetes": "delete_timeout",
+    "ansible": "status_timeout",
+}
 ENV = {"DEVIN_OUTPOSTS_TOKEN": "tok-1"}
 FLAGS = {"podman": "init", "kubernetes": "state_volume", "ansible": "keep_artifacts"}
 
@@ -128,8 +132,17 @@ def test_blank_text_is_the_default(name: str, tmp_path: Path) -> None:
 def test_options_from_the_command_line_reach_the_driver_as_text(tmp_path: Path) -> None:
     command = ["--outpost", "o", "--driver", "podman"]
     config = parse_args(
-        [*command, "--driver-opt", "cpus=1.5", "--driver-opt", "init=no", "--driver-opt", "memory=none",
-         "--driver-opt", "cap_add=net_raw, chown"],
+        [
+            *command,
+            "--driver-opt",
+            "cpus=1.5",
+            "--driver-opt",
+            "init=no",
+            "--driver-opt",
+            "memory=none",
+            "--driver-opt",
+            "cap_add=net_raw, chown",
+        ],
         ENV,
     )
     context = DriverContext(state_dir=tmp_path)

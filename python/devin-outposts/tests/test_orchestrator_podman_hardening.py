@@ -106,7 +106,9 @@ def test_a_session_container_is_hardened_limited_and_keeps_the_token_out_of_insp
         for pid in pids:
             status = _status_fields(pid)
             assert (status["NoNewPrivs"], status["CapEff"], status["CapBnd"]) == (
-                "1", "0000000000000000", "0000000000000000"
+                "1",
+                "0000000000000000",
+                "0000000000000000",
             ), pid
         assert processes_holding(launch.connect_token, where="cmdline") == []
         assert _token_secrets_of(acceptor) == []  # made for the create, gone right after

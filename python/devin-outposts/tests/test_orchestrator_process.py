@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle, run_sim
 
 from netpolicy_harness import SESSION_CLIENT, WHY_NOT, Upstream, cannot_run
+from standin_harness import SESSION_PYTHON, SESSION_UID_RANGE
 from worker_fakes import (
     WorkerProcess,
     kill_pids_working_under,
@@ -77,6 +77,8 @@ class Harness:
         env.update(
             DEVIN_OUTPOSTS_TOKEN=self.token, DEVIN_API_URL=api_url or self.sim.url, LANG="C.UTF-8", TZ="UTC"
         )
+        if os.geteuid() == 0:  # a root orchestrator's confined sessions run as ids of their own
+            env["DEVIN_WORKER_SESSION_UID_RANGE"] = SESSION_UID_RANGE
         return env
 
     def orchestrator(
@@ -141,7 +143,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     # A claim TTL well above the renewal period, so that a loaded machine never hands a live session on.
     with run_sim(claim_ttl=20, watch_max_duration=5, keepalive_interval=0.5, sweep_interval=0.05) as sim:
         outpost = sim.admin.create_outpost("fleet", "linux")
-        sim.admin.publish_standin_variant("orchestrated", python=sys.executable, latest=True)
+        sim.admin.publish_standin_variant("orchestrated", python=SESSION_PYTHON, latest=True)
         h = Harness(sim, tmp_path, sim.create_token("orchestrator"), outpost)
         try:
             yield h
@@ -348,7 +350,7 @@ def test_a_session_with_a_network_policy_is_confined_on_its_machine(harness: Har
             ["udp", "192.0.2.1", 53],
         ]
         client = SESSION_CLIENT
-        h.sim.admin.add_calls(sid, [tools.run([sys.executable, str(client), json.dumps(plan)])])
+        h.sim.admin.add_calls(sid, [tools.run([SESSION_PYTHON, str(client), json.dumps(plan)])])
         [call] = h.sim.admin.wait_calls(sid, timeout=90)
         results = [json.loads(line) for line in call["result"]["output"].splitlines() if line.startswith("{")]
         assert [r.get("status") for r in results[:2]] == [200, 403], (results, h.logs())

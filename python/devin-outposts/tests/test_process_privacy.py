@@ -211,8 +211,12 @@ def command_args(command: str, home: Path, sim_url: str) -> list[str]:
 
 @pytest.mark.parametrize("command", ["worker", "orchestrate"])
 def test_the_environment_is_hidden_before_anything_slow_is_imported(nobody_home: Path, command: str) -> None:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(nobody_home), "DEVIN_OUTPOSTS_TOKEN": TOKEN,
-           "DEVIN_API_URL": "http://127.0.0.1:9"}  # fmt: skip  (nothing listens: it keeps retrying)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(nobody_home),
+        "DEVIN_OUTPOSTS_TOKEN": TOKEN,
+        "DEVIN_API_URL": "http://127.0.0.1:9",
+    }  # fmt: skip  (nothing listens: it keeps retrying)
     args = command_args(command, nobody_home, "http://127.0.0.1:9")
     process, log_path, seen = watched_start(nobody_home, TOKEN, args, env)
     try:

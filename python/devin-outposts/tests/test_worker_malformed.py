@@ -297,8 +297,14 @@ def test_a_real_worker_stays_small_under_a_flood_of_empty_data_lines(
             worker_args(tmp_path, dist.url), worker_env(fleet.url), tmp_path / "worker.log"
         ).start()
         try:
-            wait_serving(worker, lambda: fleet.calls("GET", "/opbeta/outposts/devins") and any(
-                r["query"].get("watch") == "true" for r in fleet.requests), "the first watch")
+            wait_serving(
+                worker,
+                lambda: (
+                    fleet.calls("GET", "/opbeta/outposts/devins")
+                    and any(r["query"].get("watch") == "true" for r in fleet.requests)
+                ),
+                "the first watch",
+            )
             baseline = vm_kib(worker.pid, "VmRSS")
             fleet.watch = fleet.flood(b"data:\n", flood_bytes)  # the next stream (within 5 s) floods
             wait_serving(worker, lambda: fleet.floods and fleet.floods[0]["done"], "the flood to end", 240)

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import pytest
 
 from devin_outposts.api.models import Outpost
+from devin_outposts.core import processes
 from devin_outposts_sim.testing import SimHandle, run_sim
 
 from worker_fakes import DistServer, FakeRemote, WorkerProcess, alive, kill_pids, wait_for
@@ -210,13 +211,14 @@ def test_three_workers_serve_90_sessions_each_exactly_once(harness: Harness) -> 
 
 
 def wait_for_pid_record(h: Harness, run: dict[str, Any]) -> None:
-    """Wait until the worker has recorded the remote's pid (``remote.pid`` in its state directory).
+    """Wait until the worker has recorded the remote's pid (``<state>.remote.pid`` beside its state
+    directory).
 
     The stand-in reports its run as soon as it starts, a moment before its worker writes that record; a
     ``kill -9`` inside that moment leaves a remote the next worker cannot know about (docs/worker.md,
     "Restarts"), which is not what these tests are about.
     """
-    record = Path(run["env"]["DEVIN_REMOTE_STATE_DIR"]) / "remote.pid"
+    record = processes.record_path(Path(run["env"]["DEVIN_REMOTE_STATE_DIR"]))
     wait(h, record.exists, "the worker to record the remote's pid")
 
 

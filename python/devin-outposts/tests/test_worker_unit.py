@@ -964,12 +964,14 @@ def test_stale_remote_from_a_killed_worker_is_stopped(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         started = processes.start_time(proc.pid)
-        (state / processes.PIDFILE).write_text(
+        processes.record_path(state).write_text(
             f'{{"pid": {proc.pid}, "pgid": {proc.pid}, "started": "{started}"}}'
         )
+        (state / processes.PIDFILE).write_text('{"pid": 1, "pgid": 1, "started": null}')  # the session's own
         assert processes.reap_stale_remote(state)
         assert proc.wait(timeout=10) == -9
-        assert not (state / processes.PIDFILE).exists()
+        assert not processes.record_path(state).exists()
+        assert (state / processes.PIDFILE).exists()  # a file of the session's is not the worker's record
     finally:
         proc.kill()
         proc.wait()
@@ -979,7 +981,7 @@ def test_stale_pidfile_with_a_reused_pid_is_ignored(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         record = f'{{"pid": {proc.pid}, "pgid": {proc.pid}, "started": "1"}}'
-        (tmp_path / processes.PIDFILE).write_text(record)
+        processes.record_path(tmp_path).write_text(record)
         assert not processes.reap_stale_remote(tmp_path)
         assert proc.poll() is None
     finally:

@@ -88,9 +88,7 @@ def add_outpost_commands(parser: argparse.ArgumentParser) -> None:
 
     delete = verbs.add_parser("delete", help="delete an outpost by id")
     delete.add_argument("outpost_id", help="outpost id (outpost_env-...)")
-    delete.add_argument(
-        "--missing-ok", action="store_true", help="succeed when the outpost does not exist"
-    )
+    delete.add_argument("--missing-ok", action="store_true", help="succeed when the outpost does not exist")
     add_api_options(delete)
     add_json_option(delete)
     delete.set_defaults(handler=_delete)

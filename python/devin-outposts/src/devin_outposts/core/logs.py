@@ -16,7 +16,15 @@ import time
 from typing import Any, Optional, TextIO
 
 CONTEXT_FIELDS = (
-    "session_id", "outpost", "acceptor_id", "slot", "pid", "sha", "exit_code", "attempt", "machine",
+    "session_id",
+    "outpost",
+    "acceptor_id",
+    "slot",
+    "pid",
+    "sha",
+    "exit_code",
+    "attempt",
+    "machine",
     "error_kind",
 )
 _secrets: set[str] = set()

@@ -129,7 +129,7 @@ OPTIONS: tuple[Option, ...] = (
            parse=_id_range),
     Option("session_hide", ("--session-hide",), "a path confined sessions must not see, besides the worker's "
            "own directories and /run (repeatable; the variable lists them separated by commas)", "ours",
-           env="DEVIN_WORKER_SESSION_HIDE", parse=_absolute_paths, default=(), repeatable=True),
+           env="DEVIN_WORKER_SESSION_HIDE", parse=_absolute_paths, repeatable=True),
     shared_option("metrics_addr", "ours", _W),
     shared_option("log_format", "ours", _W),
     shared_option("log_level", "ours", _W),
@@ -187,7 +187,7 @@ class WorkerConfig:
     #: A root worker's ids for its confined sessions (``--session-uid-range``, START-END), as given.
     session_uid_range: Optional[str] = None
     #: Paths confined sessions must not see, besides the worker's own (``--session-hide``).
-    session_hide: tuple[str, ...] = ()
+    session_hide: Optional[tuple[str, ...]] = None
     metrics_addr: Optional[MetricsAddr] = None
     log_format: str = _DEFAULT["log_format"]
     log_level: str = _DEFAULT["log_level"]

@@ -75,9 +75,9 @@ def _launcher_reason(code: SandboxExit, said: str) -> str:
 
 
 def _namespace_reason(said: str, returncode: int) -> str:
-    """Why the launcher could not make the session's namespaces: the first setting of this host that forbids it, else its words.
-    The systemd directives named are the ones a worker unit's hardening can break confinement with (each one
-    tried on Debian 12 and 13: docs/roles.md, "Hardening")."""
+    """Why the launcher could not make the session's namespaces: the first setting of this host that forbids
+    it, else its words. The systemd directives named are the ones a worker unit's hardening can break
+    confinement with (each one tried on Debian 12 and 13: docs/roles.md, "Hardening")."""
     if returncode == -_SIGSYS:
         # systemd's SystemCallFilter= kills (SIGSYS) by default: nothing is said on stderr.
         return (

@@ -76,6 +76,9 @@ PIDFILE = "worker.pid"
 EXITFILE = "worker.exit"
 LOGFILE = "worker.log"
 SNAPSHOT_META = "snapshot.json"
+#: The worker's ``--session-hide`` and ``--session-uid-range`` (worker/options.py): what a confined session
+#: must not see, and a root worker's ids for its sessions.
+ENV_SESSION_HIDE, ENV_SESSION_UID_RANGE = "DEVIN_WORKER_SESSION_HIDE", "DEVIN_WORKER_SESSION_UID_RANGE"
 #: What a worker's environment may take from ours (the rest is the launch's own variables).
 PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")
 #: The group leader. It records its own pid (and, on Linux, its start time, field 22 of /proc/<pid>/stat)
@@ -281,6 +284,13 @@ class ProcessDriver(Driver):
         # Each machine has its own data dir (a shared one would be locked by the first worker).
         env["DEVIN_WORKER_CACHE_DIR"] = str(path / MACHINE_DATA_DIR / "cache")
         env["DEVIN_WORKER_WORKDIR"] = str(path / MACHINE_WORKDIR)
+        # A confined session sees neither the other machines nor the orchestrator's own files (its state
+        # directory: every machine is in it), and a root orchestrator's sessions run as ids of their own
+        # (docs/network-policy.md, "Sessions apart from each other").
+        hidden = [str(self.root.parent), *filter(None, os.environ.get(ENV_SESSION_HIDE, "").split(","))]
+        env[ENV_SESSION_HIDE] = ",".join(hidden)
+        if os.environ.get(ENV_SESSION_UID_RANGE):
+            env[ENV_SESSION_UID_RANGE] = os.environ[ENV_SESSION_UID_RANGE]
         return env
 
     async def start(self, machine: Machine, launch: WorkerLaunch) -> None:

@@ -105,43 +105,57 @@ def _cidrs(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
 OPTIONS = OptionTable(
     "kubernetes",
     DriverOption(
-        "image", OptionKind.TEXT,
+        "image",
+        OptionKind.TEXT,
         "The session image: it must have `devin-outposts` on `PATH` (our worker), Python 3.9+, `git`.",
         default_doc="— (required unless the template's container has one)",
     ),
     DriverOption(
-        "namespace", OptionKind.TEXT, "Where every session object goes (one namespace).",
+        "namespace",
+        OptionKind.TEXT,
+        "Where every session object goes (one namespace).",
         default_doc="the kubeconfig context's, in a cluster the Pod's own, else `default`",
     ),
     DriverOption(
-        "kubeconfig", OptionKind.TEXT, "A kubeconfig file to use instead.",
+        "kubeconfig",
+        OptionKind.TEXT,
+        "A kubeconfig file to use instead.",
         default_doc="in-cluster service account, then `$KUBECONFIG`, then `~/.kube/config`",
     ),
     DriverOption("context", OptionKind.TEXT, "A kubeconfig context.", default_doc="the current context"),
     DriverOption(
-        "pod_template", OptionKind.MAPPING,
+        "pod_template",
+        OptionKind.MAPPING,
         "A PodTemplateSpec (`metadata`, `spec`): layer 1 of the Pod. `spec.restartPolicy` may only be "
         "`OnFailure`.",
-        default={}, parse=_template,
+        default={},
+        parse=_template,
     ),
     DriverOption(
-        "container_name", OptionKind.TEXT,
+        "container_name",
+        OptionKind.TEXT,
         "The container the driver owns in the Pod; it is added if the template has none of that name.",
         default=DEFAULT_CONTAINER,
     ),
     DriverOption(
-        "overrides", OptionKind.MAPPING,
+        "overrides",
+        OptionKind.MAPPING,
         "Layer 3, the final say: `image`, `command`, `args`, `labels`, `annotations`, `resources`. Labels "
         "and annotations are *added* to the driver's; the four identity labels cannot be overridden (the "
         "driver finds its objects by them).",
-        default={}, parse=_overrides,
+        default={},
+        parse=_overrides,
     ),
     DriverOption(
-        "workdir", OptionKind.TEXT, "The sessions' working directory (`DEVIN_WORKER_WORKDIR`).",
-        default=DEFAULT_WORKDIR, parse=_absolute,
+        "workdir",
+        OptionKind.TEXT,
+        "The sessions' working directory (`DEVIN_WORKER_WORKDIR`).",
+        default=DEFAULT_WORKDIR,
+        parse=_absolute,
     ),
     DriverOption(
-        "state_volume", OptionKind.FLAG,
+        "state_volume",
+        OptionKind.FLAG,
         "Give every session a PVC mounted at `/var/lib/devin-worker`. **Required for the `snapshot` resume "
         "policy.**",
         default=False,
@@ -151,52 +165,71 @@ OPTIONS = OptionTable(
         "storage_class", OptionKind.TEXT, "The PVC's `storageClassName`.", default_doc="the cluster default"
     ),
     DriverOption(
-        "owner", OptionKind.MAPPING,
+        "owner",
+        OptionKind.MAPPING,
         "An owner reference for session Pods and PVCs: `{apiVersion, kind, name[, uid]}`, e.g. the "
         "orchestrator's Deployment. Without `uid`, an `apps/v1` `Deployment` is looked up by name at "
         "start-up. A `Pod` is refused (see [Owner references](#names-labels-and-owner-references)).",
         parse=_owner,
     ),
     DriverOption(
-        "network_policy_dns", OptionKind.MAPPING,
+        "network_policy_dns",
+        OptionKind.MAPPING,
         "For sessions whose network policy is enabled: the cluster DNS their NetworkPolicy lets the Pod ask "
         "(UDP and TCP 53), a NetworkPolicyPeer (`podSelector`, `namespaceSelector`, `ipBlock`), e.g. "
         "`{ipBlock: {cidr: 169.254.20.10/32}}` for NodeLocal DNSCache. See "
         "[Network policy](#network-policy).",
-        default=DEFAULT_DNS_PEER, parse=_dns_peer,
+        default=DEFAULT_DNS_PEER,
+        parse=_dns_peer,
     ),
     DriverOption(
-        "network_policy_cidrs", OptionKind.NAMES,
+        "network_policy_cidrs",
+        OptionKind.NAMES,
         "CIDRs that every such NetworkPolicy also allows (TCP, any port), as if the policy had ip rules for "
         "them: a gateway, binary mirror or proxy at a private address, which hostname rules never reach "
         "past the NetworkPolicy.",
-        default=(), parse=_cidrs,
+        default=(),
+        parse=_cidrs,
     ),
     DriverOption(
-        "leader_election", OptionKind.FLAG,
+        "leader_election",
+        OptionKind.FLAG,
         "Take the Lease before acting; `false` returns no lock (single replica only).",
         default=True,
     ),
     DriverOption(
-        "lease_name", OptionKind.TEXT, "The Lease's name.",
+        "lease_name",
+        OptionKind.TEXT,
+        "The Lease's name.",
         default_doc="`devin-outposts-leader-<acceptor id>-<hash>`",
     ),
     DriverOption(
-        "lease_duration", OptionKind.SECONDS, "Seconds a Lease lasts without renewal.",
-        default=15.0, above=0,
+        "lease_duration",
+        OptionKind.SECONDS,
+        "Seconds a Lease lasts without renewal.",
+        default=15.0,
+        above=0,
     ),
     DriverOption(
-        "lease_renew_interval", OptionKind.SECONDS, "Seconds between renewals (shorter than the duration).",
-        default=5.0, above=0,
+        "lease_renew_interval",
+        OptionKind.SECONDS,
+        "Seconds between renewals (shorter than the duration).",
+        default=5.0,
+        above=0,
     ),
     DriverOption(
-        "delete_timeout", OptionKind.SECONDS,
+        "delete_timeout",
+        OptionKind.SECONDS,
         "Seconds to wait for a replaced Pod (or a discarded PVC) to be gone.",
-        default=120.0, above=0,
+        default=120.0,
+        above=0,
     ),
     DriverOption(
-        "request_timeout", OptionKind.SECONDS, "Seconds per API request (connect: 10).",
-        default=30.0, above=0,
+        "request_timeout",
+        OptionKind.SECONDS,
+        "Seconds per API request (connect: 10).",
+        default=30.0,
+        above=0,
     ),
 )
 

@@ -73,61 +73,82 @@ def _capabilities(names: tuple[str, ...]) -> tuple[str, ...]:
 OPTIONS = OptionTable(
     "podman",
     DriverOption(
-        "image", OptionKind.TEXT,
-        "the session image (see \"The image\"); `check()` fails when podman does not have it",
+        "image",
+        OptionKind.TEXT,
+        'the session image (see "The image"); `check()` fails when podman does not have it',
         default=DEFAULT_IMAGE,
     ),
     DriverOption(
-        "network", OptionKind.TEXT,
+        "network",
+        OptionKind.TEXT,
         "`--network` of every container: `host`, `none`, `bridge`, `slirp4netns`, `pasta`, or the name of an "
         "existing podman network (checked at start-up). Sessions must reach the gateway (`wss://...`) and "
         "the `devin-remote` distribution",
         default_doc="podman's default",
     ),
     DriverOption(
-        "cpus", OptionKind.NUMBER,
+        "cpus",
+        OptionKind.NUMBER,
         "`--cpus` (a positive number; `1.5` → `HostConfig.NanoCpus` 1500000000); `none`: no limit",
-        default=DEFAULT_LIMITS.cpus, above=0, lift=NO_LIMIT,
+        default=DEFAULT_LIMITS.cpus,
+        above=0,
+        lift=NO_LIMIT,
     ),
     DriverOption(
-        "memory", OptionKind.TEXT, "`--memory` (`512m`, `2g`, bytes); `none`: no limit",
-        default=DEFAULT_LIMITS.memory, lift=NO_LIMIT, parse=_memory,
+        "memory",
+        OptionKind.TEXT,
+        "`--memory` (`512m`, `2g`, bytes); `none`: no limit",
+        default=DEFAULT_LIMITS.memory,
+        lift=NO_LIMIT,
+        parse=_memory,
     ),
     DriverOption(
-        "pids_limit", OptionKind.INTEGER,
+        "pids_limit",
+        OptionKind.INTEGER,
         "`--pids-limit` (a positive integer); `none`: podman's own (2048)",
-        default=DEFAULT_LIMITS.pids_limit, above=0, lift=NO_LIMIT,
+        default=DEFAULT_LIMITS.pids_limit,
+        above=0,
+        lift=NO_LIMIT,
     ),
     DriverOption(
-        "cap_add", OptionKind.NAMES,
+        "cap_add",
+        OptionKind.NAMES,
         "capabilities given back (`--cap-add`; a list, or names separated by commas or spaces, e.g. "
         "`NET_RAW`). Every container starts from `--cap-drop ALL`",
-        default=(), parse=_capabilities,
+        default=(),
+        parse=_capabilities,
     ),
     DriverOption("user", OptionKind.TEXT, "`--user`", default_doc="the image's (`devin`, uid 1000)"),
     DriverOption("init", OptionKind.FLAG, "`--init` (needs catatonit on the host)", default=True),
     DriverOption(
-        "worker_command", OptionKind.WORDS,
-        "the command, after our `/bin/sh` entrypoint (see \"The worker's environment\"), before "
+        "worker_command",
+        OptionKind.WORDS,
+        'the command, after our `/bin/sh` entrypoint (see "The worker\'s environment"), before '
         "`worker start --session=<id>` (shell words)",
         default_doc="`devin-outposts`",
     ),
     DriverOption("podman", OptionKind.TEXT, "the podman executable", default="podman"),
     DriverOption(
-        "stop_grace", OptionKind.SECONDS,
+        "stop_grace",
+        OptionKind.SECONDS,
         "seconds between SIGTERM and SIGKILL when a worker is stopped (`--stop-timeout`, `rm --time`)",
-        default=10.0, above=0,
+        default=10.0,
+        above=0,
     ),
     DriverOption(
-        "command_timeout", OptionKind.SECONDS,
+        "command_timeout",
+        OptionKind.SECONDS,
         "seconds any one podman command may take; a step the orchestrator cancels kills its podman call",
-        default=120.0, above=0,
+        default=120.0,
+        above=0,
     ),
     DriverOption(
-        "reconcile_interval", OptionKind.SECONDS,
+        "reconcile_interval",
+        OptionKind.SECONDS,
         "seconds between two listings (`podman ps --all`) that correct the status watch (`--machine-status "
-        "watch`: one `podman events` child; see \"Machine status\")",
-        default=30.0, above=0,
+        'watch`: one `podman events` child; see "Machine status")',
+        default=30.0,
+        above=0,
     ),
 )
 
