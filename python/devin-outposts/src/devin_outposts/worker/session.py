@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.core import tokenfile
@@ -212,13 +212,13 @@ def hidden_from_sessions(config: WorkerConfig) -> list[str]:
     """What a confined session must not see of this worker, besides what the launcher always hides: its
     data directory (the other sessions' state, the binary cache, its identity), its working directory (the
     other slots), its user's home, the token files it read, and ``--session-hide``."""
-    paths = [
+    paths: list[Union[str, Path]] = [
         config.data_dir,
         config.workdir,
         Path.home(),
         *sorted(tokenfile.FILES_READ),
-        *config.session_hide,
     ]
+    paths += config.session_hide or ()
     return [str(Path(path).absolute()) for path in paths]
 
 

@@ -25,6 +25,7 @@ import enum
 import logging
 import os
 import socket
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
@@ -211,17 +212,18 @@ class Confinement:
             path = self.session_dir / name
             path.mkdir(exist_ok=True)
             os.chmod(path, mode)
-        if self.ids is None:
+        if self.ids is None or sys.platform == "win32":
             return
-        uid, gid = self.ids.uid, self.ids.gid
-        for top in (self.session_dir, self.workdir):
-            info = os.lstat(top)
-            if (info.st_uid, info.st_gid) == (uid, gid) and top == self.workdir:
-                continue
-            for directory, subdirs, files in os.walk(top):
-                for name in [*subdirs, *files]:
-                    os.lchown(os.path.join(directory, name), uid, gid)
-            os.lchown(top, uid, gid)
+        else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
+            uid, gid = self.ids.uid, self.ids.gid
+            for top in (self.session_dir, self.workdir):
+                info = os.lstat(top)
+                if (info.st_uid, info.st_gid) == (uid, gid) and top == self.workdir:
+                    continue
+                for directory, subdirs, files in os.walk(top):
+                    for name in [*subdirs, *files]:
+                        os.lchown(os.path.join(directory, name), uid, gid)
+                os.lchown(top, uid, gid)
 
 
 def _is_root() -> bool:

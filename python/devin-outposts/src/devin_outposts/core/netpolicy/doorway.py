@@ -14,7 +14,7 @@ descriptors are not inherited by the session). Each proxy serves exactly one lau
 through a doorway is that session's traffic, and is logged and counted as such.
 
 Standard library only, Linux (``SOCK_SEQPACKET`` and ``SCM_RIGHTS`` exist elsewhere, but nothing else runs a
-sandbox).
+sandbox): import it only there.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from __future__ import annotations
 import array
 import asyncio
 import socket
+import sys
 from contextlib import suppress
+
+assert sys.platform == "linux"  # imported only where sessions are confined (mypy skips the rest elsewhere)
 
 #: One byte per message: the descriptor is the message.
 _MESSAGE = b"c"

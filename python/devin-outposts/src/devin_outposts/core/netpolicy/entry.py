@@ -146,7 +146,7 @@ def _write(path: str, text: str) -> None:
 
 
 def _read_all(descriptor: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(descriptor, 4096)
         if not chunk:

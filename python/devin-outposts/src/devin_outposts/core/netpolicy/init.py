@@ -74,19 +74,14 @@ def run(
             session = subprocess.Popen(list(argv), env=dict(env), cwd=cwd, preexec_fn=child_setup)  # noqa: S603
         except (OSError, subprocess.SubprocessError) as exc:
             _report(status, "E" + f"cannot start {argv[0]}: {exc}")
-            code = 0
-            return _exit(code)
-        _report(status, str(_serve(session.pid, control, wake_read)))
+        else:
+            _report(status, str(_serve(session.pid, control, wake_read)))
         code = 0
     except BaseException:  # a forked child must never return into the launcher's code
         with suppress(Exception):
             import traceback
 
             traceback.print_exc()
-    return _exit(code)
-
-
-def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 

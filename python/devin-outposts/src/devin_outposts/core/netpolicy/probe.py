@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from . import doorway
 from .sandbox import SandboxExit, SandboxSpec, sandbox_command, write_spec
 
 #: A cold interpreter, ``ip`` and ``nft``: well under a second on an idle host.
@@ -36,36 +35,57 @@ def probe_host(*, python: Optional[str] = None, timeout: float = PROBE_TIMEOUT_S
     system = sys.platform  # (a plain value: mypy's other platform runs check the rest)
     if not system.startswith("linux"):
         return f"sessions can only be confined on Linux (this is {system})"
-    true = shutil.which("true") or "/bin/true"
-    with tempfile.TemporaryDirectory(prefix="devin-outposts-probe-") as directory:
-        state, work = Path(directory) / "state", Path(directory) / "work"
-        for path in (state / "home", state / "tmp", state / "var-tmp", work):
-            path.mkdir(parents=True)
-        spec = SandboxSpec({"enabled": True, "allow": []}, None, workdir=str(work), state_dir=str(state))
-        spec_fd = write_spec(spec)
-        proxy_end, launcher_end = doorway.pair()
-        fds = (spec_fd, launcher_end.fileno())
-        argv = sandbox_command([true], spec_fd=spec_fd, doorway_fd=launcher_end.fileno(), python=python)
-        try:
-            result = subprocess.run(  # noqa: S603
-                argv, capture_output=True, text=True, timeout=timeout, check=False, pass_fds=fds, cwd=work
-            )
-        except OSError as exc:
-            return f"cannot run {argv[0]}: {exc}"
-        except subprocess.TimeoutExpired:
-            return f"a trial session did not finish within {timeout:.0f} s"
-        finally:
-            os.close(spec_fd)
-            launcher_end.close()
-            proxy_end.close()
-    if result.returncode == 0:
-        return None
-    said = _last_line(result.stderr)
-    if result.returncode == SandboxExit.NAMESPACES or result.returncode < 0 or "Address family not" in said:
-        return _namespace_reason(said, result.returncode)
-    if result.returncode in {int(code) for code in SandboxExit}:
-        return _launcher_reason(SandboxExit(result.returncode), said)
-    return f"the trial session failed (exit {result.returncode}): {said}"
+    if sys.platform == "linux":
+        return _trial(python, timeout)
+    else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
+        return f"sessions can only be confined on Linux (this is {system})"
+
+
+if sys.platform == "linux":
+
+    def _trial(python: Optional[str], timeout: float) -> Optional[str]:
+        """The trial session (Linux)."""
+        from . import doorway
+
+        true = shutil.which("true") or "/bin/true"
+        with tempfile.TemporaryDirectory(prefix="devin-outposts-probe-") as directory:
+            state, work = Path(directory) / "state", Path(directory) / "work"
+            for path in (state / "home", state / "tmp", state / "var-tmp", work):
+                path.mkdir(parents=True)
+            spec = SandboxSpec({"enabled": True, "allow": []}, None, workdir=str(work), state_dir=str(state))
+            spec_fd = write_spec(spec)
+            proxy_end, launcher_end = doorway.pair()
+            fds = (spec_fd, launcher_end.fileno())
+            argv = sandbox_command([true], spec_fd=spec_fd, doorway_fd=launcher_end.fileno(), python=python)
+            try:
+                result = subprocess.run(  # noqa: S603
+                    argv, capture_output=True, text=True, timeout=timeout, check=False, pass_fds=fds, cwd=work
+                )
+            except OSError as exc:
+                return f"cannot run {argv[0]}: {exc}"
+            except subprocess.TimeoutExpired:
+                return f"a trial session did not finish within {timeout:.0f} s"
+            finally:
+                os.close(spec_fd)
+                launcher_end.close()
+                proxy_end.close()
+        if result.returncode == 0:
+            return None
+        said = _last_line(result.stderr)
+        if (
+            result.returncode == SandboxExit.NAMESPACES
+            or result.returncode < 0
+            or "Address family not" in said
+        ):
+            return _namespace_reason(said, result.returncode)
+        if result.returncode in {int(code) for code in SandboxExit}:
+            return _launcher_reason(SandboxExit(result.returncode), said)
+        return f"the trial session failed (exit {result.returncode}): {said}"
+
+else:
+
+    def _trial(python: Optional[str], timeout: float) -> Optional[str]:
+        return "sessions can only be confined on Linux"
 
 
 def _launcher_reason(code: SandboxExit, said: str) -> str:

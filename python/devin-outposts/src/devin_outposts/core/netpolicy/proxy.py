@@ -48,7 +48,7 @@ import sys
 from collections.abc import Awaitable, Sequence
 from typing import Callable, Optional, Union
 
-from devin_outposts.core.netpolicy import doorway, http1, peek, relay
+from devin_outposts.core.netpolicy import http1, peek, relay
 from devin_outposts.core.netpolicy.policy import (
     DEFAULT_DENY,
     Decision,
@@ -149,13 +149,16 @@ class EgressProxy:
         exactly one launcher (``pass_fds``) and then closes. Only one doorway per proxy."""
         if self._doorway is not None:
             raise ProxyError(f"the egress proxy of session {self.session_id} is already started")
-        if sys.platform != "linux":
+        if sys.platform == "linux":
+            from devin_outposts.core.netpolicy import doorway  # Linux only
+
+            proxy_end, launcher_end = doorway.pair()
+            self._doorway = proxy_end
+            self._acceptor = asyncio.ensure_future(self._accept(proxy_end))
+            log.debug("network policy: session %s: egress proxy started", self.session_id)
+            return launcher_end
+        else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
             raise ProxyError("The egress proxy's doorway is a Unix socket pair: Linux only")
-        proxy_end, launcher_end = doorway.pair()
-        self._doorway = proxy_end
-        self._acceptor = asyncio.ensure_future(self._accept(proxy_end))
-        log.debug("network policy: session %s: egress proxy started", self.session_id)
-        return launcher_end
 
     async def close(self) -> None:
         """Close the doorway and end every open connection and tunnel (idempotent)."""
@@ -174,24 +177,29 @@ class EgressProxy:
     async def _accept(self, proxy_end: socket.socket) -> None:
         """Serve each connection the doorway brings, each by a task of its own, until the other end has
         closed (the launcher and the shim have ended); open tunnels stay until they end or :meth:`close`."""
-        while True:
-            try:
-                connections, ended = doorway.receive(proxy_end)
-            except BlockingIOError:
-                await doorway.ready(proxy_end)
-                continue
-            except OSError as exc:  # out of descriptors, say: wait instead of spinning
-                log.warning("network policy: session %s: could not receive: %s", self.session_id, exc)
-                await asyncio.sleep(0.5)
-                continue
-            for connection in connections:
-                _enlarge_send_buffer(connection)
-                handler = asyncio.ensure_future(self._handle(connection))
-                self._handlers.add(handler)
-                handler.add_done_callback(self._handlers.discard)
-            if ended:
-                log.debug("network policy: session %s: the doorway's other end closed", self.session_id)
-                return
+        if sys.platform != "linux":  # start() refused already
+            return
+        else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
+            from devin_outposts.core.netpolicy import doorway
+
+            while True:
+                try:
+                    connections, ended = doorway.receive(proxy_end)
+                except BlockingIOError:
+                    await doorway.ready(proxy_end)
+                    continue
+                except OSError as exc:  # out of descriptors, say: wait instead of spinning
+                    log.warning("network policy: session %s: could not receive: %s", self.session_id, exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                for connection in connections:
+                    _enlarge_send_buffer(connection)
+                    handler = asyncio.ensure_future(self._handle(connection))
+                    self._handlers.add(handler)
+                    handler.add_done_callback(self._handlers.discard)
+                if ended:
+                    log.debug("network policy: session %s: the doorway's other end closed", self.session_id)
+                    return
 
     # --- one client connection -------------------------------------------------------------------------
 

@@ -20,8 +20,8 @@ apart by namespaces instead (docs/network-policy.md says what that leaves shared
 
 from __future__ import annotations
 
-import fcntl
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -37,14 +37,14 @@ class IdRangeError(ValueError):
 
 
 class IdRange(NamedTuple):
-    """``count`` uids from ``uid``, and as many gids from ``gid``."""
+    """``size`` uids from ``uid``, and as many gids from ``gid``."""
 
     uid: int
     gid: int
-    count: int
+    size: int
 
     def describe(self) -> str:
-        return f"uids {self.uid}-{self.uid + self.count - 1}, gids {self.gid}-{self.gid + self.count - 1}"
+        return f"uids {self.uid}-{self.uid + self.size - 1}, gids {self.gid}-{self.gid + self.size - 1}"
 
 
 class Lease:
@@ -90,20 +90,25 @@ def configured_range(option: Optional[str], user: str = "root") -> Optional[IdRa
 
 def lease(id_range: IdRange, lock_dir: Path = LOCK_DIR) -> Lease:
     """The first free ids of the range; :class:`IdRangeError` when all are taken."""
-    lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    busy = _uids_in_use()
-    for offset in range(id_range.count):
-        uid, gid = id_range.uid + offset, id_range.gid + offset
-        if uid in busy:
-            continue
-        descriptor = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
-            continue
-        return Lease(uid, gid, descriptor)
-    raise IdRangeError(f"every id of the session range ({id_range.describe()}) is in use")
+    if sys.platform == "win32":
+        raise IdRangeError("session ids are leased on POSIX hosts only")
+    else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
+        import fcntl
+
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        busy = _uids_in_use()
+        for offset in range(id_range.size):
+            uid, gid = id_range.uid + offset, id_range.gid + offset
+            if uid in busy:
+                continue
+            descriptor = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(descriptor)
+                continue
+            return Lease(uid, gid, descriptor)
+        raise IdRangeError(f"every id of the session range ({id_range.describe()}) is in use")
 
 
 def _subordinate(path: Path, user: str) -> Optional[tuple[int, int]]:
@@ -122,12 +127,16 @@ def _subordinate(path: Path, user: str) -> Optional[tuple[int, int]]:
 
 
 def _uid_of(user: str) -> int:
-    import pwd
-
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
+    if sys.platform == "win32":
         return -1
+    else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
+        import pwd
+
+        try:
+            uid: int = pwd.getpwnam(user).pw_uid
+        except KeyError:
+            return -1
+        return uid
 
 
 def _uids_in_use() -> set[int]:

@@ -34,7 +34,6 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .doorway import Opener
 from .peek import (
     MAX_PEEK_BYTES,
     MORE,
@@ -49,6 +48,8 @@ from .policy import IPAddress, Policy
 from .stubdns import FakeAddressBook
 
 assert sys.platform == "linux"  # SO_ORIGINAL_DST is netfilter's (mypy skips the rest elsewhere)
+
+from .doorway import Opener  # noqa: E402 (Linux only, as this module)
 
 log = logging.getLogger(__name__)
 
