@@ -561,6 +561,9 @@ def test_a_hidden_host_socket_cannot_be_reached_even_if_made_after_launch(scenar
         proc.stdin.close()
         output = proc.stdout.read()
         assert proc.wait(RUN_SECONDS) == 0
+        for service in services:
+            with pytest.raises(BlockingIOError):
+                service.accept()  # nobody connected
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -568,9 +571,6 @@ def test_a_hidden_host_socket_cannot_be_reached_even_if_made_after_launch(scenar
         for service in services:
             service.close()
     assert sorted(output.split("\n")[:-1]) == sorted(f"{path} FileNotFoundError" for path in paths), output
-    for service in services:
-        with pytest.raises(BlockingIOError):
-            service.accept()  # nobody connected
     assert all(path.exists() for path in paths)
 
 

@@ -51,7 +51,7 @@ from devin_outposts import privacy
 from . import doorway, entry, hostsfile, init, namespace, shim, stubdns, view
 from .launcher_exits import SandboxExit
 from .policy import Decision, Policy
-from .sandbox import SandboxSpec
+from .spec import SandboxSpec
 
 assert sys.platform == "linux"  # namespaces, prctl, signal masks (mypy skips the rest elsewhere)
 
