@@ -80,7 +80,14 @@ class Harness:
             env["DEVIN_WORKER_SESSION_UID_RANGE"] = SESSION_UID_RANGE
         return env
 
-    def worker(self, name: str, *args: str, prefix: tuple[str, ...] = ()) -> WorkerProcess:
+    def worker(
+        self,
+        name: str,
+        *args: str,
+        prefix: tuple[str, ...] = (),
+        python: str = sys.executable,
+        env: Optional[dict[str, str]] = None,
+    ) -> WorkerProcess:
         base = [
             "--outpost", self.outpost.name, "--static-base-url", self.sim.static_base_url,
             "--cache-dir", str(self.tmp / name / "data" / "cache"),
@@ -88,7 +95,9 @@ class Harness:
             "--poll-interval-secs", "0.5", "--confirm-interval-secs", "0.1", "--stop-grace-secs", "5",
             "--backoff-max-secs", "2", "--drain-timeout", "1",
         ]  # fmt: skip
-        process = WorkerProcess([*base, *args], self.env(), self.tmp / f"{name}.log", prefix=prefix)
+        process = WorkerProcess(
+            [*base, *args], {**self.env(), **(env or {})}, self.tmp / f"{name}.log", prefix=prefix, python=python
+        )
         self.workers.append(process)
         return process.start()
 

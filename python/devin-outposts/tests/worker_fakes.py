@@ -222,6 +222,7 @@ class WorkerProcess:
         log_path: Path,
         command: tuple[str, ...] = ("worker", "start"),
         prefix: tuple[str, ...] = (),
+        python: str = sys.executable,
     ) -> None:
         self.args = args
         self.env = dict(env)
@@ -229,10 +230,11 @@ class WorkerProcess:
         self.command = command
         #: What the worker's command line is run under (a program that execs it).
         self.prefix = prefix
+        self.python = python
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
     def start(self) -> WorkerProcess:
-        argv = [*self.prefix, sys.executable, "-m", "devin_outposts", *self.command, *self.args]
+        argv = [*self.prefix, self.python, "-m", "devin_outposts", *self.command, *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True

@@ -205,13 +205,16 @@ class Confinement:
             await proxy.close()
 
     def _own_dirs(self) -> None:
-        """``home``, ``tmp`` and ``var-tmp`` in the state directory; for a session with ids of its own, its
-        state and working directories become its own (the working directory's contents too, when a
-        previous session of the slot had other ids)."""
+        """``home``, ``tmp`` and ``var-tmp`` in the state directory; the working directory 0700; for a session
+        with ids of its own, its state and working directories become its own (the working directory's
+        contents too, when a previous session of the slot had other ids)."""
         for name, mode in OWN_DIRS:
             path = self.session_dir / name
             path.mkdir(exist_ok=True)
             os.chmod(path, mode)
+        # Its working directory is its own alone (no other uid of the host enters it: another worker's
+        # session, above all); the state directory is already 0700.
+        os.chmod(self.workdir, 0o700)
         if self.ids is None or sys.platform == "win32":
             return
         else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
