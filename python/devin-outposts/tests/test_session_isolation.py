@@ -174,6 +174,10 @@ def start_pair(h: Harness, allowed: Upstream, neighbour_only: Upstream, *, worke
     return Pair(h, prober.session_id, neighbour.session_id, allowed, neighbour_only)
 
 
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def holder(h: Harness, session_id: str) -> str:
     return str(h.claims(session_id, "claim")[0]["acceptor_id"])
 
@@ -193,6 +197,7 @@ def assert_apart(pair: Pair, results: dict[str, dict[str, Any]]) -> None:
     assert "error" in results["resolve neighbour.invalid"]
     namespace = results["namespace"]
     assert all(namespace[k] not in (0, "joined") for k in namespace), namespace
+    assert results["upstream"]["neighbour_only_received"] == []  # by no route at all, while C probed
     sockets = results[f"sockets {NEIGHBOUR_ONLY}:{pair.neighbour_only.port}"]
     assert sockets["answered"] == [], sockets  # no socket it can find leads to the neighbour's proxy
     assert not any("egress" in path for path in sockets["found"]), sockets
@@ -204,10 +209,15 @@ def assert_apart(pair: Pair, results: dict[str, dict[str, Any]]) -> None:
     assert reads["/etc/shadow"] == "PermissionError", reads
     writes = results[f"write {neighbour['state_dir']}"]["write"]
     assert "written" not in writes.values(), writes
+    assert not (Path(SITE_PACKAGES) / "written-by-a-session").exists()  # no .pth the worker would run
+    binary = Path(pair.connection(pair.prober)["argv"][0])
+    assert digest(binary) == results["worker"]["binary_sha256"], binary  # what later sessions run
     assert results[f"environ {pair.neighbour}"]["carrying"] == [], results  # no neighbour's, no worker's
     pty = results["direct 127.0.0.1"]
     assert "error" in pty or not pty.get("reply"), pty
-    assert results["upstream"]["neighbour_only_received"] == []  # by no route at all, while C probed
+    worker_pid = results["worker"]["pid"]
+    signals = results[f"signal {worker_pid}"]["signal"]  # no pid outside its namespace means anything
+    assert signals == {str(worker_pid): "ProcessLookupError", "1": "PermissionError"}, signals
     identity = results["identity"]
     assert identity["uid"] != 0 and identity["home"].endswith("/home"), identity
     assert max(identity["pids"]) < 100, identity  # its own process namespace: a handful of processes
@@ -218,13 +228,13 @@ def run_pair(
 ) -> tuple[Pair, dict[str, Any]]:
     pair = start_pair(h, allowed, neighbour_only, workers=workers)
     worker_pid = h.workers[0].pid
+    before = digest(Path(pair.connection(pair.prober)["argv"][0]))
     try:
         results = by_kind(probe(h, pair.prober, escape_plan(pair, worker_pid)))
     finally:
         pair.udp.close()
     results["upstream"] = {"neighbour_only_received": list(neighbour_only.received)}
-    signals = results[f"signal {worker_pid}"]["signal"]
-    assert signals == {str(worker_pid): "ProcessLookupError", "1": "PermissionError"}, signals
+    results["worker"] = {"pid": worker_pid, "binary_sha256": before}
     # The neighbour still works, through its own proxy, to what only it may reach.
     [line] = probe(h, pair.neighbour, [["proxy", NEIGHBOUR_ONLY, neighbour_only.port]])
     assert line["status"] == 200 and line["reply"].startswith("neighbour:GET /from-session"), line
