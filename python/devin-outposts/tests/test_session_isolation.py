@@ -158,13 +158,14 @@ def escape_plan(pair: Pair, worker_pid: int) -> list[list[Any]]:
     ]
 
 
-def start_pair(h: Harness, allowed: Upstream, neighbour_only: Upstream, *, workers: int) -> Pair:
-    """D (allowed 127.0.0.1 and 127.0.0.3) and C (127.0.0.1 only), on one worker or on two."""
+def start_pair(h: Harness, allowed: Upstream, neighbour_only: Upstream, *, workers: int, **how: Any) -> Pair:
+    """D (allowed 127.0.0.1 and 127.0.0.3) and C (127.0.0.1 only), on one worker or on two (``how``: how
+    :meth:`Harness.worker` starts them)."""
     if workers == 1:
-        h.worker("w1", "--max-sessions", "2")
+        h.worker("w1", "--max-sessions", "2", **how)
     else:
-        h.worker("w1")
-        h.worker("w2")
+        h.worker("w1", **how)
+        h.worker("w2", **how)
     neighbour = h.sim.admin.enqueue(
         h.outpost.outpost_id, network_policy=policy_of("127.0.0.1", NEIGHBOUR_ONLY)
     )
@@ -217,16 +218,18 @@ def assert_apart(pair: Pair, results: dict[str, dict[str, Any]]) -> None:
     assert "error" in pty or not pty.get("reply"), pty
     worker_pid = results["worker"]["pid"]
     signals = results[f"signal {worker_pid}"]["signal"]  # no pid outside its namespace means anything
-    assert signals == {str(worker_pid): "ProcessLookupError", "1": "PermissionError"}, signals
+    assert signals[str(worker_pid)] == "ProcessLookupError", signals
+    # Pid 1 is the session's own init: signals from inside its namespace do not reach it.
+    assert signals["1"] in ("PermissionError", "signalled"), signals
     identity = results["identity"]
     assert identity["uid"] != 0 and identity["home"].endswith("/home"), identity
     assert max(identity["pids"]) < 100, identity  # its own process namespace: a handful of processes
 
 
 def run_pair(
-    h: Harness, allowed: Upstream, neighbour_only: Upstream, workers: int
+    h: Harness, allowed: Upstream, neighbour_only: Upstream, workers: int, **how: Any
 ) -> tuple[Pair, dict[str, Any]]:
-    pair = start_pair(h, allowed, neighbour_only, workers=workers)
+    pair = start_pair(h, allowed, neighbour_only, workers=workers, **how)
     worker_pid = h.workers[0].pid
     before = digest(Path(pair.connection(pair.prober)["argv"][0]))
     try:
@@ -261,3 +264,35 @@ def test_two_confined_sessions_of_two_workers_are_apart(
     pair, results = run_pair(harness, *upstreams, workers=2)
     assert holder(harness, pair.prober) != holder(harness, pair.neighbour)
     assert_apart(pair, results)
+
+
+def test_a_non_root_workers_sessions_are_apart_and_cannot_touch_the_worker(
+    harness: Harness, upstreams: tuple[Upstream, Upstream], base: Path
+) -> None:
+    """The worker role's default: a worker that is not root (here ``nobody``). Its sessions run as its own
+    uid, kept apart by namespaces: the same probes find nothing of the neighbour's, and nothing of the
+    worker's (its data directory with the binary cache and the other session's state is hidden, the
+    binary it runs is read-only, its processes are out of reach)."""
+    how = as_unprivileged(harness, base, "nobody")
+    pair, results = run_pair(harness, *upstreams, workers=1, **how)
+    assert_apart(pair, results)
+    assert results["identity"]["uid"] == pwd.getpwnam("nobody").pw_uid
+
+
+def as_unprivileged(h: Harness, base: Path, user: str) -> dict[str, Any]:
+    """What runs the harness's workers as ``user``: an interpreter it can run (the system's, in a venv that
+    loads this checkout's packages: this venv's interpreter lives under /root), ``setpriv``, and
+    directories of its own."""
+    account = pwd.getpwnam(user)
+    venv = base / "venv"
+    subprocess.run([SESSION_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    [site_packages] = venv.glob("lib/python3*/site-packages")
+    (site_packages / "devin_outposts_checkout.pth").write_text(
+        f"import site; site.addsitedir({SITE_PACKAGES!r})\n"
+    )
+    home = base / "w1" / "home"
+    for path in (base / "w1", home, h.tmp / "tmpdir"):
+        path.mkdir(parents=True, exist_ok=True)
+        os.chown(path, account.pw_uid, account.pw_gid)
+    prefix = ("setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups")
+    return {"python": str(venv / "bin" / "python"), "prefix": prefix, "env": {"HOME": str(home)}}
