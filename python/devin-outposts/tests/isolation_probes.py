@@ -13,6 +13,7 @@ host saw.
 * ``namespace``: ``nft flush ruleset``, ``ip link add``, ``ip route add``, and joining init's namespaces;
 * ``sockets target``: every Unix socket file the session can find (the whole file system but /proc, /sys
   and /dev), each asked ``CONNECT target``; which it could connect to, and which said 200;
+* ``connect path...``: a connect to each Unix socket path;
 * ``read path...`` / ``write path...``: open each to read / to append (and, for a directory, to make a file
   in it); what happened;
 * ``environ marker...``: every ``/proc/<pid>/environ`` the session can read: which carry a marker (by its
@@ -162,6 +163,19 @@ def sockets(target: str) -> dict[str, Any]:
     return {"found": found, "connected": connected, "answered": answered}
 
 
+def connect(*paths: str) -> dict[str, Any]:
+    outcome = {}
+    for path in paths:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(2)
+                conn.connect(path)
+                outcome[path] = "connected"
+        except OSError as exc:
+            outcome[path] = type(exc).__name__
+    return {"connect": outcome}
+
+
 def read(*paths: str) -> dict[str, Any]:
     outcome = {}
     for path in paths:
@@ -239,6 +253,7 @@ PROBES: dict[str, Callable[..., dict[str, Any]]] = {
     "icmp": icmp,
     "namespace": namespace,
     "sockets": sockets,
+    "connect": connect,
     "read": read,
     "write": write,
     "environ": environ,

@@ -296,3 +296,58 @@ def as_unprivileged(h: Harness, base: Path, user: str) -> dict[str, Any]:
         os.chown(path, account.pw_uid, account.pw_gid)
     prefix = ("setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups")
     return {"python": str(venv / "bin" / "python"), "prefix": prefix, "env": {"HOME": str(home)}}
+
+
+def test_a_host_socket_made_after_the_session_started_is_out_of_its_reach(
+    harness: Harness, base: Path
+) -> None:
+    """A container engine started after the session: its socket under /run (the whole of /run is hidden),
+    and one in a hidden directory that did not exist when the session started (its parent is frozen for
+    the session). The session finds neither; neither service sees a connection."""
+    h = harness
+    engines = base / "engines"
+    engines.mkdir()
+    h.worker("w1", "--session-hide", str(engines / "late"))
+    sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy_of("127.0.0.1")).session_id
+    h.connection(sid)
+    run_dir = Path(tempfile.mkdtemp(dir="/run", prefix="devin-outposts-test-engine-"))
+    (engines / "late").mkdir()
+    paths = [run_dir / "engine.sock", engines / "late" / "engine.sock"]
+    services = [listening(path) for path in paths]
+    try:
+        [line] = probe(h, sid, [["connect", *map(str, paths)]])
+        for service in services:
+            with pytest.raises(BlockingIOError):
+                service.accept()  # nobody connected
+    finally:
+        for service in services:
+            service.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    assert line["connect"] == {str(path): "FileNotFoundError" for path in paths}, line
+
+
+def listening(path: Path) -> socket.socket:
+    service = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    service.bind(str(path))
+    service.listen(4)
+    service.setblocking(False)
+    return service
+
+
+def test_a_root_worker_without_ids_for_sessions_refuses_policy_sessions(harness: Harness) -> None:
+    """Root, and neither --session-uid-range nor a subordinate range for root: a session whose policy is
+    enforced is released with one line that says how to fix it (it would otherwise run with root's power
+    over the host's files); a session without a policy is served."""
+    subuid = Path("/etc/subuid")
+    if subuid.exists() and any(line.startswith(("root:", "0:")) for line in subuid.read_text().splitlines()):
+        pytest.skip("this host gives root subordinate ids (/etc/subuid)")
+    h = harness
+    worker = h.worker("w1", env={"DEVIN_WORKER_SESSION_UID_RANGE": ""})
+    refused = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy_of("127.0.0.1")).session_id
+    h.wait(lambda: h.released(refused), f"{refused} to be released")
+    assert not h.sim.admin.connections(refused), "the refused session's remote must never start"
+    served = h.sim.admin.enqueue(h.outpost.outpost_id).session_id
+    h.connection(served)
+    lines = [line for line in worker.log().splitlines() if "cannot enforce it" in line]
+    assert len(lines) == 1 and refused in lines[0], worker.log()
+    assert "this worker runs as root" in lines[0] and "--session-uid-range" in lines[0], lines[0]
