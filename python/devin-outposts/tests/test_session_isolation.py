@@ -298,31 +298,44 @@ def as_unprivileged(h: Harness, base: Path, user: str) -> dict[str, Any]:
     return {"python": str(venv / "bin" / "python"), "prefix": prefix, "env": {"HOME": str(home)}}
 
 
-def test_a_host_socket_made_after_the_session_started_is_out_of_its_reach(
-    harness: Harness, base: Path
-) -> None:
-    """A container engine started after the session: its socket under /run (the whole of /run is hidden),
-    and one in a hidden directory that did not exist when the session started (its parent is frozen for
-    the session). The session finds neither; neither service sees a connection."""
+def test_a_host_socket_made_under_run_after_the_session_started_is_out_of_its_reach(harness: Harness) -> None:
+    """A container engine started after the session, its socket under /run: the whole of /run is hidden, so
+    the session does not find it, and the service sees no connection."""
+    h = harness
+    h.worker("w1")
+    sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy_of("127.0.0.1")).session_id
+    h.connection(sid)
+    run_dir = Path(tempfile.mkdtemp(dir="/run", prefix="devin-outposts-test-engine-"))
+    try:
+        assert_unreachable(h, sid, [run_dir / "engine.sock"])
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_hidden_path_missing_when_the_session_started_stays_hidden(harness: Harness, base: Path) -> None:
+    """A hidden directory (``--session-hide``) that did not exist when the session started, made later with
+    a socket in it: its parent is frozen for the session, which does not find it."""
     h = harness
     engines = base / "engines"
     engines.mkdir()
     h.worker("w1", "--session-hide", str(engines / "late"))
     sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy_of("127.0.0.1")).session_id
     h.connection(sid)
-    run_dir = Path(tempfile.mkdtemp(dir="/run", prefix="devin-outposts-test-engine-"))
     (engines / "late").mkdir()
-    paths = [run_dir / "engine.sock", engines / "late" / "engine.sock"]
+    assert_unreachable(h, sid, [engines / "late" / "engine.sock"])
+
+
+def assert_unreachable(h: Harness, session_id: str, paths: list[Path]) -> None:
+    """Services listening on ``paths`` now: the session cannot connect to any, and none sees a connection."""
     services = [listening(path) for path in paths]
     try:
-        [line] = probe(h, sid, [["connect", *map(str, paths)]])
+        [line] = probe(h, session_id, [["connect", *map(str, paths)]])
         for service in services:
             with pytest.raises(BlockingIOError):
                 service.accept()  # nobody connected
     finally:
         for service in services:
             service.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
     assert line["connect"] == {str(path): "FileNotFoundError" for path in paths}, line
 
 
