@@ -364,3 +364,25 @@ def test_a_root_worker_without_ids_for_sessions_refuses_policy_sessions(harness:
     lines = [line for line in worker.log().splitlines() if "cannot enforce it" in line]
     assert len(lines) == 1 and refused in lines[0], worker.log()
     assert "this worker runs as root" in lines[0] and "--session-uid-range" in lines[0], lines[0]
+
+
+def test_no_egress_socket_or_directory_exists_anywhere(harness: Harness, base: Path) -> None:
+    """A worker whose data directory's path is long (the egress socket's path used to be too long for a
+    Unix socket there, so it went to /tmp/devin-egress-*, and a kill -9 left that directory behind): the
+    proxy has no name, so nothing is made, neither while the session runs nor after the worker is killed and
+    its successor takes the session back."""
+    h = harness
+    deep = base / ("d" * 60) / ("e" * 60)
+    args = ("--cache-dir", str(deep / "cache"), "--acceptor-id", "vm-egress-test")
+    before = set(Path("/tmp").glob("devin-egress-*"))
+    worker = h.worker("w1", *args)
+    sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy_of("127.0.0.1")).session_id
+    first = h.connection(sid)
+    made = sorted(p for p in deep.rglob("*") if p.is_socket())
+    assert made == [] and set(Path("/tmp").glob("devin-egress-*")) == before, made
+    worker.kill9()
+    h.worker("w2", *args)
+    h.wait(lambda: len(h.sim.admin.connections(sid)) > 1, f"{sid} to be taken back")
+    assert h.sim.admin.connections(sid)[-1]["connection_id"] != first["connection_id"]
+    assert sorted(p for p in deep.rglob("*") if p.is_socket()) == []
+    assert set(Path("/tmp").glob("devin-egress-*")) == before

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import stat
+import sys
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -116,7 +119,9 @@ class SessionServer(ClaimedSession):
 
     async def prepare(self) -> Optional[SessionResult]:
         make_private_dir(self.config.sessions_dir)
-        self.state_dir = make_private_dir(child_dir(self.config.sessions_dir, self.session_id))
+        state_dir = child_dir(self.config.sessions_dir, self.session_id)
+        reclaim_from_session(state_dir)
+        self.state_dir = make_private_dir(state_dir)
         self.cwd.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(reap_stale_remote, self.state_dir)
         refusal = await self._confine(self.state_dir)
@@ -206,6 +211,22 @@ class SessionServer(ClaimedSession):
             return None
         self.metrics.inc("network_policy_refusals")
         return SessionResult(self.session_id, FAILED, refusal, refused_policy=True)
+
+
+def reclaim_from_session(state_dir: Path) -> None:
+    """A root worker's confined session owned its state directory (its ids: core/netpolicy/session_ids.py);
+    taking the session back (a restart, a successor), the worker owns it again before it checks it, and gives
+    it to the next lease at launch. Only a root worker's sessions have ids of their own, and only root can
+    have made anything in its 0700 sessions directory, so the owner can only be such a session."""
+    if sys.platform == "win32" or os.geteuid() != 0:
+        return
+    else:  # an else, so that neither of mypy's platform passes calls the rest unreachable
+        try:
+            info = os.lstat(state_dir)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode) and (info.st_uid, info.st_gid) != (0, 0):
+            os.lchown(state_dir, 0, 0)
 
 
 def hidden_from_sessions(config: WorkerConfig) -> list[str]:
