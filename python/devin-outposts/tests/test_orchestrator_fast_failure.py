@@ -2,12 +2,12 @@
 
 The schedule first, as pure functions on a fake clock: no pause before the third start failure in a
 row, then 10 s doubling to 300 s (jittered by at most a fifth), one probe session after each pause, the
-failures of sessions already starting not counted against the platform twice, and a worker seen running
+failures of sessions already starting not counted against the platform twice, and a session served
 ending it all. Then the orchestrator with a scripted driver against the simulator: sessions whose
 workers never start (a reason on ``starting``, provisioning failures) at ``--max-concurrent 5`` make it
 back off (``/healthz`` and ``/metrics`` say so, with the reason), its claims stay bounded and never
 take a failed session again first (the simulator's claim history), and a healthy platform ends the
-back-off and serves.
+back-off once a session is served. test_orchestrator_backoff_served.py holds what served means.
 """
 
 from __future__ import annotations
@@ -34,6 +34,21 @@ from worker_fakes import wait_for
 ACCEPTOR = "orch-fast-failure"
 #: The test's schedule: the default's shape (3 in a row, doubling, capped) in fractions of a second.
 FAST = BackoffSchedule(threshold=3, first=0.5, cap=2.0, jitter=0.2)
+
+
+def claims_allowed(schedule: BackoffSchedule, slots: int, elapsed: float) -> int:
+    """The most claims ``schedule`` allows in the first ``elapsed`` seconds of an orchestrator with
+    ``slots`` slots on a platform where no session is served: every slot, one more for each failure
+    before the one that starts the first pause, and one probe for each pause over by then, every pause
+    at its shortest (jitter shortens each by at most ``schedule.jitter``)."""
+    claims = slots + schedule.threshold - 1
+    step, paused = 1, 0.0
+    while True:
+        paused += schedule.pause(step, 1.0)
+        if paused > elapsed:
+            return claims
+        claims += 1
+        step += 1
 
 
 class FakeClock:
@@ -111,7 +126,7 @@ def test_a_run_of_failures_pauses_then_probes_with_one_session_and_escalates_on_
     assert pauses == [20, 40, 80, 160, 300, 300]
 
 
-def test_a_worker_running_ends_the_back_off_and_a_probe_that_ends_otherwise_is_replaced() -> None:
+def test_a_session_served_ends_the_back_off_and_a_probe_that_ends_otherwise_is_replaced() -> None:
     clock = FakeClock()
     state = make_backoff(clock, draw=0.5)
     for sid in ("s1", "s2", "s3"):
@@ -124,7 +139,7 @@ def test_a_worker_running_ends_the_back_off_and_a_probe_that_ends_otherwise_is_r
     state.claimed("p2")
     report = state.state()
     assert report is not None and report.probe == "p2"
-    assert state.succeeded()  # a worker runs (the probe's, or one that was starting all along)
+    assert state.succeeded()  # a session served (the probe, or one that was starting all along)
     assert state.claim_pause() == 0 and state.state() is None and state.failures == 0
     assert not state.failed("s4", "pull-error")  # one failure after a success: no pause
 
@@ -200,7 +215,7 @@ def start(
 
 
 @pytest.mark.timeout(120)
-def test_workers_that_never_start_back_the_driver_off_until_one_runs(
+def test_workers_that_never_start_back_the_driver_off_until_a_session_is_served(
     sim: SimHandle, outpost: Outpost, start: Callable[..., tuple[Running, Observed]]
 ) -> None:
     healthy = threading.Event()
@@ -244,10 +259,20 @@ def test_workers_that_never_start_back_the_driver_off_until_one_runs(
     assert seen.health()[1]["status"] == "backing off"
     assert orch.orchestrator.results and all(r.reason == "ErrImagePull" for r in orch.orchestrator.results)
 
-    # The platform works again: the next probe's worker runs, the back-off ends and every slot claims.
+    # The platform works again: the next probe's worker runs and serves its session (the test's brain marks
+    # each started session running, as a remote connecting would), the back-off ends, every slot claims.
     healthy.set()
     fresh = [sim.admin.enqueue(outpost.outpost_id).session_id for unused in range(4)]
-    wait_for(lambda: set(fresh) <= set(seen.claimed()), timeout=30, what="the fresh sessions claimed")
+    served: set[str] = set()
+
+    def serve_started() -> bool:
+        for sid in fresh:
+            if sid not in served and driver.starts(sid):
+                sim.admin.set_status(sid, "running")
+                served.add(sid)
+        return served == set(fresh)
+
+    wait_for(serve_started, timeout=30, what="the fresh sessions claimed and served")
     wait_for(lambda: len(driver.machines) == 4, timeout=30, what="four machines with running workers")
     assert seen.health() == (200, {"status": "ok"})
     assert seen.metric("outposts_driver_backoff_seconds") == 0

@@ -20,6 +20,7 @@ from devin_outposts.orchestrator.plan import (
     WorkerReading,
     capacity_stuck,
     judge_worker,
+    session_served,
     snapshot_expired,
     snapshot_unneeded,
     sweep_machine,
@@ -224,3 +225,35 @@ def test_capacity_is_stuck_only_when_every_slot_waits_past_its_patience(
     slot_free: bool, not_up_for: list[float], stuck: bool
 ) -> None:
     assert capacity_stuck(slot_free=slot_free, not_up_for=not_up_for, patience=30.0) is stuck
+
+
+# (latest entry, running when claimed, seconds its worker has run without a break) -> served, for the
+# driver back-off; served_after is 30 s
+SERVED_CASES: list[tuple[str, Optional[QueueEntry], bool, Optional[float], bool]] = [
+    ("no entry read yet", None, False, 5.0, False),
+    ("worker running, entry still pending", entry("pending", ME), False, 600.0, False),
+    ("entry running: the remote connected", entry("running", ME), False, 0.5, True),
+    ("entry running, worker no longer running", entry("running", ME), False, None, True),
+    ("entry running under another acceptor", entry("running", "orch-2"), False, 5.0, False),
+    ("entry running, no acceptor on it", entry("running"), False, 5.0, True),
+    ("entry suspended", entry("suspended", ME), False, 5.0, False),
+    ("running when claimed, worker ran a moment", entry("running", ME), True, 0.3, False),
+    ("running when claimed, worker not running", entry("running", ME), True, None, False),
+    ("running when claimed, worker ran long enough", entry("running", ME), True, 30.0, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("latest", "at_claim", "running_for", "expected"),
+    [case[1:] for case in SERVED_CASES],
+    ids=[case[0] for case in SERVED_CASES],
+)
+def test_session_served(
+    latest: Optional[QueueEntry], at_claim: bool, running_for: Optional[float], expected: bool
+) -> None:
+    assert (
+        session_served(
+            latest, acceptor_id=ME, running_at_claim=at_claim, running_for=running_for, served_after=30.0
+        )
+        is expected
+    )

@@ -118,6 +118,11 @@ class ClaimedSession(abc.ABC):
         """Clean up after the session (before the claim is released); never raises."""
         return None
 
+    def seen(self, entry: QueueEntry) -> None:
+        """A fresher copy of the session's queue entry arrived (the watch, a status read, a renewal); it
+        is :attr:`latest` already. The orchestrator notes a session served here."""
+        del entry
+
     def final_exit(self, code: int) -> Optional[SessionResult]:
         """A result that ends the session at once, without restarts, when a launch exits with ``code``
         (a restart could not help); ``None``: the usual rule (confirm, restart up to the limit)."""
@@ -129,7 +134,7 @@ class ClaimedSession(abc.ABC):
     def notify(self, entry: Optional[QueueEntry]) -> None:
         """A fresher copy of our entry from the queue watch (``None``: it was deleted)."""
         if entry is not None:
-            self._latest = entry
+            self._see(entry)
         self._wake.set()
         if entry is None:
             self._poll_soon = True
@@ -152,6 +157,10 @@ class ClaimedSession(abc.ABC):
     def latest(self) -> Optional[QueueEntry]:
         """The freshest copy of the session's queue entry seen."""
         return self._latest
+
+    def _see(self, entry: QueueEntry) -> None:
+        self._latest = entry
+        self.seen(entry)
 
     # --- the session ------------------------------------------------------------------------------
 
@@ -364,7 +373,7 @@ class ClaimedSession(abc.ABC):
         except FleetError as exc:
             log.warning("%s; checking again later", exc, extra=self._extra)
             return None
-        self._latest = entry
+        self._see(entry)
         return self._evaluate(entry)
 
     def _check_delay(self) -> float:
@@ -441,7 +450,7 @@ class ClaimedSession(abc.ABC):
             except FleetError as exc:
                 log.warning("%s", exc, extra=self._extra)
             else:
-                self._latest = entry
+                self._see(entry)
                 status = entry.status.session_status
                 if status in (SessionStatus.SUSPENDED, SessionStatus.TERMINATED):
                     detail, finished = f"session {status}", status == SessionStatus.TERMINATED
@@ -510,7 +519,7 @@ class ClaimedSession(abc.ABC):
                 continue
             failures = 0
             self.claim = entry
-            self._latest = entry
+            self._see(entry)
             self._remember_token()
             self.metrics.inc("renewals")
             log.debug("renewed the claim until %s", entry.status.claim_deadline, extra=self._extra)

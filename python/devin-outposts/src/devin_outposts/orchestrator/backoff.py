@@ -5,16 +5,22 @@ into a start failure: the session is released within seconds (docs/orchestrator.
 the slot falls free, the next row is claimed, and the orchestrator churns through the queue, holding
 rows another orchestrator could serve. :class:`DriverBackoff` stops that:
 
-* a **start failure** is a session whose result is an infrastructure error and whose worker was never
-  seen running (provisioning failed, the worker could not start, the platform named a reason, the boot
-  timeout). A worker seen running is a **success**: the platform works, and the count starts afresh;
+* a **start failure** is a session that failed (an infrastructure error, or its worker given up after
+  the restart limit) without ever being **served**: provisioning failed, the worker could not start, the
+  platform named a reason, the boot timeout, a worker that ran for a moment and died. A session served is
+  a **success**: the platform works, and the count starts afresh. Served means what the fleet shows, not
+  what the platform briefly reported (a container is ``running`` for a moment before ``exec`` of a worker
+  missing from its image fails): the session's queue entry says ``running`` (its remote connected to the
+  gateway) after a claim whose answer did not; for a session ``running`` already when claimed, which the
+  queue cannot tell, its worker seen running without a break for :attr:`~BackoffSchedule.served_after`
+  seconds (:func:`~devin_outposts.orchestrator.plan.session_served`);
 * after :attr:`BackoffSchedule.threshold` start failures in a row (3: one bad session, or one node's
   bad moment, must not stall a healthy driver) claims pause for :attr:`~BackoffSchedule.first` seconds
   (10), doubling for each further pause in the same run of failures up to :attr:`~BackoffSchedule.cap`
   (300); each pause is shortened by up to :attr:`~BackoffSchedule.jitter` (a fifth) at random, so that
   the orchestrators of a fleet on the same broken platform do not all come back at once;
 * when a pause ends, **one** session is claimed (the probe) and claiming waits for its outcome: its
-  worker running ends the back-off (every slot claims again), its failure starts the next, longer pause.
+  being served ends the back-off (every slot claims again), its failure starts the next, longer pause.
   Sessions that were already starting when the back-off began fail or succeed as they will: a success
   ends the back-off, a failure only updates the reason (it says nothing new about the platform).
 
@@ -30,7 +36,7 @@ import time
 from typing import Callable, Optional
 
 #: Seconds between looks while the probe session is starting (its outcome wakes the claim loop
-#: anyway: a finished session wakes it, and so does a worker seen running).
+#: anyway: a finished session wakes it, and so does a session served).
 PROBE_RECHECK = 5.0
 
 
@@ -46,6 +52,9 @@ class BackoffSchedule:
     cap: float = 300.0
     #: A pause is shortened by up to this fraction of it, at random.
     jitter: float = 0.2
+    #: Seconds a worker must run without a break to count as serving a session whose queue entry said
+    #: ``running`` already when it was claimed (the queue cannot tell that session's serving apart).
+    served_after: float = 30.0
 
     def pause(self, step: int, draw: float) -> float:
         """Seconds of pause number ``step`` (1 for the first) for a random ``draw`` in ``[0, 1)``."""
@@ -116,7 +125,7 @@ class DriverBackoff:
             self.probe = session_id
 
     def succeeded(self) -> bool:
-        """A worker was seen running. True when that ended a back-off."""
+        """A session was served. True when that ended a back-off."""
         was_backing_off = self.backing_off
         self.failures = self.step = 0
         self.pause = self.paused_until = 0.0

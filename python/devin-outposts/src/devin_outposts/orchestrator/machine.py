@@ -20,6 +20,11 @@ waits on: an exit code, or a :class:`~devin_outposts.core.serving.LaunchError` w
 start there (the platform named the same reason for ``--start-failure-grace`` seconds, or said it never
 will), never came up within ``--boot-timeout``, ran that long without the session being served (its queue
 entry never ``running``), or the machine vanished.
+
+A session counts as **served** (:func:`~devin_outposts.orchestrator.plan.session_served`) once the fleet
+shows its remote connected, not when the platform reports its worker ``running``: the driver back-off
+counts a session that failed unserved as a start failure, whatever the platform briefly reported
+(docs/orchestrator.md, "Fast failure").
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from devin_outposts.orchestrator.drivers.base import (
 )
 from devin_outposts.orchestrator.drivers.status_board import StatusBoard
 from devin_outposts.orchestrator.options import OrchestratorConfig, ResumePolicy
-from devin_outposts.orchestrator.plan import Verdict, judge_worker
+from devin_outposts.orchestrator.plan import Verdict, judge_worker, session_served
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +135,9 @@ class MachineRun:
             deadlines.append(boot_left)
         if self._failing_since is not None:
             deadlines.append(self._failing_since + config.start_failure_grace - now)
+        served_in = self.session.served_in()
+        if served_in is not None:
+            deadlines.append(served_in)
         return max(0.01, min(deadlines) + 0.01)
 
     async def _next_status(self, first: bool) -> WorkerStatus:
@@ -169,6 +177,9 @@ class MachineRun:
                 first = False
                 if status.state is WorkerState.RUNNING:
                     self.session.worker_running()
+                else:
+                    self.session.running_since = None
+                self.session.note_served()
                 reading = judge_worker(
                     status,
                     machine=self.machine.name,
@@ -184,6 +195,7 @@ class MachineRun:
                     raise LaunchError(reading.why, reason=reading.reason)
                 if reading.verdict is Verdict.RESTARTED:
                     self.restarted_in_place = True
+                    self.session.running_since = None  # a new worker: its own time running
                 if reading.verdict in (Verdict.EXITED, Verdict.RESTARTED):
                     self.returncode = reading.exit_code
                     return self.returncode
@@ -228,6 +240,8 @@ class MachineSession(ClaimedSession):
         slot: int,
         adopt: Optional[Machine] = None,
         on_started: Optional[Callable[[MachineSession], None]] = None,
+        on_served: Optional[Callable[[MachineSession], None]] = None,
+        served_after: float = 30.0,
         board: Optional[StatusBoard] = None,
     ) -> None:
         # Each running session reads its status every --session-check-secs (the worker's poll interval
@@ -251,10 +265,16 @@ class MachineSession(ClaimedSession):
         self.machine: Optional[Machine] = adopt
         self.adopted = adopt is not None
         self.on_started = on_started
+        self.on_served = on_served
+        self.served_after = served_after
         #: The worker in the machine has been seen running (at least once).
         self.started_once = False
+        #: The session has been served since it was claimed here (:meth:`serving`), at least once.
+        self.served_once = False
         #: The worker is running now, as of the last status read.
         self.running_now = False
+        #: Since when (monotonic) the worker has been seen running without a break (None: it is not).
+        self.running_since: Optional[float] = None
         self.claimed_at = time.monotonic()
         #: Since when (monotonic) the session has been waiting for its worker: its claim, then each start.
         self.booting_since = self.claimed_at
@@ -284,8 +304,41 @@ class MachineSession(ClaimedSession):
         """Seconds the session has waited for its worker to run (0 while it runs)."""
         return 0.0 if self.running_now else time.monotonic() - self.booting_since
 
+    def running_for(self) -> Optional[float]:
+        """Seconds the worker has been seen running without a break (None: it is not running)."""
+        return None if self.running_since is None else time.monotonic() - self.running_since
+
+    def served_in(self) -> Optional[float]:
+        """Seconds until a session ``running`` when claimed counts as served if its worker keeps running
+        (None: not such a session, served already, or its worker is not running)."""
+        running_for = self.running_for()
+        if not self.running_at_claim or self.served_once or running_for is None:
+            return None
+        return self.served_after - running_for
+
+    def note_served(self) -> None:
+        """Mark the session served the first time it is (:func:`~.plan.session_served`), and say so once."""
+        if self.served_once or not session_served(
+            self.latest,
+            acceptor_id=self.acceptor_id,
+            running_at_claim=self.running_at_claim,
+            running_for=self.running_for(),
+            served_after=self.served_after,
+        ):
+            return
+        self.served_once = True
+        self._phase("served")
+        if self.on_served is not None:
+            self.on_served(self)
+
+    def seen(self, entry: QueueEntry) -> None:
+        """A fresher queue entry may show the session served."""
+        self.note_served()
+
     def worker_running(self) -> None:
         self.running_now = True
+        if self.running_since is None:
+            self.running_since = time.monotonic()
         if not self.started_once:
             self.started_once = True
             self._phase("started")
@@ -389,6 +442,7 @@ class MachineSession(ClaimedSession):
             why = f"starting the worker in machine {self.machine.name} failed: {exc}"
             raise LaunchError(why, reason=exc.reason or "start-failed") from exc
         self.running_now = False
+        self.running_since = None
         self.booting_since = time.monotonic()
         return MachineRun(
             self, base_restarts=await self._restarts(since=launched_at), launched_at=launched_at
@@ -449,6 +503,7 @@ class MachineSession(ClaimedSession):
             return
         self._torn_down = True
         self.running_now = False
+        self.running_since = None
         if self.board is not None:
             self.board.forget([self.machine.name])
         log.info(

@@ -11,7 +11,8 @@ holds each decision to a table of cases (docs/orchestrator.md, "The loop" and "G
 * :func:`sweep_machine`: what the sweep does with a machine no session of ours runs on: collect it, after
   keeping a suspended session's state as a snapshot under the ``snapshot`` policy, and why;
 * :func:`snapshot_expired` and :func:`snapshot_unneeded`: whether the sweep drops a snapshot, and why;
-* :func:`capacity_stuck`: whether every slot is held by a session whose worker does not come up.
+* :func:`capacity_stuck`: whether every slot is held by a session whose worker does not come up;
+* :func:`session_served`: whether a session has been served, for the driver back-off.
 
 What to claim is decided in core, for both programs: :meth:`~devin_outposts.core.feed.QueueFeed.next_claim`,
 and restart recovery in :class:`~devin_outposts.core.claiming.ClaimLoop` with
@@ -170,3 +171,26 @@ def capacity_stuck(*, slot_free: bool, not_up_for: Sequence[float], patience: fl
     """Every slot is taken and no session's worker has run for ``patience`` seconds (the share of
     ``--boot-timeout`` after which machines count as not coming up; machines still being made do not)."""
     return not slot_free and bool(not_up_for) and all(waited > patience for waited in not_up_for)
+
+
+def session_served(
+    latest: Optional[QueueEntry],
+    *,
+    acceptor_id: str,
+    running_at_claim: bool,
+    running_for: Optional[float],
+    served_after: float,
+) -> bool:
+    """Whether a session counts as served, for the driver back-off (docs/orchestrator.md, "Fast failure"),
+    given the freshest copy of its queue entry (``latest``) and how long its worker has been seen running
+    without a break (``running_for``, None: not running). Served is what the fleet shows: the entry says
+    ``running``, held by us, though the claim's answer did not (``running_at_claim``): the remote connected
+    to the gateway. A worker the platform reports running is not enough (a container runs for a moment
+    before ``exec`` of a worker missing from its image fails). A session ``running`` already when claimed
+    (an earlier worker died, a restart took it back) cannot be told by its entry: its worker must have run
+    for ``served_after`` seconds."""
+    if running_at_claim:
+        return running_for is not None and running_for >= served_after
+    if latest is None or latest.status.session_status != SessionStatus.RUNNING:
+        return False
+    return latest.status.acceptor_id in (None, acceptor_id)

@@ -13,8 +13,8 @@ orchestrator's rules differ from the worker's (docs/orchestrator.md, "The loop")
 * a claim loop that ends on an error all the same detaches every running session first, so that the run
   ends at once (exit 1) instead of waiting on sessions nobody stops;
 * a driver that keeps failing to start workers holds new claims back (:mod:`.backoff`): the host counts
-  each session whose worker never ran (``start_failures{reason}``), and a worker seen running ends the
-  back-off.
+  each session that failed without being served (``start_failures{reason}``), whatever the platform
+  briefly reported of its worker, and a session served ends the back-off.
 
 One host per outpost served (:class:`~devin_outposts.orchestrator.outpost.OutpostRunner`). The host keeps
 what it learns (the outpost, the machines to adopt) to itself; the outpost's runner and sweep read it from
@@ -65,9 +65,11 @@ def detach_sessions(pool: SessionPool) -> None:
 
 
 def start_failure_reason(result: SessionResult, session: MachineSession) -> str:
-    """The label of a session whose worker never ran: the platform's reason, else what failed."""
+    """The label of a session that failed unserved: the platform's reason, else what failed."""
     if result.reason:
         return result.reason
+    if result.gave_up:
+        return "worker-exited"  # it exited past the restart limit, never having served
     return "provision-failed" if session.machine is None else "start-failed"
 
 
@@ -176,6 +178,8 @@ class MachineHost:
             slot=slot,
             adopt=self.adoptable.pop(claim.session_id, None),
             on_started=self._worker_started,
+            on_served=self._session_served,
+            served_after=self.backoff.schedule.served_after,
             board=self.board,
         )
         self.sessions[claim.session_id] = session
@@ -193,8 +197,15 @@ class MachineHost:
             session.machine.name if session.machine else "?",
             extra={"session_id": session.session_id},
         )
+
+    def _session_served(self, session: MachineSession) -> None:
         if self.backoff.succeeded():
-            log.info("a %s worker runs again: claiming again", self.driver.name)
+            log.info(
+                "session %s is served on a %s machine: claiming again",
+                session.session_id,
+                self.driver.name,
+                extra={"session_id": session.session_id, "outpost": self.outpost_id or "?"},
+            )
             self.metrics.set("driver_backoff_seconds", 0)
             self.pool.wake()  # every free slot may claim now
 
@@ -205,9 +216,15 @@ class MachineHost:
         elif result.gave_up:
             self.metrics.inc("workers_given_up")
         session = self.sessions.pop(result.session_id, None)
-        if session is None or session.started_once:
+        if session is None:
             return
-        if not result.infrastructure:  # stopped, or the session ended while its worker was starting
+        session.note_served()  # a last look: a served session is never a start failure
+        if session.served_once:
+            return
+        # A start failure: failed (an infrastructure error, or its worker given up past the restart limit)
+        # without ever being served, whatever the platform reported of its worker meanwhile. A session
+        # stopped, lost, or ended while its worker was starting says nothing of the platform.
+        if not (result.infrastructure or result.gave_up):
             self.backoff.ended(result.session_id)
             return
         reason = start_failure_reason(result, session)
