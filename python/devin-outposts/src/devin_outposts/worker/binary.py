@@ -4,7 +4,11 @@
   ``DEVIN_WORKER_REMOTE_SHA``, then ``<base>/latest_<suffix>``; every SHA must match ``^[0-9a-f]{6,40}$``.
 * ``<base>/devin-remote_<sha>_<suffix>`` is streamed into a temporary file in the cache dir while it is
   hashed, compared with ``<base>/devin-remote_<sha>_<suffix>.sha256``, fsynced, made 0755 and renamed into
-  place, so a half-written or unverified file never carries the final name.
+  place, so a half-written or unverified file never carries the final name. An answer whose
+  ``Content-Length`` is over the 1 GiB cap is refused before the file is made (issue 37, S7), and one that
+  goes past it is cut off there; a compressed answer is capped before it is inflated
+  (:func:`~devin_outposts.api.limits.decoded_chunks`). A download is an ordinary ``await``: cancelling the
+  session that waits for it (a signal's drain) stops it at once and removes the temporary file.
 * A cached binary is hashed again every time it is used and compared with the published digest (fetched
   once per process, with the ``.sha256`` saved beside the binary as a fallback when the server cannot be
   reached), so a tampered cache is refused: the file is discarded and downloaded again, and a download
@@ -25,7 +29,14 @@ from typing import Optional
 
 import httpx
 
-from devin_outposts.api.limits import ResponseTooLarge, read_capped
+from devin_outposts.api.limits import (
+    ACCEPT_ENCODING,
+    ResponseTooLarge,
+    UndecodableBody,
+    declared_length,
+    decoded_chunks,
+    read_capped,
+)
 from devin_outposts.core import platform
 from devin_outposts.core.config import SHA_RE
 
@@ -37,7 +48,8 @@ MAX_BINARY_BYTES = 1 << 30
 MAX_LATEST_BYTES = 1 << 10
 MAX_DIGEST_BYTES = 4 << 10
 LATEST_TTL = 60.0
-_CHUNK = 1 << 16
+#: Every download asks for the codings :mod:`devin_outposts.api.inflate` decodes within the caps.
+_HEADERS = {"Accept-Encoding": ACCEPT_ENCODING}
 
 
 class BinaryError(Exception):
@@ -128,13 +140,13 @@ class BinaryStore:
         """The text of a small published file (``latest_*``, ``*.sha256``), refusing more than ``limit``."""
         url = self.base + name
         try:
-            async with self._http.stream("GET", url) as response:
+            async with self._http.stream("GET", url, headers=_HEADERS) as response:
                 if response.status_code != 200:
                     raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
                 content = await read_capped(response, limit)
         except httpx.HTTPError as exc:
             raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
-        except ResponseTooLarge as exc:
+        except (ResponseTooLarge, UndecodableBody) as exc:
             raise BinaryError(f"Could not download {url}: {exc}") from exc
         return content.decode("utf-8", errors="replace")
 
@@ -214,26 +226,42 @@ class BinaryStore:
 
     async def _download(self, sha: str, path: Path, expected: str) -> None:
         url = self.base + self.binary_name(sha)
+        try:
+            async with self._http.stream("GET", url, headers=_HEADERS) as response:
+                if response.status_code != 200:
+                    raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
+                declared = declared_length(response)
+                if declared is not None and declared > MAX_BINARY_BYTES:
+                    raise BinaryError(
+                        f"Could not download {url}: its Content-Length is {declared} bytes, more than the "
+                        f"{MAX_BINARY_BYTES}-byte cap on devin-remote; nothing was written"
+                    )
+                size = await self._write_verified(sha, url, response, path, expected)
+        except httpx.HTTPError as exc:
+            raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
+        except ResponseTooLarge as exc:
+            raise BinaryError(f"Could not download {url}: larger than {MAX_BINARY_BYTES} bytes") from exc
+        except UndecodableBody as exc:
+            raise BinaryError(f"Could not download {url}: {exc}") from exc
+        self.downloads += 1
+        log.info("downloaded devin-remote %s (%d bytes, sha256 verified)", sha, size, extra={"sha": sha})
+
+    async def _write_verified(
+        self, sha: str, url: str, response: httpx.Response, path: Path, expected: str
+    ) -> int:
+        """Stream the body into a temporary file beside ``path`` while hashing it; rename it into place
+        (0755) only if it matches ``expected``. The temporary file is removed whatever happens, a
+        cancellation included. Returns the size."""
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
         digest = hashlib.sha256()
         size = 0
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as handle:
-                try:
-                    async with self._http.stream("GET", url) as response:
-                        if response.status_code != 200:
-                            raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
-                        async for chunk in response.aiter_bytes(_CHUNK):
-                            size += len(chunk)
-                            if size > MAX_BINARY_BYTES:
-                                raise BinaryError(
-                                    f"Could not download {url}: larger than {MAX_BINARY_BYTES} bytes"
-                                )
-                            digest.update(chunk)
-                            handle.write(chunk)
-                except httpx.HTTPError as exc:
-                    raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
+                async for chunk in decoded_chunks(response, MAX_BINARY_BYTES):
+                    size += len(chunk)
+                    digest.update(chunk)
+                    handle.write(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())
             actual = digest.hexdigest()
@@ -246,8 +274,7 @@ class BinaryStore:
             os.chmod(tmp, 0o755)  # noqa: S103 - an executable, as the docs' chmod +x
             os.replace(tmp, path)
             platform.current().fsync_dir(path.parent)
-            self.downloads += 1
-            log.info("downloaded devin-remote %s (%d bytes, sha256 verified)", sha, size, extra={"sha": sha})
+            return size
         finally:
             if tmp.exists():
                 tmp.unlink()
