@@ -19,7 +19,10 @@ This is the only code in the collection's plugins that talks HTTP. Modules build
 * both pagination envelopes (outposts and organizations: ``end_cursor``/``after``; queue: ``cursor``, upserted by
   ``metadata.session_id`` because page boundaries repeat rows),
 * error mapping into one exception, :class:`FleetAPIError`, whose text names the operation and the object:
-  ``Could not create outpost gpu-h200: 403 token lacks scope account.outposts.orchestrator``.
+  ``Could not create outpost gpu-h200: 403 token lacks scope account.outposts.orchestrator``,
+* a cap on what is read of a reply (:data:`MAX_BODY_BYTES`, as the worker's and the event source's clients):
+  the body is read a piece at a time, so a gzip body (which ``open_url`` decompresses as it is read, though
+  the client never asks for one) is capped before it is decompressed, and a gzip bomb costs at most the cap.
 
 "Not found" is data: lookups return ``None`` and deletes return ``False`` instead of raising.
 
@@ -71,6 +74,10 @@ RETRY_STATUSES = frozenset((429, 500, 502, 503, 504))
 #: Longest ``Retry-After`` we honour; a longer one is shortened to this.
 MAX_RETRY_AFTER = 60.0
 _MAX_PAGES = 10000
+#: The most of a reply that is read (decoded), and of an error answer (for its detail).
+MAX_BODY_BYTES = 8 << 20
+MAX_ERROR_BODY_BYTES = 64 << 10
+_READ_SIZE = 64 << 10
 
 
 class FleetAPIError(Exception):
@@ -157,6 +164,22 @@ def _detail_from_body(raw, fallback):
             return "; ".join(_validation_error(item) for item in detail)[:300]
         return detail if isinstance(detail, str) else json.dumps(detail)[:300]
     return text[:200]
+
+
+def _read_capped(response, limit):
+    """The body of ``response``, or None when it is longer than ``limit`` bytes. Read ``_READ_SIZE`` bytes at a
+    time: ``open_url`` decompresses a gzip body as it is read, and ``GzipFile.read(n)`` inflates only ``n``
+    bytes, so nothing past the cap is ever inflated."""
+    parts = []
+    size = 0
+    while True:
+        chunk = response.read(_READ_SIZE)
+        if not chunk:
+            return b"".join(parts)
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
 
 
 def _parse_retry_after(value, now=None):
@@ -427,11 +450,11 @@ class FleetClient:
             delay = None
             try:
                 response = self._open(method, url, data, self._headers(data is not None))
-                raw = response.read()
+                raw = _read_capped(response, MAX_BODY_BYTES)
             except HTTPError as exc:
                 status = exc.code
                 try:
-                    raw_error = exc.read()
+                    raw_error = _read_capped(exc, MAX_ERROR_BODY_BYTES) or b""
                 except Exception:  # pylint: disable=broad-except
                     raw_error = b""
                 if 300 <= status < 400:
@@ -457,6 +480,9 @@ class FleetClient:
                         self.api_url, type(exc).__name__, exc))
             else:
                 status = _status_of(response)
+                if raw is None:
+                    raise self._error(operation, "the API answered with a body larger than {0} bytes".format(
+                        MAX_BODY_BYTES), status)
                 if allow_empty and (not raw or not raw.strip()):
                     return None
                 try:

@@ -9,6 +9,11 @@ Part of the source (``extensions/eda/plugins/event_source/outpost_queue.py``), w
 :class:`Answer`, the few attributes of an aiohttp response the source uses, so this module needs no
 transport. Every reply is data from the network: it is decoded here and nowhere else, and what does not
 decode raises :class:`MalformedReply`, with a detail that quotes nothing of the reply but its shape.
+
+A compressed body is capped before it is decompressed (issue 37, S6): the source turns aiohttp's own
+decompression off (before aiohttp 3.13.3, which ansible-rulebook still accepts, it inflated each network read
+whole) and :func:`read_body` reads the raw bytes through the worker's decoder (``_fleet_inflate.py``), which
+the source passes in: both the bytes read and the bytes they decode to count against the cap.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import email.utils
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional, Protocol
 
 #: The largest page size the API accepts (python/contract/cases.yaml pins it).
@@ -41,6 +46,20 @@ class Body(Protocol):
 
     async def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes, what has arrived so far; b"" at the end."""
+
+
+class Decoder(Protocol):
+    """A body's decoder (``_fleet_inflate.BodyDecoder``): the raw bytes in, the decoded ones out in pieces."""
+
+    def feed(self, data: bytes) -> Iterable[bytes]:
+        """The pieces the next raw bytes decode to."""
+
+    def end(self) -> Iterable[bytes]:
+        """The pieces still held at the end of the body."""
+
+
+#: Makes the decoder of a body from its ``Content-Encoding``; raises ``ValueError`` for a coding it refuses.
+Decoding = Callable[[Optional[str]], Decoder]
 
 
 class Answer(Protocol):
@@ -103,30 +122,42 @@ class MalformedReply(FleetError):
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-async def read_body(body: Body, operation: str, limit: int = MAX_BODY) -> bytes:
-    """The body to its end, at most ``limit`` bytes. ``read(n)`` returns what has arrived so far, so it is
-    called until the end (a list of 100 sessions is several TLS records)."""
+async def read_body(answer: Answer, operation: str, decoding: Decoding, limit: int = MAX_BODY) -> bytes:
+    """The body to its end, decoded, at most ``limit`` bytes read and at most ``limit`` decoded. ``read(n)``
+    returns what has arrived so far, so it is called until the end (a list of 100 sessions is several TLS
+    records)."""
+    too_large = MalformedReply(operation, f"the body is larger than {limit} bytes")
     data = bytearray()
-    while True:
-        chunk = await body.read(READ_SIZE)
-        if not chunk:
-            return bytes(data)
-        data += chunk
-        if len(data) > limit:
-            raise MalformedReply(operation, f"the body is larger than {limit} bytes")
+    read = 0
+    try:
+        decoder = decoding(answer.headers.get("Content-Encoding"))
+        while True:
+            chunk = await answer.content.read(READ_SIZE)
+            read += len(chunk)
+            if read > limit:
+                raise too_large
+            for piece in decoder.feed(chunk) if chunk else decoder.end():
+                data += piece
+                if len(data) > limit:
+                    raise too_large
+            if not chunk:
+                return bytes(data)
+    except ValueError as exc:  # the decoder's UndecodableBody: a coding it refuses, corrupt data
+        raise MalformedReply(operation, str(exc)) from None
 
 
 async def answer_error(
-    operation: str, answer: Answer, kind: type[FleetError], redact: Callable[[str], str]
+    operation: str, answer: Answer, kind: type[FleetError], redact: Callable[[str], str], decoding: Decoding
 ) -> FleetError:
     """The error of an answer >= 300: a redirect (never followed), or one with the API's ``detail`` (or the
-    body's start) in its message and what its Retry-After asks. ``redact`` takes the token out of a text."""
+    body's start) in its message and what its Retry-After asks. ``redact`` takes the token out of a text;
+    ``decoding`` makes the body's decoder (:func:`read_body`)."""
     if answer.status < 400:
         location = redact(answer.headers.get("Location") or "another URL")
         return Redirected(operation, location, answer.status)
     try:
-        text = error_detail(await read_body(answer.content, operation, MAX_ERROR_BODY))
-    except MalformedReply:  # larger than MAX_ERROR_BODY
+        text = error_detail(await read_body(answer, operation, decoding, MAX_ERROR_BODY))
+    except MalformedReply:  # larger than MAX_ERROR_BODY, or in a coding the decoder refuses
         text = ""
     error = kind(operation, redact(text or answer.reason or ""), answer.status)
     if answer.status in RETRY_STATUSES:

@@ -9,7 +9,8 @@ so that a real ``devin-outposts worker start`` process can be pointed at it. It 
 * ``faults["claim"]``: the next replies to a claim (a renewal counts);
 * ``watch``: how a watch request is answered (:meth:`FaultFleet.flood` streams a hostile body).
 
-A fault is ``(status, body bytes)``. Every request is recorded in ``requests`` (method, path, query and the
+A fault is ``(status, body bytes)``, or ``(status, body bytes, headers)`` to add headers to the answer (a
+``Content-Encoding``). Every request is recorded in ``requests`` (method, path, query and the
 bearer token seen), so tests assert on what reached the server.
 """
 
@@ -19,11 +20,11 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
 OUTPOST_ID = "outpost_env-fault"
-Fault = tuple[int, bytes]
+Fault = Union[tuple[int, bytes], tuple[int, bytes, dict[str, str]]]
 
 
 class FaultFleet:
@@ -180,16 +181,18 @@ class FaultFleet:
                     self._send(401, b'{"detail": "Invalid token"}')
                     return
                 if method == "GET" and path == "/opbeta/outposts/devins" and query.get("watch") == "true":
-                    (fleet.watch or _keepalives)(self)
+                    (fleet.watch or keepalives)(self)
                     self.close_connection = True
                     return
-                status, payload = fleet._answer(method, path, query, body)
-                self._send(status, payload)
+                status, payload, *headers = fleet._answer(method, path, query, body)
+                self._send(status, payload, *headers)
 
-            def _send(self, status: int, payload: bytes) -> None:
+            def _send(self, status: int, payload: bytes, headers: Optional[dict[str, str]] = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(payload)
 
@@ -214,7 +217,7 @@ class FaultFleet:
         self._thread.join(timeout=5)
 
 
-def _keepalives(handler: BaseHTTPRequestHandler) -> None:
+def keepalives(handler: BaseHTTPRequestHandler) -> None:
     """A quiet watch: a keepalive every 0.2 s for at most 5 s (then the stream ends, as streams do)."""
     handler.send_response(200)
     handler.send_header("Content-Type", "text/event-stream")

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from devin_outposts.api import backoff as backoff_module
+from devin_outposts.api import inflate as inflate_module
 from devin_outposts.api import listwatch as listwatch_module
 from devin_outposts.api import stream as stream_module
 from devin_outposts.api.backoff import Backoff, backoff_delay
@@ -36,6 +37,7 @@ TWINS = {
     "stream": (Path(stream_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_stream.py"),
     "backoff": (Path(backoff_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_backoff.py"),
     "listwatch": (Path(listwatch_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_listwatch.py"),
+    "inflate": (Path(inflate_module.__file__), ROOT / "plugins" / "plugin_utils" / "_fleet_inflate.py"),
 }
 
 

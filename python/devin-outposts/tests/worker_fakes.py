@@ -7,7 +7,7 @@
   repeats): ``wait`` (run until SIGTERM, then exit 0), ``exit:N``, ``ignore-term`` (run, ignoring
   SIGTERM, until SIGKILL), ``marker:NAME`` (write ``<records>/NAME`` and wait).
 * :class:`DistServer` serves ``latest_<suffix>``, ``devin-remote_<sha>_<suffix>`` and ``.sha256`` from
-  a thread, with switches to tamper with a binary or answer 500s, and counts requests.
+  a thread, with switches to tamper with a binary, answer 500s or stall a download, and counts requests.
 * :class:`WorkerProcess` runs ``python -m devin_outposts worker start`` as a subprocess with the token in
   its environment (never argv), and stops it (and its process group) when the test ends.
 """
@@ -139,6 +139,10 @@ class DistServer:
         self.files: dict[str, bytes] = {}
         self.requests: list[str] = []
         self.fail_statuses: list[int] = []
+        #: name -> (the Content-Length announced, the bytes sent): after them the answer stalls until the
+        #: server stops, a download that never ends.
+        self.stalls: dict[str, tuple[int, bytes]] = {}
+        self._closing = threading.Event()
         self.publish(sha, binary, digest_format=digest_format, latest=True)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
@@ -176,6 +180,9 @@ class DistServer:
                     self.end_headers()
                     return
                 name = self.path.rsplit("/", 1)[-1]
+                if name in dist.stalls:
+                    self._stall(*dist.stalls[name])
+                    return
                 body = dist.files.get(name) if self.path.startswith("/remote/") else None
                 if body is None:
                     self.send_response(404)
@@ -185,6 +192,15 @@ class DistServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _stall(self, announced: int, sent: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(announced))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the client may hang up
+                    self.wfile.write(sent)
+                    self.wfile.flush()
+                dist._closing.wait(120)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -196,6 +212,7 @@ class DistServer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self._closing.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)

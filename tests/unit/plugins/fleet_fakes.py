@@ -24,8 +24,11 @@ class FakeResponse:
         self._payload = payload
         self.status = status
 
-    def read(self):
-        return self._payload
+    def read(self, size=-1):
+        """What urllib's response gives: up to ``size`` bytes (all with -1), then b"" at the end."""
+        taken = self._payload if size is None or size < 0 else self._payload[:size]
+        self._payload = self._payload[len(taken):]
+        return taken
 
     def getcode(self):
         return self.status

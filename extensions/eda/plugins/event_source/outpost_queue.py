@@ -10,8 +10,9 @@ collection's own files, by path (:func:`_collection_module`), from ``plugins/plu
 
 * what it shares with the other clients of the fleet API, byte-identical copies of the worker package's
   ``devin_outposts/api/`` modules: the one reader of the watch stream (``_fleet_stream.py``), the one
-  backoff (``_fleet_backoff.py``) and the one list-then-watch bookkeeping (``_fleet_listwatch.py``: paging,
-  when to list again, where to resume, when to wait);
+  backoff (``_fleet_backoff.py``), the one list-then-watch bookkeeping (``_fleet_listwatch.py``: paging,
+  when to list again, where to resume, when to wait) and the one decoder of compressed bodies
+  (``_fleet_inflate.py``: aiohttp's own decompression is off, so a body is capped before it is inflated);
 * its own parts: the options (``_outpost_queue_options.py``), the replies read within their caps and decoded
   (``_outpost_queue_replies.py``), the cursor file (``_outpost_queue_cursor.py``), and the events with the
   picture of the queue they come from (``_outpost_queue_events.py``).
@@ -195,6 +196,7 @@ if TYPE_CHECKING:
     # mypy reads the same files from this repository (it runs from its root), so every name taken from them
     # keeps its type and the files are checked with this one; at run time they come from the collection.
     from plugins.plugin_utils import _fleet_backoff as _backoff
+    from plugins.plugin_utils import _fleet_inflate as _inflate
     from plugins.plugin_utils import _fleet_listwatch as _listwatch
     from plugins.plugin_utils import _fleet_stream as _stream
     from plugins.plugin_utils import _outpost_queue_cursor as _cursor_file
@@ -204,6 +206,7 @@ if TYPE_CHECKING:
 else:
     _stream = _collection_module("_fleet_stream")
     _backoff = _collection_module("_fleet_backoff")
+    _inflate = _collection_module("_fleet_inflate")
     _listwatch = _collection_module("_fleet_listwatch")
     _options = _collection_module("_outpost_queue_options")
     _replies = _collection_module("_outpost_queue_replies")
@@ -214,6 +217,7 @@ else:
 EventStreamReader = _stream.EventStreamReader
 EventStreamTooLarge = _stream.EventStreamTooLarge
 backoff_delay = _backoff.backoff_delay
+BodyDecoder = _inflate.BodyDecoder
 Listing = _listwatch.Listing
 ListWatch = _listwatch.ListWatch
 #: The source's own names, where its users and its tests find them.
@@ -269,10 +273,17 @@ class QueueSource:
     # --- HTTP ---
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.options.token}", "Accept": "application/json"}
+        return {
+            "Authorization": f"Bearer {self.options.token}",
+            "Accept": "application/json",
+            "Accept-Encoding": _inflate.ACCEPT_ENCODING,  # what BodyDecoder decodes, within the caps
+        }
 
     def _redact(self, text: str) -> str:
         return text.replace(self.options.token, "***")
+
+    async def _answer_error(self, operation: str, response: aiohttp.ClientResponse) -> FleetError:
+        return await _replies.answer_error(operation, response, FleetError, self._redact, BodyDecoder)
 
     async def _get_page(self, path: str, params: dict[str, Any], operation: str, cursor_key: str) -> Page:
         """One page of a list, decoded. After a connection error, 429 or 5xx the request is sent again, up to
@@ -309,8 +320,8 @@ class QueueSource:
                 allow_redirects=False,
             ) as response:
                 if response.status >= 300:
-                    raise await _replies.answer_error(operation, response, FleetError, self._redact)
-                return await _replies.read_body(response.content, operation)
+                    raise await self._answer_error(operation, response)
+                return await _replies.read_body(response, operation, BodyDecoder)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise FleetError(operation, self._redact(f"{type(exc).__name__}: {exc}")) from None
 
@@ -412,17 +423,19 @@ class QueueSource:
                 allow_redirects=False,
             ) as response:
                 if response.status >= 300:
-                    raise await _replies.answer_error(operation, response, FleetError, self._redact)
+                    raise await self._answer_error(operation, response)
                 reader = EventStreamReader()
+                decoder = BodyDecoder(response.headers.get("Content-Encoding"))
                 while True:
                     chunk = await response.content.read(_replies.READ_SIZE)
                     if not chunk:
                         return  # an event the stream ended inside is dropped: the reconnect replays it
-                    for event in reader.feed(chunk):
-                        await self.handle(*_replies.decode_event(event.data, operation))
+                    for piece in decoder.feed(chunk):
+                        for event in reader.feed(piece):
+                            await self.handle(*_replies.decode_event(event.data, operation))
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise FleetError(operation, self._redact(f"{type(exc).__name__}: {exc}")) from None
-        except EventStreamTooLarge as exc:
+        except (EventStreamTooLarge, _inflate.UndecodableBody) as exc:
             raise MalformedReply(operation, str(exc)) from None
 
     # --- events ---
@@ -489,7 +502,8 @@ class QueueSource:
 
     async def run(self) -> None:
         connector = aiohttp.TCPConnector(limit=4)
-        async with aiohttp.ClientSession(connector=connector, trust_env=True) as http:
+        # auto_decompress off: BodyDecoder inflates within the caps (aiohttp < 3.13.3 inflated a read whole)
+        async with aiohttp.ClientSession(connector=connector, trust_env=True, auto_decompress=False) as http:
             self.http = http
             await self._retrying(self.resolve_outpost)
             options = self.options

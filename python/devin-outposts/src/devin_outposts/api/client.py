@@ -44,7 +44,14 @@ from devin_outposts.api.errors import (
     FleetRedirect,
     error_for_status,
 )
-from devin_outposts.api.limits import MAX_BODY_BYTES, ResponseTooLarge, read_capped
+from devin_outposts.api.limits import (
+    ACCEPT_ENCODING,
+    MAX_BODY_BYTES,
+    ResponseTooLarge,
+    UndecodableBody,
+    decoded_chunks,
+    read_capped,
+)
 from devin_outposts.api.listwatch import Listing, PagingStalled
 from devin_outposts.api.models import (
     DefaultPlatform,
@@ -100,6 +107,7 @@ class FleetClient:
         self._backoff_max = backoff_max
         self._watch_timeout = httpx.Timeout(timeout, connect=connect_timeout, read=watch_idle_timeout)
         headers = {"User-Agent": f"devin-outposts/{__version__}", "Accept": "application/json"}
+        headers["Accept-Encoding"] = ACCEPT_ENCODING  # what limits.py decodes, within its caps
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
@@ -195,7 +203,7 @@ class FleetClient:
         response = await self._http.send(request, stream=True)
         try:
             content = await read_capped(response, MAX_BODY_BYTES)
-        except ResponseTooLarge as exc:
+        except (ResponseTooLarge, UndecodableBody) as exc:
             raise FleetProtocolError(operation, str(exc), response.status_code) from exc
         finally:
             await response.aclose()
@@ -279,12 +287,12 @@ class FleetClient:
                         operation, reply_detail(reply), response.status_code
                     )
                 reader = EventStreamReader()
-                async for chunk in response.aiter_bytes():
+                async for chunk in decoded_chunks(response):
                     for event in reader.feed(chunk):
                         yield self._parse_event(event.data, operation)
         except httpx.TransportError as exc:
             raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
-        except ResponseTooLarge as exc:
+        except (ResponseTooLarge, UndecodableBody) as exc:
             raise FleetProtocolError(operation, f"watch stream: {exc}") from exc
         except EventStreamTooLarge as exc:
             raise FleetProtocolError(operation, str(exc)) from exc

@@ -25,6 +25,7 @@ from devin_outposts.core.config import (
 
 # One table of exit codes for every verb and both programs (documented in docs/worker.md).
 from devin_outposts.core.exits import ExitCode, ProgramExit
+from devin_outposts.core.logs import escape_controls
 
 T = TypeVar("T")
 
@@ -44,8 +45,9 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
 
 
 def fail(message: str, code: int = ExitCode.ERROR) -> int:
-    """Print one error line to stderr and return the exit code."""
-    print(f"devin-outposts: error: {message}", file=sys.stderr)
+    """Print one error line to stderr (one line, whatever ids from the server it names) and return the exit
+    code."""
+    print(f"devin-outposts: error: {escape_controls(message)}", file=sys.stderr)
     return code
 
 

@@ -21,6 +21,7 @@ from typing import Optional
 from devin_outposts.api.client import FleetClient
 from devin_outposts.api.models import Outpost, QueueEntry
 from devin_outposts.core.exits import ExitCode, ProgramExit
+from devin_outposts.core.logs import escape_controls
 from devin_outposts.core.platform import host_os
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ def _prompt_outpost(outposts: list[Outpost]) -> Outpost:
     print("Outposts of this account:", file=sys.stderr)
     for number, outpost in enumerate(ordered, 1):
         platform = outpost.spec.platform.value if outpost.spec.platform else "default"
-        print(f"  {number}. {outpost.name} ({outpost.outpost_id}, {platform})", file=sys.stderr)
+        line = f"  {number}. {outpost.name} ({outpost.outpost_id}, {platform})"
+        print(escape_controls(line), file=sys.stderr)
     while True:
         print("Serve which outpost? [number] ", end="", file=sys.stderr, flush=True)
         answer = sys.stdin.readline()

@@ -234,6 +234,9 @@ class SessionPool:
         deadline: Optional[float] = None
         self.reap()
         while self.running:
+            if self.draining:
+                for running in self.running.values():
+                    running.server.drain_started()  # a session still being prepared may stop now
             if self.draining and deadline is None:
                 deadline = loop.time() + self.drain_timeout
             if self.fatal is not None or (deadline is not None and loop.time() >= deadline):

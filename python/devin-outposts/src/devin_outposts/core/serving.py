@@ -103,6 +103,7 @@ class ClaimedSession(abc.ABC):
         self._extra: dict[str, Any] = {"session_id": session_id, "slot": slot}
         self._poll_soon = False
         self._stop_failed = False  # stopping the launch raised: not tried again on the way out
+        self._preparing = False
 
     # --- the hooks -----------------------------------------------------------------------------------
 
@@ -143,6 +144,14 @@ class ClaimedSession(abc.ABC):
         """Stop the launch (forced after ``grace``) and release the claim."""
         self._stop_grace = self.settings.stop_grace if grace is None else grace
         self._stop.set()
+
+    def drain_started(self) -> None:
+        """The owner drains: a session still being prepared stops now when its prepare may be cut short
+        (``settings.interruptible_prepare``: the worker's download); any other goes on, within the drain
+        timeout."""
+        if self._preparing and self.settings.interruptible_prepare and not self.stopping:
+            log.info("session %s: stopped while being prepared", self.session_id, extra=self._extra)
+            self.request_stop()
 
     def request_detach(self) -> None:
         """Leave the launch running and the claim held: the next start of the owner adopts it."""
@@ -189,7 +198,7 @@ class ClaimedSession(abc.ABC):
         try:
             if self._renews:
                 renewer = asyncio.ensure_future(self._renew_loop())
-            result = self._precheck() or await self.prepare() or await self._serve()
+            result = self._precheck() or await self._prepare_unless_stopped() or await self._serve()
         except FleetAuthError as exc:
             self.fatal = exc
             result = SessionResult(self.session_id, FAILED, str(exc))
@@ -209,6 +218,29 @@ class ClaimedSession(abc.ABC):
             result = SessionResult(self.session_id, FAILED, str(self.fatal))
         self._log_result(result)
         return result
+
+    async def _prepare_unless_stopped(self) -> Optional[SessionResult]:
+        """:meth:`prepare`; with ``settings.interruptible_prepare`` a stop cancels it at once (a download
+        stops, its temporary file goes) and the session ends interrupted, unlaunched."""
+        if not self.settings.interruptible_prepare:
+            return await self.prepare()
+        self._preparing = True
+        preparing = asyncio.ensure_future(self.prepare())
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({preparing, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # serve() itself was cancelled: so is what it waited for
+            preparing.cancel()
+            raise
+        finally:
+            self._preparing = False
+            stopped.cancel()
+        if preparing.done():
+            return preparing.result()
+        preparing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await preparing
+        return self._interrupted()
 
     async def _wind_down(self, result: SessionResult, renewer: Optional[asyncio.Task[None]]) -> None:
         """Stop what still runs (unless detached), stop renewing, and clean up (:meth:`finish`)."""

@@ -113,6 +113,12 @@ class ServeSettings(Protocol):
     def gateway_url(self) -> Optional[str]:
         """The gateway when a claim carries none."""
 
+    @property
+    def interruptible_prepare(self) -> bool:
+        """A stop (a signal, the drain) cuts a session's prepare short and the session ends unlaunched: the
+        worker's prepare only downloads ``devin-remote``, which is safe to abandon; the orchestrator's
+        provisions a machine, which must finish to be torn down."""
+
 
 class Run(Protocol):
     """One launch of what serves the session (a ``devin-remote`` process, a worker in a machine)."""

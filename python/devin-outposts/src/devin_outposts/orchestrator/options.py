@@ -335,6 +335,10 @@ class OrchestratorConfig:
         return None
 
     @property
+    def interruptible_prepare(self) -> bool:
+        return False  # a machine being provisioned finishes, so that the session's finish tears it down
+
+    @property
     def workdir(self) -> Path:
         return self.state_dir
 

@@ -4,11 +4,19 @@
   ``DEVIN_WORKER_REMOTE_SHA``, then ``<base>/latest_<suffix>``; every SHA must match ``^[0-9a-f]{6,40}$``.
 * ``<base>/devin-remote_<sha>_<suffix>`` is streamed into a temporary file in the cache dir while it is
   hashed, compared with ``<base>/devin-remote_<sha>_<suffix>.sha256``, fsynced, made 0755 and renamed into
-  place, so a half-written or unverified file never carries the final name.
-* A cached binary is hashed again every time it is used and compared with the published digest (fetched
-  once per process, with the ``.sha256`` saved beside the binary as a fallback when the server cannot be
-  reached), so a tampered cache is refused: the file is discarded and downloaded again, and a download
-  that does not verify either is never made executable.
+  place, so a half-written or unverified file never carries the final name. An answer whose
+  ``Content-Length`` is over the 1 GiB cap is refused before the file is made (issue 37, S7), and one that
+  goes past it is cut off there; a compressed answer is capped before it is inflated
+  (:func:`~devin_outposts.api.limits.decoded_chunks`). A download is an ordinary ``await``: cancelling the
+  session that waits for it (a signal's drain) stops it at once and removes the temporary file.
+* A cached binary is hashed again before every start (:meth:`BinaryStore.ensure` in each session's
+  prepare; :meth:`BinaryStore.reverify` is for each restart) and compared with the published digest
+  (fetched once per process, with the ``.sha256`` saved beside the binary as a fallback when the server
+  cannot be reached), so a cache that a session rewrote is never run: the file is removed with one
+  warning that names it and downloaded again (verified), and if that fails the session fails with one line
+  that says so. A cache entry that is not a regular file (a symlink put in its place) counts as altered. An
+  unconfined session runs as the worker's user and can rewrite the cache; hashing once per start (about
+  0.1 s for 100 MiB) is what keeps it from choosing what the next start runs (docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,7 +33,14 @@ from typing import Optional
 
 import httpx
 
-from devin_outposts.api.limits import ResponseTooLarge, read_capped
+from devin_outposts.api.limits import (
+    ACCEPT_ENCODING,
+    ResponseTooLarge,
+    UndecodableBody,
+    declared_length,
+    decoded_chunks,
+    read_capped,
+)
 from devin_outposts.core import platform
 from devin_outposts.core.config import SHA_RE
 
@@ -37,7 +52,8 @@ MAX_BINARY_BYTES = 1 << 30
 MAX_LATEST_BYTES = 1 << 10
 MAX_DIGEST_BYTES = 4 << 10
 LATEST_TTL = 60.0
-_CHUNK = 1 << 16
+#: Every download asks for the codings :mod:`devin_outposts.api.inflate` decodes within the caps.
+_HEADERS = {"Accept-Encoding": ACCEPT_ENCODING}
 
 
 class BinaryError(Exception):
@@ -80,6 +96,13 @@ def parse_digest(text: str) -> str:
                 return token.lower()
             break
     raise VerificationError("the .sha256 file does not start with a 64-character hex digest")
+
+
+def _cached_digest(path: Path) -> Optional[str]:
+    """The sha256 of a cached binary, or None when it is not a regular file (a symlink in its place)."""
+    if path.is_symlink() or not path.is_file():
+        return None
+    return file_sha256(path)
 
 
 def file_sha256(path: Path) -> str:
@@ -128,13 +151,13 @@ class BinaryStore:
         """The text of a small published file (``latest_*``, ``*.sha256``), refusing more than ``limit``."""
         url = self.base + name
         try:
-            async with self._http.stream("GET", url) as response:
+            async with self._http.stream("GET", url, headers=_HEADERS) as response:
                 if response.status_code != 200:
                     raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
                 content = await read_capped(response, limit)
         except httpx.HTTPError as exc:
             raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
-        except ResponseTooLarge as exc:
+        except (ResponseTooLarge, UndecodableBody) as exc:
             raise BinaryError(f"Could not download {url}: {exc}") from exc
         return content.decode("utf-8", errors="replace")
 
@@ -184,7 +207,8 @@ class BinaryStore:
         return digest
 
     async def ensure(self, sha: str) -> Path:
-        """A verified, executable ``devin-remote`` for ``sha`` (downloaded when not cached)."""
+        """A verified, executable ``devin-remote`` for ``sha``: the cached file, hashed now, else a fresh
+        download. Call it before every start: a cached file that no longer matches is never returned."""
         sha = check_sha(sha, "devin-remote SHA")
         lock = self._locks.setdefault(sha, asyncio.Lock())
         async with lock:
@@ -192,48 +216,90 @@ class BinaryStore:
             path = self.cache_dir / self.binary_name(sha)
             sidecar = path.with_name(path.name + ".sha256")
             expected = await self._published_digest(sha, sidecar=sidecar)
-            if path.exists():
-                actual = await asyncio.to_thread(file_sha256, path)
-                if actual == expected:
+            altered = None
+            if path.is_symlink() or path.exists():
+                found = await asyncio.to_thread(_cached_digest, path)
+                if found == expected:
                     return path
-                self.verification_failures += 1
-                log.error(
-                    "cached devin-remote %s does not match its published sha256 (expected %s, found %s): "
-                    "discarding it and downloading it again",
-                    path,
-                    expected,
-                    actual,
-                    extra={"sha": sha},
-                )
-                path.unlink()
-            await self._download(sha, path, expected)
+                altered = self._discard_altered(sha, path, expected, found)
+            try:
+                await self._download(sha, path, expected)
+            except BinaryError as exc:
+                if altered is None:
+                    raise
+                refusal = f"Refusing the cached devin-remote {path}: {altered}"
+                raise type(exc)(f"{refusal}, and downloading it again failed: {exc}") from exc
             sidecar_tmp = sidecar.with_name(f".{sidecar.name}.{uuid.uuid4().hex}")
             sidecar_tmp.write_text(f"{expected}  {path.name}\n", encoding="utf-8")
             os.replace(sidecar_tmp, sidecar)
             return path
 
+    async def reverify(self, binary: Path) -> Path:
+        """:meth:`ensure` for a path it returned before (a restart of the same session): the file hashed
+        again, downloaded again if it was altered meanwhile."""
+        prefix, suffix = "devin-remote_", f"_{self.suffix}"
+        name = binary.name
+        if binary.parent != self.cache_dir or not (name.startswith(prefix) and name.endswith(suffix)):
+            raise BinaryError(f"{binary} is not a devin-remote of the cache {self.cache_dir}")
+        return await self.ensure(name[len(prefix) : -len(suffix)])
+
+    def _discard_altered(self, sha: str, path: Path, expected: str, found: Optional[str]) -> str:
+        """Remove a cached binary that no longer matches its digest, with one warning naming it; the
+        reason, for a failure line."""
+        self.verification_failures += 1
+        why = (
+            "it is no longer a regular file"
+            if found is None
+            else f"its sha256 is {found}, not the published {expected}"
+        )
+        log.warning(
+            "cached devin-remote %s was altered since it was verified (%s): removing it, never running it, "
+            "and downloading it again",
+            path,
+            why,
+            extra={"sha": sha},
+        )
+        path.unlink(missing_ok=True)
+        return f"it was altered ({why})"
+
     async def _download(self, sha: str, path: Path, expected: str) -> None:
         url = self.base + self.binary_name(sha)
+        try:
+            async with self._http.stream("GET", url, headers=_HEADERS) as response:
+                if response.status_code != 200:
+                    raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
+                declared = declared_length(response)
+                if declared is not None and declared > MAX_BINARY_BYTES:
+                    raise BinaryError(
+                        f"Could not download {url}: its Content-Length is {declared} bytes, more than the "
+                        f"{MAX_BINARY_BYTES}-byte cap on devin-remote; nothing was written"
+                    )
+                size = await self._write_verified(sha, url, response, path, expected)
+        except httpx.HTTPError as exc:
+            raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
+        except ResponseTooLarge as exc:
+            raise BinaryError(f"Could not download {url}: larger than {MAX_BINARY_BYTES} bytes") from exc
+        except UndecodableBody as exc:
+            raise BinaryError(f"Could not download {url}: {exc}") from exc
+        self.downloads += 1
+        log.info("downloaded devin-remote %s (%d bytes, sha256 verified)", sha, size, extra={"sha": sha})
+
+    async def _write_verified(
+        self, sha: str, url: str, response: httpx.Response, path: Path, expected: str
+    ) -> int:
+        """Stream the body into a temporary file beside ``path`` while hashing it; rename it into place
+        (0755) only if it matches ``expected``. The temporary file is removed whatever happens, a
+        cancellation included. Returns the size."""
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
         digest = hashlib.sha256()
         size = 0
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as handle:
-                try:
-                    async with self._http.stream("GET", url) as response:
-                        if response.status_code != 200:
-                            raise BinaryError(f"Could not download {url}: HTTP {response.status_code}")
-                        async for chunk in response.aiter_bytes(_CHUNK):
-                            size += len(chunk)
-                            if size > MAX_BINARY_BYTES:
-                                raise BinaryError(
-                                    f"Could not download {url}: larger than {MAX_BINARY_BYTES} bytes"
-                                )
-                            digest.update(chunk)
-                            handle.write(chunk)
-                except httpx.HTTPError as exc:
-                    raise BinaryError(f"Could not download {url}: {type(exc).__name__}: {exc}") from exc
+                async for chunk in decoded_chunks(response, MAX_BINARY_BYTES):
+                    size += len(chunk)
+                    digest.update(chunk)
+                    handle.write(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())
             actual = digest.hexdigest()
@@ -246,8 +312,7 @@ class BinaryStore:
             os.chmod(tmp, 0o755)  # noqa: S103 - an executable, as the docs' chmod +x
             os.replace(tmp, path)
             platform.current().fsync_dir(path.parent)
-            self.downloads += 1
-            log.info("downloaded devin-remote %s (%d bytes, sha256 verified)", sha, size, extra={"sha": sha})
+            return size
         finally:
             if tmp.exists():
                 tmp.unlink()

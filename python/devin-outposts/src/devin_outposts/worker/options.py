@@ -217,6 +217,12 @@ class WorkerConfig:
     def direct(self) -> bool:
         return self.direct_token is not None
 
+    @property
+    def interruptible_prepare(self) -> bool:
+        """A signal's drain stops a session still being prepared (downloading ``devin-remote``) at once:
+        nothing of it runs yet, and its claim is released for another worker (issue 37, S7)."""
+        return True
+
     def slot_dir(self, slot: int) -> Path:
         """The working directory of slot ``slot``: the workdir itself with one slot, else ``slot-<n>``."""
         if self.max_sessions == 1:
