@@ -96,7 +96,11 @@ class Harness:
             "--backoff-max-secs", "2", "--drain-timeout", "1",
         ]  # fmt: skip
         process = WorkerProcess(
-            [*base, *args], {**self.env(), **(env or {})}, self.tmp / f"{name}.log", prefix=prefix, python=python
+            [*base, *args],
+            {**self.env(), **(env or {})},
+            self.tmp / f"{name}.log",
+            prefix=prefix,
+            python=python,
         )
         self.workers.append(process)
         return process.start()

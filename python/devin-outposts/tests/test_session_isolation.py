@@ -1,5 +1,5 @@
-"""Confined sessions kept apart from each other, from the worker and from the host (issue 37), end to end: real
-workers (root, and one run as ``nobody``), the simulator's stand-in ``devin-remote``, and a session that runs
+"""Confined sessions kept apart from each other, from the worker and from the host (issue 37), end to end:
+real workers (root, and one run as ``nobody``), the simulator's stand-in ``devin-remote``, and a session that runs
 isolation_probes.py, trying every way out a review tried: direct TCP on IPv4, IPv6 and mapped addresses,
 proxy and CONNECT tricks, UDP, DNS, ICMP, namespace calls, every Unix socket it can find (a neighbour's egress
 proxy above all), a host socket made after it started, the other session's directories and processes, and
@@ -23,13 +23,12 @@ import pwd
 import shutil
 import socket
 import subprocess
-import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -42,6 +41,8 @@ PROBES = Path(__file__).resolve().parent / "isolation_probes.py"
 #: Where these tests keep the workers' directories (outside /tmp, see the module's docstring).
 BASE = Path("/var/lib/devin-outposts-tests")
 NEIGHBOUR_ONLY = "127.0.0.3"
+#: Where the old egress sockets went when a session's directory had a path too long for one.
+TMP = Path("/tmp")  # noqa: S108
 #: Where a ``.pth`` file would run in every later start of the worker's Python.
 SITE_PACKAGES = sysconfig.get_paths()["purelib"]
 
@@ -374,15 +375,15 @@ def test_no_egress_socket_or_directory_exists_anywhere(harness: Harness, base: P
     h = harness
     deep = base / ("d" * 60) / ("e" * 60)
     args = ("--cache-dir", str(deep / "cache"), "--acceptor-id", "vm-egress-test")
-    before = set(Path("/tmp").glob("devin-egress-*"))
+    before = set(TMP.glob("devin-egress-*"))
     worker = h.worker("w1", *args)
     sid = h.sim.admin.enqueue(h.outpost.outpost_id, network_policy=policy_of("127.0.0.1")).session_id
     first = h.connection(sid)
     made = sorted(p for p in deep.rglob("*") if p.is_socket())
-    assert made == [] and set(Path("/tmp").glob("devin-egress-*")) == before, made
+    assert made == [] and set(TMP.glob("devin-egress-*")) == before, made
     worker.kill9()
     h.worker("w2", *args)
     h.wait(lambda: len(h.sim.admin.connections(sid)) > 1, f"{sid} to be taken back")
     assert h.sim.admin.connections(sid)[-1]["connection_id"] != first["connection_id"]
     assert sorted(p for p in deep.rglob("*") if p.is_socket()) == []
-    assert set(Path("/tmp").glob("devin-egress-*")) == before
+    assert set(TMP.glob("devin-egress-*")) == before

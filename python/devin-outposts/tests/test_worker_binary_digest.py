@@ -15,7 +15,6 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
 from fault_fleet import FaultFleet
 from test_worker_malformed import TOKEN, wait_serving, worker_args, worker_env
 
@@ -100,19 +99,15 @@ def test_a_binary_altered_and_not_fetched_again_fails_the_session(tmp_path: Path
     failed += "("
     lines = [line for line in log.splitlines() if failed in line]
     assert len(lines) == 1, log
-    assert lines[0].split(failed, 1)[1].split(" session_id=")[0].endswith(
-        f"), and downloading it again failed: Could not download {dist.url}{BINARY}: HTTP 503"
+    assert (
+        lines[0]
+        .split(failed, 1)[1]
+        .split(" session_id=")[0]
+        .endswith(f"), and downloading it again failed: Could not download {dist.url}{BINARY}: HTTP 503")
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the hook in worker/session.py (SessionServer.launch: self.binaries.reverify(self.binary) "
-    "before a restart), a file this branch may not edit; see docs/worker.md, 'Serving a session'",
-)
-def test_a_binary_altered_while_its_session_runs_is_not_restarted(
-    tmp_path: Path, remote: FakeRemote
-) -> None:
+def test_a_binary_altered_while_its_session_runs_is_not_restarted(tmp_path: Path, remote: FakeRemote) -> None:
     with FaultFleet(TOKEN) as fleet, DistServer("abc1234", remote.script) as dist:
         served = Served(tmp_path, remote, fleet, dist)
         try:

@@ -49,6 +49,7 @@ from devin_outposts.core.sessions import (
     INTERRUPTED,
     LOST,
     SERVED,
+    LaunchError,
     Outcome,
     SessionFleet,
     SessionResult,
@@ -151,6 +152,11 @@ class SessionServer(ClaimedSession):
     async def launch(self, token: str, gateway_url: str) -> RemoteProcess:
         assert self.state_dir is not None
         assert self.binary is not None
+        if self.run is not None:  # a restart: the binary is hashed again before it runs again
+            try:
+                self.binary = await self.binaries.reverify(self.binary)
+            except BinaryError as exc:
+                raise LaunchError(str(exc)) from exc
         env = build_session_env(
             gateway_url=gateway_url,
             connect_token=token,
