@@ -1,6 +1,6 @@
 """Confined sessions kept apart from each other, from the worker and from the host (issue 37), end to end:
-real workers (root, and one run as ``nobody``), the simulator's stand-in ``devin-remote``, and a session that runs
-isolation_probes.py, trying every way out a review tried: direct TCP on IPv4, IPv6 and mapped addresses,
+real workers (root, and one run as ``nobody``), the simulator's stand-in ``devin-remote``, and a session that
+runs isolation_probes.py, trying every way out a review tried: direct TCP on IPv4, IPv6 and mapped addresses,
 proxy and CONNECT tricks, UDP, DNS, ICMP, namespace calls, every Unix socket it can find (a neighbour's egress
 proxy above all), a host socket made after it started, the other session's directories and processes, and
 the worker's own files.
