@@ -9,12 +9,15 @@ and the upstream elsewhere):
   connection. The *bulk* listener sends ``--megabytes`` (100) MB from a 1 MiB buffer as soon as a
   connection is accepted, then closes; the *ping* listener answers the first bytes it receives with
   ``pong\\n`` and closes;
-* the **proxy** (``--role proxy``): one :class:`EgressProxy` on a Unix socket, in its own process with its
-  own event loop, with a policy that allows ``127.0.0.1/32`` only (every connection is checked, peeked and
-  counted as in production; the log level is WARNING, so nothing is logged for an allowed connection);
+* the **proxy** (``--role proxy``): one :class:`EgressProxy` behind its doorway (core/netpolicy/doorway.py),
+  in its own process with its own event loop; it hands the doorway's launcher end to the client once, as
+  the worker hands it to a session's launcher, with a policy that allows ``127.0.0.1/32`` only (every
+  connection is checked, peeked and counted as in production; the log level is WARNING, so nothing is
+  logged for an allowed connection);
 * the **client**: this process, blocking sockets. *Direct*: a TCP connection to the upstream. *Through the
-  proxy*: a connection to the Unix socket, ``CONNECT 127.0.0.1:<port> HTTP/1.1``, the ``200`` read, then
-  the same bytes as direct.
+  proxy*: a pair of Unix stream sockets, one end sent through the doorway (as the shim does for each
+  connection), ``CONNECT 127.0.0.1:<port> HTTP/1.1`` on the other, the ``200`` read, then the same bytes as
+  direct.
 
 Figures:
 
@@ -27,7 +30,7 @@ Figures:
    ``ping\\n`` (through the proxy: connect, CONNECT, the 200, ``ping\\n`` through the peek, ``pong``);
    p50 and p95 per path, and the **added p50** (proxy p50 - direct p50; target <= 2 ms).
 3. **idle memory per session**: a fresh process (``--role idle``) starts ``--idle-proxies`` (100)
-   EgressProxy instances, each on its own socket, and reports its VmRSS growth divided by their number;
+   EgressProxy instances, each behind its own doorway, and reports its VmRSS growth divided by their number;
    then it opens one idle tunnel through each (a client connected to the upstream's ping listener, which
    waits for bytes that never come) and reports the further growth per tunnel.
 
@@ -38,6 +41,7 @@ figures are measurements, not assertions: the exit code is 0 unless the benchmar
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import gc
 import json
@@ -55,6 +59,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from devin_outposts.core.netpolicy.doorway import Opener, connect_blocking
 from devin_outposts.core.netpolicy.policy import Policy
 from devin_outposts.core.netpolicy.proxy import EgressProxy
 
@@ -115,15 +120,21 @@ def run_upstream(megabytes: int) -> int:
 # --- the proxy (its own process) -------------------------------------------------------------------------
 
 
-def run_proxy(socket_path: str) -> int:
+def run_proxy(handover: str) -> int:
+    """One proxy; its doorway's launcher end goes to the benchmark through ``handover`` (a Unix socket the
+    benchmark listens on), as the worker hands it to a session's launcher."""
     logging.basicConfig(level=logging.WARNING)
 
     async def serve() -> None:
-        proxy = EgressProxy(
-            Policy.from_spec(POLICY), session_id="bench", outpost_id="bench", socket_path=socket_path
-        )
-        await proxy.start()
-        print(json.dumps({"listening": socket_path}), flush=True)
+        proxy = EgressProxy(Policy.from_spec(POLICY), session_id="bench", outpost_id="bench")
+        launcher_end = await proxy.start()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(handover)
+            conn.sendmsg(
+                [b"d"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [launcher_end.fileno()]))]
+            )
+        launcher_end.close()
+        print(json.dumps({"listening": "doorway"}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await proxy.close()
         print(json.dumps({"allowed": proxy.allowed, "denied": proxy.denied}), flush=True)
@@ -144,22 +155,20 @@ def rss_kib() -> int:
 
 def run_idle(count: int, ping_port: int) -> int:
     async def measure() -> dict[str, Any]:
-        with tempfile.TemporaryDirectory(prefix="devin-bench-egress-idle-") as tmpdir:
-            warm = EgressProxy(Policy.from_spec(POLICY), session_id="warm", outpost_id="bench",
-                               socket_path=f"{tmpdir}/warm.sock")  # fmt: skip
-            await warm.start()  # the first one loads what every later one shares
-            await tunnel(warm.socket_path, ping_port)
+        if True:  # (proxies behind doorways have no files to clean up)
+            warm = EgressProxy(Policy.from_spec(POLICY), session_id="warm", outpost_id="bench")
+            warm_end = await warm.start()  # the first one loads what every later one shares
+            await tunnel(warm_end, ping_port)
             gc.collect()
             before = rss_kib()
-            proxies = []
+            proxies, ends = [], []
             for index in range(count):
-                proxy = EgressProxy(Policy.from_spec(POLICY), session_id=f"s{index}", outpost_id="bench",
-                                    socket_path=f"{tmpdir}/{index}.sock")  # fmt: skip
-                await proxy.start()
+                proxy = EgressProxy(Policy.from_spec(POLICY), session_id=f"s{index}", outpost_id="bench")
+                ends.append(await proxy.start())
                 proxies.append(proxy)
             gc.collect()
             with_proxies = rss_kib()
-            tunnels = [await tunnel(proxy.socket_path, ping_port) for proxy in proxies]
+            tunnels = [await tunnel(end, ping_port) for end in ends]
             await asyncio.sleep(0.2)  # let every handler reach its idle wait
             gc.collect()
             with_tunnels = rss_kib()
@@ -178,8 +187,8 @@ def run_idle(count: int, ping_port: int) -> int:
     return 0
 
 
-async def tunnel(socket_path: str, port: int) -> asyncio.StreamWriter:
-    reader, writer = await asyncio.open_unix_connection(socket_path)
+async def tunnel(launcher_end: socket.socket, port: int) -> asyncio.StreamWriter:
+    reader, writer = await asyncio.open_unix_connection(sock=await Opener(launcher_end).open())
     writer.write(f"CONNECT {LOOPBACK}:{port} HTTP/1.1\r\n\r\n".encode())
     status = await reader.readuntil(b"\r\n\r\n")
     if not status.startswith(b"HTTP/1.1 200"):
@@ -212,12 +221,26 @@ class Role:
         return json.loads(last) if last else None
 
 
-def open_path(path: str, socket_path: str, port: int) -> socket.socket:
-    """A connected socket to the upstream's ``port``: directly, or through the proxy (CONNECT, 200)."""
+def receive_doorway(handover: socket.socket) -> socket.socket:
+    """The proxy's doorway end, sent by the proxy's process through ``handover``."""
+    conn, dummy_address = handover.accept()
+    with conn:
+        dummy_data, ancillary, dummy_flags, dummy = conn.recvmsg(1, socket.CMSG_SPACE(4))
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:4])
+    if not fds:
+        raise BenchError("the proxy sent no doorway")
+    return socket.socket(fileno=fds[0])
+
+
+def open_path(path: str, doorway: socket.socket, port: int) -> socket.socket:
+    """A connected socket to the upstream's ``port``: directly, or through the proxy (a connection sent
+    through its doorway, as the shim does; CONNECT, 200)."""
     if path == "direct":
         return socket.create_connection((LOOPBACK, port))
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    client.connect(socket_path)
+    client = connect_blocking(doorway)
     client.sendall(f"CONNECT {LOOPBACK}:{port} HTTP/1.1\r\n\r\n".encode())
     head = b""
     while not head.endswith(b"\r\n\r\n"):
@@ -230,10 +253,10 @@ def open_path(path: str, socket_path: str, port: int) -> socket.socket:
     return client
 
 
-def bulk_once(path: str, socket_path: str, port: int, size: int) -> float:
+def bulk_once(path: str, doorway: socket.socket, port: int, size: int) -> float:
     buffer = bytearray(BUFFER)
     started = time.perf_counter()
-    with open_path(path, socket_path, port) as client:
+    with open_path(path, doorway, port) as client:
         received = 0
         while True:
             count = client.recv_into(buffer)
@@ -246,9 +269,9 @@ def bulk_once(path: str, socket_path: str, port: int, size: int) -> float:
     return elapsed
 
 
-def ping_once(path: str, socket_path: str, port: int) -> float:
+def ping_once(path: str, doorway: socket.socket, port: int) -> float:
     started = time.perf_counter()
-    with open_path(path, socket_path, port) as client:
+    with open_path(path, doorway, port) as client:
         client.sendall(b"ping\n")
         if not client.recv(1):
             raise BenchError(f"{path}: no answer to ping")
@@ -262,8 +285,11 @@ def measure(args: argparse.Namespace, say: Out) -> dict[str, Any]:
     upstream = Role("--role", "upstream", "--megabytes", str(args.megabytes))
     try:
         with tempfile.TemporaryDirectory(prefix="devin-bench-egress-") as tmpdir:
-            proxy = Role("--role", "proxy", "--socket", f"{tmpdir}/egress.sock")
-            socket_path = proxy.ready["listening"]
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as handover:
+                handover.bind(f"{tmpdir}/handover.sock")
+                handover.listen(1)
+                proxy = Role("--role", "proxy", "--handover", f"{tmpdir}/handover.sock")
+                doorway = receive_doorway(handover)
             try:
                 bulk, ping = upstream.ready["bulk"], upstream.ready["ping"]
                 say(f"... throughput: {args.megabytes} MB x {args.bulk_runs} per path")
@@ -272,7 +298,7 @@ def measure(args: argparse.Namespace, say: Out) -> dict[str, Any]:
                 for dummy_run in range(args.bulk_runs):
                     for path in ("direct", "proxy"):
                         cpu_before = cpu_seconds_of(proxy.process.pid)
-                        seconds[path].append(bulk_once(path, socket_path, bulk, size))
+                        seconds[path].append(bulk_once(path, doorway, bulk, size))
                         proxy_cpu += cpu_seconds_of(proxy.process.pid) - cpu_before
                 results["throughput"] = {
                     path: {
@@ -287,7 +313,7 @@ def measure(args: argparse.Namespace, say: Out) -> dict[str, Any]:
                 cpu_before = cpu_seconds_of(proxy.process.pid)
                 for dummy_index in range(args.connections):
                     for path in ("direct", "proxy"):
-                        latency[path].append(ping_once(path, socket_path, ping))
+                        latency[path].append(ping_once(path, doorway, ping))
                 cpu_per_connection = (cpu_seconds_of(proxy.process.pid) - cpu_before) / args.connections
                 results["latency"] = {
                     path: {"n": len(values), "p50": percentile(values, 0.5), "p95": percentile(values, 0.95),
@@ -372,7 +398,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, a few seconds")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-' = stdout)")
     parser.add_argument("--role", choices=["upstream", "proxy", "idle"], help=argparse.SUPPRESS)
-    parser.add_argument("--socket", help=argparse.SUPPRESS)
+    parser.add_argument("--handover", help=argparse.SUPPRESS)
     parser.add_argument("--ping-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -385,7 +411,7 @@ def main() -> int:
     if args.role == "upstream":
         return run_upstream(args.megabytes)
     if args.role == "proxy":
-        return run_proxy(args.socket)
+        return run_proxy(args.handover)
     if args.role == "idle":
         return run_idle(args.idle_proxies, args.ping_port)
     say = reporter(args.json)

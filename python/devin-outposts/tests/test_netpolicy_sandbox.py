@@ -274,7 +274,7 @@ def test_an_ip_literal_with_nothing_to_peek_is_asked_for_as_that_literal(
 
 def test_the_gateway_on_the_hosts_loopback_is_reached(confined: tuple[Scenario, dict[str, Any], str]) -> None:
     """The simulator's gateway is on the host's 127.0.0.1; a client that skips the proxy (NO_PROXY names
-    127.0.0.1) still reaches it, through the redirect and the egress socket."""
+    127.0.0.1) still reaches it, through the redirect and the egress proxy."""
     scenario, results, dummy_user = confined
     assert results["gateway_direct"] == "gateway:gateway-hello"
     assert f"CONNECT 127.0.0.1:{scenario.gateway.port} HTTP/1.1" in scenario.proxy.connects()

@@ -22,11 +22,9 @@ The layout, once set up:
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import ipaddress
-import os
 import shutil
 import socket
 import struct
@@ -42,7 +40,7 @@ from .policy import IPAddress, ip_literal
 
 assert sys.platform == "linux"  # network namespaces and nftables are Linux's (mypy skips the rest elsewhere)
 
-#: The explicit proxy (``HTTPS_PROXY``): its bytes go to the egress socket unparsed.
+#: The explicit proxy (``HTTPS_PROXY``): its bytes go to the egress proxy unparsed.
 EXPLICIT_PORT = 3128
 #: Where the nat table redirects every other TCP connection.
 TRANSPARENT_PORT = 3129
@@ -61,23 +59,6 @@ CANARY_V4 = ipaddress.IPv4Address("192.0.2.1")
 CANARY_V6 = ipaddress.IPv6Address("2001:db8::1")
 CANARY_PORT = 9
 RESOLV_CONF = Path("/etc/resolv.conf")
-#: The host's Unix sockets that act for whoever connects, outside this namespace: they resolve names (and so
-#: send DNS queries upstream), or start processes in the host's namespaces. Hidden from the session under an
-#: empty tmpfs (a socket file under /dev/null) in its own mount namespace. Abstract sockets need nothing:
-#: they belong to a network namespace.
-HIDDEN_HOST_PATHS = (
-    "/run/systemd",  # systemd's private socket, resolved's varlink, the journal
-    "/run/dbus",  # the system bus (resolved, systemd: transient units)
-    "/run/user",  # each user's bus and systemd --user (systemd-run --user)
-    "/run/nscd",  # nscd resolves names
-    "/var/run/nscd",
-    "/run/docker.sock",  # container engines start containers in the host's network
-    "/var/run/docker.sock",
-    "/run/podman",
-    "/run/containerd",
-)
-_NS_GET_USERNS = 0xB701
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND = 0x2, 0x4, 0x8, 0x1000
 _SIOCGIFFLAGS = 0x8913
 
 
@@ -184,57 +165,6 @@ def set_up(gateway: Optional[tuple[str, int]], resolv_conf: Path = RESOLV_CONF) 
     _run([nft_tool, "-f", "-"], stdin=ruleset(on_loopback[1] if on_loopback else None))
     listening = tuple(a for a in (*nameservers, *ALWAYS_NAMESERVERS) if a.version == 4 or ipv6)
     return Layout(tuple(dict.fromkeys(listening)), ipv6, on_loopback)
-
-
-def hide_host_services(keep: Iterable[str], hidden: Iterable[str] = HIDDEN_HOST_PATHS) -> list[str]:
-    """Cover :data:`HIDDEN_HOST_PATHS` in this process's mount namespace; the paths covered.
-
-    Refuses (:class:`SetupError`) unless the mount namespace is this user namespace's own (``unshare
-    --mount``): covering a path in the host's would hide it from the host. A path that holds one in ``keep``
-    (the egress socket) stays. The session cannot uncover them: mounts a less privileged namespace inherits
-    are locked to what they cover.
-    """
-    _check_own_mount_namespace()
-    kept = [os.path.realpath(path) for path in keep]
-    covered: list[str] = []
-    for path in dict.fromkeys(os.path.realpath(p) for p in hidden):
-        if not os.path.lexists(path) or any(k == path or k.startswith(path + "/") for k in kept):
-            continue
-        if os.path.isdir(path):
-            _mount(b"tmpfs", path, b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"mode=755,size=16k")
-        else:
-            _mount(os.devnull.encode(), path, None, _MS_BIND, None)
-        covered.append(path)
-    return covered
-
-
-def _check_own_mount_namespace() -> None:
-    """A mount namespace made in this user namespace, which is not the host's (its uid map is not whole)."""
-    whole = False
-    try:
-        whole = Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]
-        with open("/proc/self/ns/mnt", "rb") as mount_ns:
-            owner = fcntl.ioctl(mount_ns.fileno(), _NS_GET_USERNS)
-        try:
-            owned = os.fstat(owner).st_ino == os.stat("/proc/self/ns/user").st_ino
-        finally:
-            os.close(owner)
-    except PermissionError:
-        owned = False  # owned by an ancestor of this user namespace
-    except OSError as exc:
-        raise SetupError(f"cannot tell who owns this mount namespace: {exc}") from exc
-    if whole or not owned:
-        raise SetupError(
-            "refusing to hide the host's sockets in a mount namespace that is not this one's own "
-            "(unshare --mount)"
-        )
-
-
-def _mount(source: bytes, target: str, kind: Optional[bytes], flags: int, data: Optional[bytes]) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(source, target.encode(), kind, flags, data) != 0:
-        error = ctypes.get_errno()
-        raise SetupError(f"cannot cover {target}: {os.strerror(error)}")
 
 
 def check_fresh() -> None:
