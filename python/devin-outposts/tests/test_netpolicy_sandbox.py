@@ -592,6 +592,22 @@ def test_the_launcher_needs_a_mount_namespace_of_its_own(scenario: Scenario) -> 
     assert not (scenario.work / "session-ran").exists()
 
 
+def test_system_paths_are_never_hidden_nor_a_sessions_own(scenario: Scenario) -> None:
+    """A worker whose home is ``/`` would ask to hide ``/``: the session still runs, and sees the system. A
+    worker started in ``/`` without ``--workdir`` would give the session ``/`` to write: refused, and nothing
+    runs."""
+    done = run_confined(
+        launcher_argv(scenario, ["ls", "/usr/bin/env"], spec=scenario.spec(hide=("/", "/usr")))
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "/usr/bin/env"
+    marker = scenario.work / "session-ran"
+    done = run_confined(launcher_argv(scenario, ["touch", str(marker)], spec=scenario.spec(workdir="/")))
+    assert done.returncode == SandboxExit.SETUP_FAILED, done.stderr
+    assert "/ cannot be a session's own directory" in done.stderr
+    assert not marker.exists()
+
+
 def test_a_missing_program_is_reported_and_nothing_runs(scenario: Scenario) -> None:
     done = run_confined(launcher_argv(scenario, ["/nonexistent/devin-remote"]))
     assert done.returncode == SandboxExit.SESSION_NOT_STARTED

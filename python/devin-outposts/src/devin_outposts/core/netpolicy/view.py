@@ -47,6 +47,25 @@ log = logging.getLogger("devin_outposts.sandbox")
 ALWAYS_HIDDEN = ("/run", "/var/run")
 #: Host services whose sockets live outside ``/run`` (hidden by default; frozen parents when missing).
 OUTSIDE_RUN = ("/var/lib/lxd", "/var/snap/lxd", "/var/lib/incus", "/var/lib/kubelet")
+#: Never hidden, never a session's own to write (a home of ``/``, a worker started in ``/`` without
+#: ``--workdir``): the session could not run, or would write the host's system.
+SYSTEM_PATHS = frozenset(
+    (
+        "/",
+        "/usr",
+        "/etc",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/var",
+        "/proc",
+        "/sys",
+        "/dev",
+        "/boot",
+    )
+)
 #: Where the launcher writes the files it binds over the host's (``/etc/hosts``...): inside the ``/run``
 #: cover, so the session can read them and not change them.
 LAUNCHER_FILES = "/run/devin-outposts-session"
@@ -98,10 +117,14 @@ def apply(view: View, session_uid: int, session_gids: Iterable[int]) -> Made:
     check_own_mount_namespace()
     made = Made()
     gids = set(session_gids)
+    for path in view.writable:
+        if os.path.realpath(path) in SYSTEM_PATHS:
+            raise ViewError(f"{path} cannot be a session's own directory (give the worker a --workdir)")
     binds = _binds(view)
     sources = {target: _open_path(source) for target, source, dummy in binds}
     try:
         hidden = [os.path.realpath(p) for p in dict.fromkeys([*ALWAYS_HIDDEN, *OUTSIDE_RUN, *view.hide])]
+        hidden = [p for p in hidden if p not in SYSTEM_PATHS]  # (a home of /: hiding it hides everything)
         missing = [p for p in hidden if not os.path.lexists(p)]
         for parent in _outermost_last({_existing_parent(p) for p in missing} - {"/"}):
             _freeze(parent)
