@@ -9,16 +9,18 @@ Part of the source (``extensions/eda/plugins/event_source/outpost_queue.py``), w
 :class:`Answer`, the few attributes of an aiohttp response the source uses, so this module needs no
 transport. Every reply is data from the network: it is decoded here and nowhere else, and what does not
 decode raises :class:`MalformedReply`, with a detail that quotes nothing of the reply but its shape.
+:func:`within` bounds a read that has no deadline of aiohttp's (an error answer's body on the watch).
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import math
 import time
-from collections.abc import Mapping
-from typing import Any, Callable, Optional, Protocol
+from collections.abc import Awaitable, Mapping
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 #: The largest page size the API accepts (python/contract/cases.yaml pins it).
 MAX_PAGE_SIZE = 200
@@ -34,6 +36,8 @@ READ_SIZE = 1 << 16
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: The longest wait a Retry-After may ask for.
 MAX_RETRY_AFTER = 60.0
+
+T = TypeVar("T")
 
 
 class Body(Protocol):
@@ -114,6 +118,30 @@ async def read_body(body: Body, operation: str, limit: int = MAX_BODY) -> bytes:
         data += chunk
         if len(data) > limit:
             raise MalformedReply(operation, f"the body is larger than {limit} bytes")
+
+
+async def within(step: Awaitable[T], seconds: float, operation: str, what: str) -> T:
+    """``step`` within ``seconds`` in all, else a FleetError saying ``what`` came in time.
+
+    Not ``asyncio.wait_for``: before Python 3.12 it returns the result, and swallows the cancellation, when
+    the source is cancelled just as the step ends, and the source then went on, cancelled but not ending.
+    ``asyncio.wait`` raises the cancellation."""
+    task = asyncio.ensure_future(step)
+    task.add_done_callback(consume)
+    try:
+        done, dummy = await asyncio.wait({task}, timeout=seconds)
+    finally:
+        task.cancel()  # no-op once it ended
+    if not done:
+        raise FleetError(operation, f"{what} within {seconds:g}s")
+    return task.result()
+
+
+def consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a task nobody awaits any more (the source was cancelled meanwhile), so that
+    asyncio does not log "exception was never retrieved"."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def answer_error(
