@@ -41,9 +41,13 @@ options:
     type: path
   timeout:
     description:
-      - Seconds to wait for each HTTP request. Requests that fail with HTTP 429, a 5xx status or a connection
-        error are retried up to three times with exponential backoff and jitter, honouring C(Retry-After)
-        (at most 60 seconds). Creating an outpost is retried only when the server cannot have acted on it.
+      - Seconds each HTTP request may take in all, from connecting to the last byte of the answer, and the
+        longest wait for any one network read within it. A server that answers a byte at a time is given up
+        at this deadline like one that does not answer.
+      - Requests that fail with HTTP 429, a 5xx status, a connection error or this deadline are retried up to
+        three times with exponential backoff and jitter, honouring C(Retry-After) (at most 60 seconds), each
+        attempt with a deadline of its own. Creating an outpost is retried only when the server cannot have
+        acted on it.
       - Proxies come from the usual E(HTTPS_PROXY), E(HTTP_PROXY) and E(NO_PROXY) environment variables.
     type: float
     default: 30

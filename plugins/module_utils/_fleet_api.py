@@ -12,7 +12,10 @@ This is the only code in the collection's plugins that talks HTTP. Modules build
   appended here, a pasted ``.../opbeta/outposts`` suffix is tolerated),
 * the bearer token (never logged, never part of a message: every error text is redacted),
 * TLS (``validate_certs``, ``ca_path``), the ``timeout`` and the proxy from the environment
-  (``HTTPS_PROXY``/``NO_PROXY``, as urllib reads them),
+  (``HTTPS_PROXY``/``NO_PROXY``, as urllib reads them). ``timeout`` bounds each socket operation, as urllib
+  does, and also each request as a whole, from connecting to the last byte of the answer: a server that
+  answers a byte at a time never trips a socket timeout (issue 37, S5), so every request runs in a thread of
+  its own that is given up at the deadline,
 * bounded retries on 429, 5xx and connection errors with the fleet API's one backoff (a random wait between
   half and all of ``min(backoff_max, backoff_base * 2**attempt)``), honouring ``Retry-After``; creating an
   outpost is not replayed after the server may have acted on it,
@@ -40,6 +43,7 @@ import random
 import re
 import socket
 import ssl
+import threading
 import time
 from http.client import HTTPException
 from urllib.error import HTTPError, URLError
@@ -232,6 +236,42 @@ def _tls_detail(api_url, reason):
         return ("no TLS handshake with {0} ({1}): the server did not speak TLS; is api_url https:// where the "
                 "server speaks http://, or is the port wrong?".format(api_url, text))
     return "TLS error talking to {0}: {1}".format(api_url, text)
+
+
+class _Deadline(Exception):
+    """A request did not end within its total deadline (its thread is left to finish on its own)."""
+
+
+class _ErrorAnswer(Exception):
+    """An HTTP error answer and its body, read in the request's thread (an error body can drip too)."""
+
+    def __init__(self, error, body):
+        super(_ErrorAnswer, self).__init__(to_native(error))
+        self.error = error
+        self.body = body
+
+
+def _within(seconds, exchange):
+    """``exchange()`` run in a daemon thread: its result, or its exception raised here, or :class:`_Deadline`
+    once ``seconds`` have passed. A thread cannot be stopped: one past its deadline is left blocked on its
+    socket, which urllib's own ``timeout`` or the end of the process (a module, a lookup's worker) ends."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = exchange()
+        except BaseException as exc:  # pylint: disable=broad-except
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="devin.outposts fleet request")
+    thread.daemon = True
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise _Deadline()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _status_of(response):
@@ -433,6 +473,24 @@ class FleetClient:
             use_netrc=False,  # a ~/.netrc entry would otherwise replace our Authorization header
         )
 
+    def _exchange(self, method, url, data, headers):
+        """One request and its whole answer, within ``timeout`` in all: ``(response, body)``, the body None when
+        it is over ``MAX_BODY_BYTES``; an HTTP error answer raises :class:`_ErrorAnswer` with its body (at most
+        ``MAX_ERROR_BODY_BYTES``), and a request past its deadline :class:`_Deadline`."""
+
+        def exchange():
+            try:
+                response = self._open(method, url, data, headers)
+                return response, _read_capped(response, MAX_BODY_BYTES)
+            except HTTPError as exc:
+                try:
+                    body = _read_capped(exc, MAX_ERROR_BODY_BYTES) or b""
+                except Exception:  # pylint: disable=broad-except
+                    body = b""
+                raise _ErrorAnswer(exc, body)
+
+        return _within(self.timeout, exchange)
+
     def request(self, method, path, operation, query=None, body=None, replay_safe=True, allow_empty=False):
         """Send one request with bounded retries; return the decoded JSON body.
 
@@ -449,14 +507,10 @@ class FleetClient:
         while True:
             delay = None
             try:
-                response = self._open(method, url, data, self._headers(data is not None))
-                raw = _read_capped(response, MAX_BODY_BYTES)
-            except HTTPError as exc:
+                response, raw = self._exchange(method, url, data, self._headers(data is not None))
+            except _ErrorAnswer as answer:
+                exc, raw_error = answer.error, answer.body
                 status = exc.code
-                try:
-                    raw_error = _read_capped(exc, MAX_ERROR_BODY_BYTES) or b""
-                except Exception:  # pylint: disable=broad-except
-                    raw_error = b""
                 if 300 <= status < 400:
                     location = exc.headers.get("Location") if exc.headers else None
                     raise self._error(operation, "redirected to {0}; set api_url to the API's base URL".format(
@@ -474,6 +528,10 @@ class FleetClient:
                     raise self._error(operation, "cannot reach {0}: {1}".format(self.api_url, reason))
             except (SSLValidationError, ssl.SSLError, ssl.CertificateError) as exc:
                 raise self._error(operation, _tls_detail(self.api_url, exc))
+            except _Deadline:
+                if attempt >= self.retries or not replay_safe:  # it was sent: the server may have acted
+                    raise self._error(operation, "no complete answer from {0} within {1:g}s".format(
+                        self.api_url, self.timeout))
             except (socket.timeout, UrlsConnectionError, HTTPException, ConnectionError) as exc:
                 if attempt >= self.retries or not (replay_safe or _unsent(exc)):
                     raise self._error(operation, "cannot reach {0}: {1}: {2}".format(

@@ -14,16 +14,18 @@ A compressed body is capped before it is decompressed (issue 37, S6): the source
 decompression off (before aiohttp 3.13.3, which ansible-rulebook still accepts, it inflated each network read
 whole) and :func:`read_body` reads the raw bytes through the worker's decoder (``_fleet_inflate.py``), which
 the source passes in: both the bytes read and the bytes they decode to count against the cap.
+:func:`within` bounds a read that has no deadline of aiohttp's (an error answer's body on the watch).
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Optional, Protocol
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 #: The largest page size the API accepts (python/contract/cases.yaml pins it).
 MAX_PAGE_SIZE = 200
@@ -39,6 +41,8 @@ READ_SIZE = 1 << 16
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: The longest wait a Retry-After may ask for.
 MAX_RETRY_AFTER = 60.0
+
+T = TypeVar("T")
 
 
 class Body(Protocol):
@@ -144,6 +148,30 @@ async def read_body(answer: Answer, operation: str, decoding: Decoding, limit: i
                 return bytes(data)
     except ValueError as exc:  # the decoder's UndecodableBody: a coding it refuses, corrupt data
         raise MalformedReply(operation, str(exc)) from None
+
+
+async def within(step: Awaitable[T], seconds: float, operation: str, what: str) -> T:
+    """``step`` within ``seconds`` in all, else a FleetError saying ``what`` came in time.
+
+    Not ``asyncio.wait_for``: before Python 3.12 it returns the result, and swallows the cancellation, when
+    the source is cancelled just as the step ends, and the source then went on, cancelled but not ending.
+    ``asyncio.wait`` raises the cancellation."""
+    task = asyncio.ensure_future(step)
+    task.add_done_callback(consume)
+    try:
+        done, dummy = await asyncio.wait({task}, timeout=seconds)
+    finally:
+        task.cancel()  # no-op once it ended
+    if not done:
+        raise FleetError(operation, f"{what} within {seconds:g}s")
+    return task.result()
+
+
+def consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a task nobody awaits any more (the source was cancelled meanwhile), so that
+    asyncio does not log "exception was never retrieved"."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def answer_error(

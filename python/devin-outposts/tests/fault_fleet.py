@@ -7,11 +7,14 @@ so that a real ``devin-outposts worker start`` process can be pointed at it. It 
 * ``faults["recovery"]``: the next replies to the restart-recovery list (``phase=claimed&acceptor_id=...``);
 * ``faults["list"]``: the next replies to the feed's full list;
 * ``faults["claim"]``: the next replies to a claim (a renewal counts);
+* ``faults["release"]``: the next replies to a release (the claim is then left as it was);
+* ``faults["get"]``: the next replies to a read of one session;
 * ``watch``: how a watch request is answered (:meth:`FaultFleet.flood` streams a hostile body).
 
 A fault is ``(status, body bytes)``, or ``(status, body bytes, headers)`` to add headers to the answer (a
-``Content-Encoding``). Every request is recorded in ``requests`` (method, path, query and the
-bearer token seen), so tests assert on what reached the server.
+``Content-Encoding``), or a :class:`Drip`: a ``200`` that promises a long body and sends it a byte at a time,
+slowly (issue 37, S5); :attr:`FaultFleet.drips` records each. Every request is recorded in ``requests``
+(method, path, query and the bearer token seen), so tests assert on what reached the server.
 """
 
 from __future__ import annotations
@@ -19,12 +22,26 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
 OUTPOST_ID = "outpost_env-fault"
-Fault = Union[tuple[int, bytes], tuple[int, bytes, dict[str, str]]]
+
+
+@dataclass(frozen=True)
+class Drip:
+    """An answer that never ends in time: ``200`` with ``Content-Length: length``, then one byte every
+    ``every`` seconds, until the client goes away or the server stops."""
+
+    every: float = 10.0
+    length: int = 100_000
+    #: Where it was answered (set by the server).
+    place: str = ""
+
+
+Fault = Union[tuple[int, bytes], tuple[int, bytes, dict[str, str]], Drip]
 
 
 class FaultFleet:
@@ -36,9 +53,13 @@ class FaultFleet:
         self.lock = threading.Lock()
         #: session id -> {"holder": acceptor or None, "status": session_status, "created": n}
         self.sessions: dict[str, dict[str, Any]] = {}
-        self.faults: dict[str, list[Fault]] = {"recovery": [], "list": [], "claim": []}
+        places = ("recovery", "list", "claim", "release", "get")
+        self.faults: dict[str, list[Fault]] = {place: [] for place in places}
         #: Faults served so far, by place.
-        self.served: dict[str, int] = {"recovery": 0, "list": 0, "claim": 0}
+        self.served: dict[str, int] = dict.fromkeys(places, 0)
+        #: Per :class:`Drip` answered: its place, the bytes sent so far and whether the client went away.
+        self.drips: list[dict[str, Any]] = []
+        self._stopping = threading.Event()
         self.requests: list[dict[str, Any]] = []
         #: Called with the handler for each watch request (None: keepalives until the client goes).
         self.watch: Optional[Callable[[BaseHTTPRequestHandler], None]] = None
@@ -90,6 +111,30 @@ class FaultFleet:
 
         return answer
 
+    def dripping(self, place: str) -> list[dict[str, Any]]:
+        """The drips answered at ``place`` that have sent a byte at least (the client is reading them)."""
+        with self.lock:
+            return [dict(d) for d in self.drips if d["place"] == place and d["sent"] > 0]
+
+    def _drip(self, handler: BaseHTTPRequestHandler, drip: Drip) -> None:
+        record: dict[str, Any] = {"place": drip.place, "sent": 0, "client_left": False}
+        with self.lock:
+            self.drips.append(record)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(drip.length))
+        handler.end_headers()
+        try:
+            while record["sent"] < drip.length and not self._stopping.is_set():
+                handler.wfile.write(b" ")
+                handler.wfile.flush()
+                with self.lock:
+                    record["sent"] += 1
+                self._stopping.wait(drip.every)
+        except OSError:
+            with self.lock:
+                record["client_left"] = True
+
     # --- the wire ---------------------------------------------------------------------------------------
 
     def entry(self, sid: str, **status: Any) -> dict[str, Any]:
@@ -112,7 +157,8 @@ class FaultFleet:
             if not self.faults[place]:
                 return None
             self.served[place] += 1
-            return self.faults[place].pop(0)
+            fault = self.faults[place].pop(0)
+        return replace(fault, place=place) if isinstance(fault, Drip) else fault
 
     def _answer(self, method: str, path: str, query: dict[str, str], body: bytes) -> Fault:
         if path == "/opbeta/outposts/outposts" and method == "GET":
@@ -143,8 +189,8 @@ class FaultFleet:
                 holder = self.sessions[sid]["holder"]
                 if holder not in (None, acceptor):
                     return 409, b'{"detail": "Session is already claimed"}'
-                if fault is not None and fault[0] != 200:
-                    return fault  # a refused claim: nothing changes
+                if isinstance(fault, Drip) or (fault is not None and fault[0] != 200):
+                    return fault  # a refused claim (or one never answered): nothing changes
                 self.sessions[sid]["holder"] = acceptor
                 self.tokens += 1
                 answer = self.entry(
@@ -152,10 +198,16 @@ class FaultFleet:
                 )
             return fault if fault is not None else (200, json.dumps(answer).encode())
         if action == "release" and method == "POST":
+            fault = self._fault("release")
+            if fault is not None:
+                return fault
             with self.lock:
                 self.sessions[sid]["holder"] = None
                 return 200, json.dumps(self.entry(sid)).encode()
         if action == "" and method == "GET":
+            fault = self._fault("get")
+            if fault is not None:
+                return fault
             with self.lock:
                 return 200, json.dumps(self.entry(sid)).encode()
         return 404, b'{"detail": "Not Found"}'
@@ -184,7 +236,12 @@ class FaultFleet:
                     (fleet.watch or keepalives)(self)
                     self.close_connection = True
                     return
-                status, payload, *headers = fleet._answer(method, path, query, body)
+                answer = fleet._answer(method, path, query, body)
+                if isinstance(answer, Drip):
+                    fleet._drip(self, answer)
+                    self.close_connection = True
+                    return
+                status, payload, *headers = answer
                 self._send(status, payload, *headers)
 
             def _send(self, status: int, payload: bytes, headers: Optional[dict[str, str]] = None) -> None:
@@ -212,6 +269,7 @@ class FaultFleet:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)

@@ -15,7 +15,6 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from devin_outposts.api import client as client_module
 from devin_outposts.api.client import FleetClient, normalize_api_url
 from devin_outposts.api.errors import (
     FleetAuthError,
@@ -277,7 +276,7 @@ def test_retries_5xx_and_429_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> N
     async def fake_sleep(delay: float) -> None:
         sleeps.append(delay)
 
-    monkeypatch.setattr(client_module.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
     rec = Recorder(
         [
             httpx.Response(503, json={"detail": "down"}),
@@ -300,7 +299,7 @@ def test_retries_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     async def fake_sleep(delay: float) -> None:
         return None
 
-    monkeypatch.setattr(client_module.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
     rec = Recorder([httpx.Response(500, json={"detail": "boom"})] * 3)
 
     async def go() -> None:
@@ -316,7 +315,7 @@ def test_create_is_not_replayed_after_a_server_error(monkeypatch: pytest.MonkeyP
     async def fake_sleep(delay: float) -> None:
         return None
 
-    monkeypatch.setattr(client_module.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
     rec = Recorder([httpx.Response(502, json={"detail": "bad gateway"})])
 
     async def go() -> None:
@@ -332,7 +331,7 @@ def test_connection_error_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     async def fake_sleep(delay: float) -> None:
         return None
 
-    monkeypatch.setattr(client_module.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
 
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)

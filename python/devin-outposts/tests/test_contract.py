@@ -134,7 +134,7 @@ def run_case(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Outcome:
         sleeps.append(seconds)
         await real_sleep(0)
 
-    monkeypatch.setattr(client_module.asyncio, "sleep", record)
+    monkeypatch.setattr(asyncio, "sleep", record)
 
     async def main() -> tuple[Any, Optional[dict[str, Any]]]:
         client = FleetClient(API, "cog_contract_token", transport=httpx.MockTransport(server.handle))

@@ -57,6 +57,7 @@ description:
   - Before that, a list request that met a connection error, HTTP 429 or 5xx is sent again up to three times,
     after a random wait between half and all of 0.5, 1 and 2 seconds, or after what the answer's
     C(Retry-After) asks (at most 60 seconds), as the collection's modules and the worker do.
+  - Cancelled (ansible-rulebook stopping), it returns at once, whatever request is in flight.
   - A token the API refuses (HTTP 401 or 403) stops the source with an error, since retrying cannot fix it.
     So does a redirect (HTTP 3xx), which is never followed (the token would go wherever it points); it means
     that O(api_url) is not the API's base URL.
@@ -93,8 +94,11 @@ options:
     type: path
   timeout:
     description:
-      - Seconds for each list request and for connecting a watch. A watch stream that stays silent (no event,
-        no keepalive) for four times this long is reconnected.
+      - Seconds each list request may take in all, from connecting to the last byte of the answer, and the
+        longest wait for the head of a watch's answer. An answer that drips a byte at a time is given up at
+        this deadline like one that does not come.
+      - A watch stream, meant to stay open, has no total deadline but an idle one. When it brings no event and
+        no keepalive for four times this long, however many bytes come meanwhile, it is reconnected.
     type: float
     default: 30
   outpost:
@@ -322,8 +326,10 @@ class QueueSource:
                 if response.status >= 300:
                     raise await self._answer_error(operation, response)
                 return await _replies.read_body(response, operation, BodyDecoder)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except aiohttp.ClientError as exc:
             raise FleetError(operation, self._redact(f"{type(exc).__name__}: {exc}")) from None
+        except asyncio.TimeoutError:  # the request's total deadline: an answer too slow, maybe dripping
+            raise FleetError(operation, f"no complete answer within {self.options.timeout:g}s") from None
 
     def _usable(
         self, items: list[Any], operation: str, check: Callable[[Any], Optional[str]], nouns: tuple[str, str]
@@ -405,14 +411,42 @@ class QueueSource:
                 return listing.rows, listing.cursor
 
     async def watch(self) -> None:
-        """One watch stream from the cursor, its events handled as they come, until the server ends it."""
-        assert self.http is not None
+        """One watch stream from the cursor, its events handled as they come, until the server ends it.
+
+        The stream has no total deadline, as it is meant to stay open, but an idle one: no event and no
+        keepalive for 4 x ``timeout`` fails it, however many bytes came meanwhile (a stream that drips a byte
+        at a time never completes a line). Its head, and an error answer's body, get ``timeout`` in all, as a
+        list does. The stream is read in a task of its own, the head awaited beside it (:meth:`_stream`)."""
         operation = f"watch sessions{f' on outpost {self.outpost_id}' if self.outpost_id else ''}"
+        head = asyncio.Event()
+        stream = asyncio.ensure_future(self._stream(operation, head))
+        stream.add_done_callback(_replies.consume)
+        try:
+            arrived = asyncio.ensure_future(head.wait())
+            try:
+                done, dummy = await asyncio.wait(
+                    {stream, arrived}, timeout=self.options.timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                arrived.cancel()
+            if not done:
+                raise FleetError(operation, f"no answer within {self.options.timeout:g}s")
+            await asyncio.wait({stream})
+        finally:
+            stream.cancel()  # it ended, or the head came too late, or the source is being cancelled
+        stream.result()
+
+    async def _stream(self, operation: str, head: asyncio.Event) -> None:
+        """The request of :meth:`watch`, in one task from the request to the end of the stream: the events a
+        server sends just before it breaks the connection are read before the break is (aiohttp raises a
+        broken connection's error before the data it buffered, so nothing may come between the head and the
+        first read). ``head`` is set once the answer's head arrived."""
+        assert self.http is not None
         query = _stream.watch_params(self.outpost_id, self.listwatch.cursor)
         headers = dict(self._headers(), Accept=_stream.EVENT_STREAM)
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=self.options.timeout, sock_read=4 * self.options.timeout
-        )
+        limit, idle = self.options.timeout, 4 * self.options.timeout
+        timeout = aiohttp.ClientTimeout(total=None, connect=limit, sock_read=idle)
+        loop = asyncio.get_running_loop()
         try:
             async with self.http.get(
                 self.options.api_url + QUEUE_PATH,
@@ -422,17 +456,23 @@ class QueueSource:
                 timeout=timeout,
                 allow_redirects=False,
             ) as response:
+                head.set()
                 if response.status >= 300:
-                    raise await self._answer_error(operation, response)
-                reader = EventStreamReader()
+                    error = self._answer_error(operation, response)
+                    raise await _replies.within(error, limit, operation, "no complete error answer")
+                reader, comments, last = EventStreamReader(), 0, loop.time()
                 decoder = BodyDecoder(response.headers.get("Content-Encoding"))
                 while True:
                     chunk = await response.content.read(_replies.READ_SIZE)
                     if not chunk:
                         return  # an event the stream ended inside is dropped: the reconnect replays it
-                    for piece in decoder.feed(chunk):
-                        for event in reader.feed(piece):
-                            await self.handle(*_replies.decode_event(event.data, operation))
+                    events = [event for piece in decoder.feed(chunk) for event in reader.feed(piece)]
+                    if not events and reader.comments == comments and loop.time() - last > idle:
+                        raise FleetError(operation, f"no event and no keepalive for {idle:g}s")
+                    for event in events:
+                        await self.handle(*_replies.decode_event(event.data, operation))
+                    if events or reader.comments != comments:
+                        comments, last = reader.comments, loop.time()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise FleetError(operation, self._redact(f"{type(exc).__name__}: {exc}")) from None
         except (EventStreamTooLarge, _inflate.UndecodableBody) as exc:

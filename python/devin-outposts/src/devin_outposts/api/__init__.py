@@ -9,6 +9,8 @@ errors. It imports nothing else of ours: the worker, the simulator and the comma
 * :mod:`.limits`: the size limits every reply is read within;
 * :mod:`.inflate`: the one decoder of a reply's ``Content-Encoding``, a piece at a time, so that a compressed
   reply is capped before it is decompressed;
+* :mod:`.deadlines`: the total deadline of each request, the watch's idle deadline, and the cut a stopping
+  program puts on every request;
 * :mod:`.stream`: the one reader of the watch stream (SSE framing, its caps, keepalives, where to resume),
   bytes in and events out; the simulator's pytest plugin and the event source read streams with it too;
 * :mod:`.backoff`: the one backoff (a random wait between half and all of ``min(cap, base * 2**n)``);

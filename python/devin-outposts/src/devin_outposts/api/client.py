@@ -1,6 +1,7 @@
 """Async client for the Outposts fleet API (contract section 3) and the organization default platform (6).
 
-One :class:`FleetClient` owns the connection: base URL, bearer token, timeouts, TLS verification, the CA
+One :class:`FleetClient` owns the connection: base URL, bearer token, timeouts (each request has a total
+deadline beside its per-read timeout, and the watch an idle one: :mod:`.deadlines`), TLS verification, the CA
 bundle and proxies (both from the environment, as httpx reads ``SSL_CERT_FILE``, ``HTTPS_PROXY`` and
 ``NO_PROXY``), bounded retries on 429/5xx and connection errors (waiting the one backoff of
 :mod:`.backoff`), both pagination envelopes, the SSE watch (read by :mod:`.stream`, the one reader of the
@@ -18,7 +19,6 @@ Usage::
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import sys
@@ -34,10 +34,12 @@ import httpx
 
 from devin_outposts import __version__
 from devin_outposts.api.backoff import backoff_delay
+from devin_outposts.api.deadlines import DeadlinePassed, Deadlines, Idle
 from devin_outposts.api.decode import UndecodableReply, decode
 from devin_outposts.api.errors import (
     FleetConflict,
     FleetConnectionError,
+    FleetCutShort,
     FleetError,
     FleetNotFound,
     FleetProtocolError,
@@ -84,7 +86,12 @@ OUTPOSTS_PATH = "/opbeta/outposts/outposts"
 
 
 class FleetClient:
-    """Async client for one account's fleet API. Use as an async context manager or call :meth:`aclose`."""
+    """Async client for one account's fleet API. Use as an async context manager or call :meth:`aclose`.
+
+    ``timeout`` limits each read and write (``connect_timeout`` the connection); ``deadline`` one request as a
+    whole, from its connection to the last byte of its answer (each retry has its own); the watch has no
+    total deadline but ``watch_idle_timeout``: no event and no keepalive for that long fails it.
+    """
 
     def __init__(
         self,
@@ -93,6 +100,7 @@ class FleetClient:
         *,
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        deadline: float = 30.0,
         watch_idle_timeout: float = 60.0,
         verify: VerifyType = True,
         retries: int = 3,
@@ -106,6 +114,8 @@ class FleetClient:
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
         self._watch_timeout = httpx.Timeout(timeout, connect=connect_timeout, read=watch_idle_timeout)
+        self._watch_idle = watch_idle_timeout
+        self._deadlines = Deadlines(deadline)
         headers = {"User-Agent": f"devin-outposts/{__version__}", "Accept": "application/json"}
         headers["Accept-Encoding"] = ACCEPT_ENCODING  # what limits.py decodes, within its caps
         if token:
@@ -130,6 +140,12 @@ class FleetClient:
 
     def __repr__(self) -> str:  # never show the token
         return f"FleetClient(api_url={self.api_url!r}, token={'set' if self._token else 'unset'})"
+
+    def cut_requests(self, within: float) -> None:
+        """Every request in flight, and every one made from now on, ends within ``within`` seconds (what a
+        second signal gives the releases still to make); one past that moment fails with
+        :class:`FleetCutShort` and is not retried. The watch is not cut: a stopping program closes it."""
+        self._deadlines.cut(within)
 
     # --- transport --------------------------------------------------------------------------------
 
@@ -158,7 +174,16 @@ class FleetClient:
         attempt = 0
         while True:
             try:
-                response = await self._send(method, path, operation, params=clean_params, body=body)
+                response = await self._deadlines.run(
+                    self._send(method, path, operation, params=clean_params, body=body)
+                )
+            except DeadlinePassed as exc:
+                if exc.cut:
+                    raise FleetCutShort(operation, str(exc)) from None
+                if attempt >= self._retries or not replay_safe:  # it was sent: the server may have acted
+                    raise FleetConnectionError(operation, str(exc)) from None
+                delay = self._backoff(attempt)
+                log.debug("retrying %s after %s (%.2fs)", operation, exc, delay)
             except httpx.TransportError as exc:
                 unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
                 if attempt >= self._retries or not (replay_safe or unsent):
@@ -187,7 +212,7 @@ class FleetClient:
                 delay = self._backoff(attempt) if after is None else after
                 log.debug("retrying %s after HTTP %s (%.2fs)", operation, response.status_code, delay)
             attempt += 1
-            await asyncio.sleep(delay)
+            await self._deadlines.pause(delay)
 
     async def _send(
         self,
@@ -198,7 +223,8 @@ class FleetClient:
         params: Mapping[str, Any],
         body: Optional[Mapping[str, Any]],
     ) -> Reply:
-        """One request; the reply read within the size limit (a larger one is a protocol error)."""
+        """One request; the reply read within the size limit (a larger one is a protocol error). Run by
+        :meth:`_request` within the request's deadline."""
         request = self._http.build_request(method, path, params=params, json=body)
         response = await self._http.send(request, stream=True)
         try:
@@ -276,20 +302,36 @@ class FleetClient:
         operation = f"watch sessions{f' on outpost {outpost}' if outpost else ''}"
         headers = {"Accept": EVENT_STREAM}
         try:
-            params = watch_params(outpost, cursor)
-            async with self._http.stream(
-                "GET", QUEUE_PATH, params=params, headers=headers, timeout=self._watch_timeout
-            ) as response:
+            request = self._http.build_request(
+                "GET",
+                QUEUE_PATH,
+                params=watch_params(outpost, cursor),
+                headers=headers,
+                timeout=self._watch_timeout,
+            )
+            # Its answer's head, and an error's body, within the deadline of any request; then the stream.
+            response = await self._deadlines.run(self._http.send(request, stream=True))
+            try:
                 if response.status_code >= 400:
-                    content = await read_capped(response, MAX_BODY_BYTES)
+                    content = await self._deadlines.run(read_capped(response, MAX_BODY_BYTES))
                     reply = Reply(response.status_code, response.headers, content, response.reason_phrase)
                     raise error_for_status(response.status_code)(
                         operation, reply_detail(reply), response.status_code
                     )
-                reader = EventStreamReader()
+                reader, idle, received = EventStreamReader(), Idle(self._watch_idle), 0
                 async for chunk in decoded_chunks(response):
-                    for event in reader.feed(chunk):
+                    events = reader.feed(chunk)
+                    received += len(events)
+                    idle.progress(received + reader.comments)
+                    if idle.expired:
+                        why = f"watch stream: no event and no keepalive for {idle.seconds:g}s"
+                        raise FleetConnectionError(operation, why)
+                    for event in events:
                         yield self._parse_event(event.data, operation)
+            finally:
+                await response.aclose()
+        except DeadlinePassed as exc:
+            raise FleetConnectionError(operation, str(exc)) from None
         except httpx.TransportError as exc:
             raise FleetConnectionError(operation, f"{type(exc).__name__}: {exc}") from exc
         except (ResponseTooLarge, UndecodableBody) as exc:

@@ -25,6 +25,11 @@ class FleetConnectionError(FleetError):
     """The API could not be reached (DNS, TCP, TLS, timeout)."""
 
 
+class FleetCutShort(FleetConnectionError):
+    """A request cut at the deadline a stopping program gave every request (``FleetClient.cut_requests``,
+    after a second signal): no further attempt is made."""
+
+
 class FleetAuthError(FleetError):
     """401 (unknown or missing token) or 403 (token lacks the scope). Retrying does not help."""
 

@@ -24,6 +24,10 @@ never reaches into its owner, and the host never into the loop):
    (:meth:`SessionHost.claim_pause`: the orchestrator's driver keeps failing to start workers); the
    worker never does.
 
+A drain (the first signal) cancels what the loop is waiting for from the API: the outpost, the list of
+held sessions, a claim (:meth:`~devin_outposts.core.pool.SessionPool.unless_draining`; a claim cancelled so
+may have been made, and is given back at once), so the drain starts however slowly the API answers.
+
 It uses the pool's public methods only, the fleet client and the host.
 """
 
@@ -198,7 +202,7 @@ class ClaimLoop:
         """Serve the outpost until drained. Returns False when stopped before anything was claimed."""
         try:
             outpost = await retry_transient(
-                lambda: resolve_outpost(self.client, self.config.outpost),
+                lambda: self.pool.unless_draining(resolve_outpost(self.client, self.config.outpost)),
                 backoff=Backoff(cap=self.config.backoff_max),
                 pause=self.pool.pause,
             )
@@ -298,7 +302,12 @@ class ClaimLoop:
 
     async def _take_back(self, outpost_id: str, keep_over_cap: KeepOverCap) -> None:
         client, me, pool = self.client, self.acceptor_id, self.pool
-        held = (await client.list_all_devins(outpost=outpost_id, phase=Phase.CLAIMED, acceptor_id=me))[0]
+        listing = client.list_all_devins(outpost=outpost_id, phase=Phase.CLAIMED, acceptor_id=me)
+        try:
+            held = (await pool.unless_draining(listing))[0]
+        except Stopped:  # a signal: what was held stays held, for the next start (or until it expires)
+            log.info("stopped before the sessions held from before the restart were listed")
+            return
         for entry in oldest_first(e for e in held if e.status.acceptor_id in (None, me)):
             sid = entry.session_id
             if sid in pool.held:
@@ -318,7 +327,10 @@ class ClaimLoop:
                 continue
             try:
                 with pool.reserving():  # its place under a cap shared with other pools
-                    claim = await client.claim(sid, me)  # a renewal: fresh connect token
+                    claim = await pool.unless_draining(client.claim(sid, me))  # a renewal: fresh token
+            except Stopped:  # a signal came during the renewal: released, as the others are now
+                await release_claim(client, sid, me, {"session_id": sid})
+                continue
             except (FleetConflict, FleetNotFound) as exc:
                 log.info("could not take back session %s: %s", sid, exc, extra={"session_id": sid})
                 continue
@@ -434,7 +446,10 @@ class ClaimLoop:
                 continue
             try:
                 with pool.reserving():  # its place under a cap shared with other pools
-                    claim = await self.client.claim(sid, self.acceptor_id)
+                    claim = await pool.unless_draining(self.client.claim(sid, self.acceptor_id))
+            except Stopped:  # a signal came while the claim was in flight: it may have been made
+                await self.give_back(sid, "draining")
+                return ClaimOutcome.IDLE
             except FleetConflict:
                 self.metrics.inc("claim_conflicts")
                 log.debug(

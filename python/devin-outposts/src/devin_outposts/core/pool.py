@@ -21,20 +21,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from devin_outposts.api.errors import FleetAuthError
 from devin_outposts.api.models import QueueEntry
 from devin_outposts.core.metrics import Metrics
+from devin_outposts.core.retrying import Stopped
 from devin_outposts.core.serving import ClaimedSession
 from devin_outposts.core.sessions import FAILED, LOST, SERVED, SessionResult
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Grace between SIGTERM and SIGKILL for a remote stopped by a second signal.
 HARD_STOP_GRACE = 0.5
+
+
+def requests_after_stop(stop_grace: float) -> float:
+    """Seconds a second signal leaves every request to the fleet API still to end, the releases included
+    (``FleetClient.cut_requests``): half the stop grace, at least 1 s (a release is still worth a try) and
+    at most 5 s, so that the program ends within its stop grace (docs/worker.md, "Signals and shutdown")."""
+    return max(1.0, min(5.0, stop_grace / 2))
 
 
 @dataclass
@@ -93,6 +103,7 @@ class SessionPool:
         # Made on first use, on the running loop: on Python 3.9 an Event binds to the loop current
         # when it is created.
         self._event: Optional[asyncio.Event] = None
+        self._drain_event: Optional[asyncio.Event] = None
 
     # --- the wake-up event -------------------------------------------------------------------------
 
@@ -120,6 +131,39 @@ class SessionPool:
         while not self.draining and loop.time() < deadline:
             await self.wait(deadline - loop.time())
         return not self.draining
+
+    @property
+    def _drained(self) -> asyncio.Event:
+        """Set when the drain starts (for :meth:`unless_draining`; :meth:`wait` clears the wake-up event)."""
+        if self._drain_event is None:
+            self._drain_event = asyncio.Event()
+            if self.draining:
+                self._drain_event.set()
+        return self._drain_event
+
+    async def unless_draining(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work`` (an API call made to claim: the outpost, the list of held sessions, a claim), cancelled
+        when a drain starts, which then raises :class:`~devin_outposts.core.retrying.Stopped`: a first signal
+        starts the drain at once, however long the API takes to answer. A claim cancelled so may have been
+        made: the caller gives it back."""
+        if self.draining:
+            work.close()
+            raise Stopped("a drain started")
+        task = asyncio.ensure_future(work)
+        drained = asyncio.ensure_future(self._drained.wait())
+        try:
+            await asyncio.wait({task, drained}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            drained.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task  # its connection closed before the caller goes on
+            raise Stopped("a drain started")
+        return task.result()
 
     def is_draining(self) -> bool:
         """The same as :attr:`draining`; a method, so that type checkers do not assume a loop's test of
@@ -218,6 +262,8 @@ class SessionPool:
         if not self.draining:
             self.draining = True
             self.metrics.set("draining", 1)
+        if self._drain_event is not None:
+            self._drain_event.set()
         self.wake()
 
     def stop_now(self) -> None:

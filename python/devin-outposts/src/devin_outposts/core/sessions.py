@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
-from devin_outposts.api.errors import FleetAuthError, FleetError
+from devin_outposts.api.errors import FleetAuthError, FleetCutShort, FleetError
 from devin_outposts.api.models import QueueEntry, SessionStatus
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,9 @@ async def release_claim(
         except FleetAuthError as exc:
             log.error("%s", exc, extra=extra)
             return False
+        except FleetCutShort as exc:  # past what a second signal left the requests: no further attempt
+            log.warning("%s", exc, extra=extra)
+            break
         except FleetError as exc:
             log.warning("%s (attempt %d of %d)", exc, attempt + 1, attempts, extra=extra)
             if attempt + 1 < attempts:

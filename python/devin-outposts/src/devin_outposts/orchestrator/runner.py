@@ -22,8 +22,10 @@
 6. every ``--gc-interval`` seconds a sweep (:mod:`devin_outposts.orchestrator.sweep`) removes machines
    no session of ours runs on, expired or finished snapshots and orphaned secrets, and warns when every
    slot is taken but no worker is running;
-7. SIGTERM/SIGINT: no more claims; running sessions keep their machines and claims (they are
-   *detached*) and the orchestrator exits; the next start adopts them. A second signal is the same.
+7. SIGTERM/SIGINT: no more claims (a claim or a list in flight is cancelled); running sessions keep their
+   machines and claims (they are *detached*) and the orchestrator exits; the next start adopts them. A
+   second signal is the same, and also cuts every request to the fleet API still in flight (a session's
+   status read, a claim given back) to a few seconds, so the orchestrator ends however the API behaves.
 
 Exit codes are the worker's (:class:`~devin_outposts.core.exits.ExitCode`): 2 bad options, 3 token
 refused, 4 outpost not found, 6 platform mismatch, 8 state dir locked by another orchestrator, 1 anything
@@ -47,7 +49,7 @@ from devin_outposts.core.identity import FileLock, IdentityError, LockedError, l
 from devin_outposts.core.logs import register_secret
 from devin_outposts.core.metrics import Health, HealthReport, Metrics, MetricsServer, serve_metrics
 from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
-from devin_outposts.core.pool import SharedCap
+from devin_outposts.core.pool import SharedCap, requests_after_stop
 from devin_outposts.core.sessions import SessionResult
 from devin_outposts.orchestrator.drivers import driver_class
 from devin_outposts.orchestrator.drivers.base import Driver, DriverContext, DriverError, Machine
@@ -107,6 +109,8 @@ class Orchestrator:
         self.lost_lead = False
         #: Stopped (a signal, the lead lost): no more claims, even from an outpost not started yet.
         self.stopping = False
+        #: A stop signal came (a second one cuts the requests to the fleet API short).
+        self.signalled = False
         self._lead_watch: Optional[asyncio.Task[None]] = None
         self._ssl: Optional[ssl.SSLContext] = None
 
@@ -155,11 +159,21 @@ class Orchestrator:
 
     def on_signal(self, signum: int) -> None:
         name = platform.current().signal_name(signum)
-        log.info(
-            "%s: no new claims; %d running session(s) keep their machines for the next start",
-            name,
-            len(self.sessions),
-        )
+        if self.signalled and self.client is not None:
+            within = requests_after_stop(self.config.stop_grace)
+            log.warning(
+                "%s again: requests to the fleet API get %.0fs more, then the orchestrator exits",
+                name,
+                within,
+            )
+            self.client.cut_requests(within)
+        else:
+            log.info(
+                "%s: no new claims; %d running session(s) keep their machines for the next start",
+                name,
+                len(self.sessions),
+            )
+        self.signalled = True
         self.stop()
 
     def stop(self) -> None:

@@ -12,10 +12,12 @@ one :class:`~devin_outposts.core.pool.SessionPool`:
 * **direct** (``DEVIN_REMOTE_SESSION_TOKEN`` set): serve the session with the given token and gateway and
   never call the fleet API.
 
-The first SIGTERM/SIGINT (Ctrl-Break on Windows) stops claiming and gives running sessions
-``--drain-timeout`` seconds to end on their own; then their remotes are stopped and their claims
-released. A second signal stops them at once (still releasing). 401/403 end the worker with exit code 3
-and one line; other API errors back off with jitter.
+The first SIGTERM/SIGINT (Ctrl-Break on Windows) stops claiming (a claim or a list in flight is cancelled)
+and gives running sessions ``--drain-timeout`` seconds to end on their own; then their remotes are stopped
+and their claims released. A second signal stops them at once (still releasing), and cuts every request to
+the fleet API to a few seconds (:func:`~devin_outposts.core.pool.requests_after_stop`), so the worker ends
+within ``--stop-grace-secs`` however the API behaves. 401/403 end the worker with exit code 3 and one line;
+other API errors back off with jitter.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Awaitable
-from typing import Callable, Optional, TypeVar
+from collections.abc import Awaitable, Coroutine
+from typing import Any, Callable, Optional, TypeVar
 
 import httpx
 
@@ -46,9 +48,10 @@ from devin_outposts.core.logs import register_secret
 from devin_outposts.core.metrics import Health, Metrics, MetricsServer, serve_metrics
 from devin_outposts.core.outposts import check_platform, resolve_outpost
 from devin_outposts.core.paths import SharedDirectoryError, make_private_dir
-from devin_outposts.core.pool import SessionPool
+from devin_outposts.core.pool import SessionPool, requests_after_stop
 from devin_outposts.core.processes import reap_stale_remote
 from devin_outposts.core.retrying import Backoff, Stopped, retry_transient
+from devin_outposts.core.sessions import release_claim
 from devin_outposts.worker.binary import BinaryStore
 from devin_outposts.worker.options import WorkerConfig
 from devin_outposts.worker.session import INTERRUPTED, SERVED, SessionResult, SessionServer, WorkerHost
@@ -82,6 +85,8 @@ class Worker:
         self.queue: Optional[ClaimLoop] = None
         self._serving_one = False
         self._ssl: Optional[ssl.SSLContext] = None
+        #: The fleet client while the worker runs (a second signal cuts its requests short).
+        self.client: Optional[FleetClient] = None
 
     # --- what the tests, /healthz and the benchmarks read ----------------------------------------------
 
@@ -134,7 +139,7 @@ class Worker:
             platform.current().install_stop_handler(loop, self.on_signal)
             if self.config.direct:
                 return await self._run_direct(binaries)
-            client = self._client_factory(self.config)
+            client = self.client = self._client_factory(self.config)
             try:
                 if self.config.session_id:
                     return await self._run_session(client, binaries)
@@ -207,7 +212,15 @@ class Worker:
                 self.stop_now_hint,
             )
         else:
-            log.warning("%s again: stopping all sessions now and releasing their claims", name)
+            within = requests_after_stop(self.config.stop_grace)
+            log.warning(
+                "%s again: stopping all sessions now and releasing their claims (requests to the fleet API "
+                "get %.0fs more)",
+                name,
+                within,
+            )
+            if self.client is not None:
+                self.client.cut_requests(within)
             self.pool.stop_now()
 
     def start_drain(self) -> None:
@@ -296,11 +309,15 @@ class Worker:
     async def _claim_session(self, client: FleetClient, sid: str) -> Optional[QueueEntry]:
         """Check and claim ``--session``: its claim, or None when it is already over (nothing to serve)."""
 
-        def retrying(operation: Callable[[], Awaitable[T]]) -> Awaitable[T]:
-            # Each step gets its own backoff: an outage at start-up is waited out, one line per try.
+        def retrying(operation: Callable[[], Coroutine[Any, Any, T]]) -> Awaitable[T]:
+            # Each step gets its own backoff: an outage at start-up is waited out, one line per try. A
+            # signal cancels the step in flight (Stopped).
             backoff = Backoff(cap=self.config.backoff_max)
             extra = {"session_id": sid}
-            return retry_transient(operation, backoff=backoff, pause=self.pool.pause, extra=extra)
+            pool = self.pool
+            return retry_transient(
+                lambda: pool.unless_draining(operation()), backoff=backoff, pause=pool.pause, extra=extra
+            )
 
         try:
             entry = await retrying(lambda: client.get_devin(sid))
@@ -328,6 +345,9 @@ class Worker:
             return None
         try:
             claim = await retrying(lambda: client.claim(sid, self.acceptor_id))
+        except Stopped:  # a claim cancelled by the signal, or whose answer was lost, may have been made
+            await release_claim(client, sid, self.acceptor_id, {"session_id": sid})
+            raise
         except FleetConflict as exc:
             raise ProgramExit(ExitCode.CONFLICT, f"{exc} (held by another acceptor)") from exc
         except FleetNotFound as exc:
