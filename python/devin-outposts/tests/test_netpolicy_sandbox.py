@@ -410,6 +410,10 @@ def test_the_shim_and_init_end_with_the_session(scenario: Scenario) -> None:
         _wait_for(lambda: left.exists() and left.read_text().strip() != "", "the session to start")
         children = _children(proc.pid)
         assert len(children) == 2, children  # the shim and init
+        # The shim, which reads the session's bytes, holds no capability and can gain none.
+        statuses = [_status(pid) for pid in children]
+        shims = [st for st in statuses if st.get("NoNewPrivs") == "1"]
+        assert len(shims) == 1 and shims[0]["CapEff"] == shims[0]["CapPrm"] == "0000000000000000", statuses
         assert proc.stdin is not None
         proc.stdin.write(b"end\n")
         proc.stdin.close()
@@ -422,6 +426,11 @@ def test_the_shim_and_init_end_with_the_session(scenario: Scenario) -> None:
         _wait_for(lambda pid=pid: not Path(f"/proc/{pid}").exists(), f"pid {pid} to end")
     sleepers = [pid for pid in _pids() if _command(pid).startswith("sleep\x00300")]
     assert sleepers == []  # the session's own leftover ended with its namespace
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict((key, value.strip()) for key, dummy, value in (line.partition(":") for line in lines))
 
 
 def _pids() -> list[int]:
