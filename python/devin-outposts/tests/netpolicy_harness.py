@@ -252,3 +252,13 @@ def assert_confined(output: str, allowed: Upstream, denied: Upstream) -> None:
     assert "error" in results[("resolve", "denied.example")], output
     assert [data.split(b"\r\n", 1)[0] for data in allowed.received] == [b"GET /from-session HTTP/1.1"] * 2
     assert denied.received == []
+
+
+def listening(path: Path) -> socket.socket:
+    """A Unix socket service at ``path`` that accepts nothing by itself: a test asks it whether anybody
+    connected (``accept`` raises BlockingIOError while nobody did)."""
+    service = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    service.bind(str(path))
+    service.listen(4)
+    service.setblocking(False)
+    return service

@@ -16,7 +16,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from devin_outposts.core.netpolicy.sandbox import (
     write_spec,
 )
 
-from netpolicy_harness import WHY_NOT, ConnectServer, UDPListener, Upstream, cannot_run
+from netpolicy_harness import WHY_NOT, ConnectServer, UDPListener, Upstream, cannot_run, listening
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -539,7 +538,7 @@ def test_a_hidden_host_socket_cannot_be_reached_even_if_made_after_launch(scenar
     connection, and the host still has every socket."""
     service_dir, late_dir = scenario.directory / "service", scenario.directory / "late" / "engine"
     service_dir.mkdir()
-    early = _listening(service_dir / "early.sock")
+    early = listening(service_dir / "early.sock")
     client = (
         "import os, socket, sys, time\n"
         "print('started', flush=True)\n"
@@ -563,9 +562,9 @@ def test_a_hidden_host_socket_cannot_be_reached_even_if_made_after_launch(scenar
     try:
         assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline().strip() == "started"
-        services.append(_listening(service_dir / "late.sock"))
+        services.append(listening(service_dir / "late.sock"))
         late_dir.mkdir(parents=True)
-        services.append(_listening(late_dir / "engine.sock"))
+        services.append(listening(late_dir / "engine.sock"))
         proc.stdin.write("go\n")
         proc.stdin.close()
         output = proc.stdout.read()
@@ -581,14 +580,6 @@ def test_a_hidden_host_socket_cannot_be_reached_even_if_made_after_launch(scenar
             service.close()
     assert sorted(output.split("\n")[:-1]) == sorted(f"{path} FileNotFoundError" for path in paths), output
     assert all(path.exists() for path in paths)
-
-
-def _listening(path: Path) -> socket.socket:
-    service = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    service.bind(str(path))
-    service.listen(4)
-    service.setblocking(False)
-    return service
 
 
 def test_the_launcher_needs_a_mount_namespace_of_its_own(scenario: Scenario) -> None:

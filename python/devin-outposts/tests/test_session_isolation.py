@@ -21,7 +21,6 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sysconfig
 import tempfile
@@ -34,7 +33,7 @@ import pytest
 
 from devin_outposts_sim.remote import tools
 
-from netpolicy_harness import WHY_NOT, UDPListener, Upstream, cannot_run
+from netpolicy_harness import WHY_NOT, UDPListener, Upstream, cannot_run, listening
 from standin_harness import SESSION_PYTHON, Harness, running_harness
 
 PROBES = Path(__file__).resolve().parent / "isolation_probes.py"
@@ -338,14 +337,6 @@ def assert_unreachable(h: Harness, session_id: str, paths: list[Path]) -> None:
         for service in services:
             service.close()
     assert line["connect"] == {str(path): "FileNotFoundError" for path in paths}, line
-
-
-def listening(path: Path) -> socket.socket:
-    service = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    service.bind(str(path))
-    service.listen(4)
-    service.setblocking(False)
-    return service
 
 
 def test_a_root_worker_without_ids_for_sessions_refuses_policy_sessions(harness: Harness) -> None:
