@@ -197,10 +197,13 @@ def test_a_claim_loop_that_dies_ends_the_run_non_zero_with_its_sessions_detached
     """No error may leave the orchestrator alive but not claiming: if the loop ends on one all the same,
     the run ends at once with exit code 1, its sessions left running and their claims held."""
     real_loop = ClaimLoop.claim_loop
+    driver = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING))
 
     async def dies(self: ClaimLoop) -> None:
         claiming = asyncio.ensure_future(real_loop(self))
-        while not self.pool.running:  # noqa: ASYNC110 - the pool's own event is the claim loop's
+        # Until the session's machine is started, not only claimed: on a loaded machine the claim loop died
+        # while the session was still being provisioned, and the run ended before any start.
+        while not self.pool.running or not driver.launches:  # noqa: ASYNC110 - no event to wait on here
             await asyncio.sleep(0.05)
         claiming.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -208,7 +211,6 @@ def test_a_claim_loop_that_dies_ends_the_run_non_zero_with_its_sessions_detached
         raise RuntimeError("a bug in the claim loop")
 
     monkeypatch.setattr(ClaimLoop, "claim_loop", dies)
-    driver = ScriptedDriver(lambda sid, starts: WorkerStatus(WorkerState.RUNNING))
     sid = sim.admin.enqueue(outpost.outpost_id).session_id
     orch = start(driver)
     wait_for(lambda: not orch.thread.is_alive(), timeout=30, what="the run to end")
