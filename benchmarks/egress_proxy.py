@@ -155,27 +155,26 @@ def rss_kib() -> int:
 
 def run_idle(count: int, ping_port: int) -> int:
     async def measure() -> dict[str, Any]:
-        if True:  # (proxies behind doorways have no files to clean up)
-            warm = EgressProxy(Policy.from_spec(POLICY), session_id="warm", outpost_id="bench")
-            warm_end = await warm.start()  # the first one loads what every later one shares
-            await tunnel(warm_end, ping_port)
-            gc.collect()
-            before = rss_kib()
-            proxies, ends = [], []
-            for index in range(count):
-                proxy = EgressProxy(Policy.from_spec(POLICY), session_id=f"s{index}", outpost_id="bench")
-                ends.append(await proxy.start())
-                proxies.append(proxy)
-            gc.collect()
-            with_proxies = rss_kib()
-            tunnels = [await tunnel(end, ping_port) for end in ends]
-            await asyncio.sleep(0.2)  # let every handler reach its idle wait
-            gc.collect()
-            with_tunnels = rss_kib()
-            for writer in tunnels:
-                writer.close()
-            for proxy in [warm, *proxies]:
-                await proxy.close()
+        warm = EgressProxy(Policy.from_spec(POLICY), session_id="warm", outpost_id="bench")
+        warm_end = await warm.start()  # the first one loads what every later one shares
+        await tunnel(warm_end, ping_port)
+        gc.collect()
+        before = rss_kib()
+        proxies, ends = [], []
+        for index in range(count):
+            proxy = EgressProxy(Policy.from_spec(POLICY), session_id=f"s{index}", outpost_id="bench")
+            ends.append(await proxy.start())
+            proxies.append(proxy)
+        gc.collect()
+        with_proxies = rss_kib()
+        tunnels = [await tunnel(end, ping_port) for end in ends]
+        await asyncio.sleep(0.2)  # let every handler reach its idle wait
+        gc.collect()
+        with_tunnels = rss_kib()
+        for writer in tunnels:
+            writer.close()
+        for proxy in [warm, *proxies]:
+            await proxy.close()
         return {
             "proxies": count,
             "rss_before_kib": before,

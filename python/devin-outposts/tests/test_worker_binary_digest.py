@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from fault_fleet import FaultFleet
 from test_worker_malformed import TOKEN, wait_serving, worker_args, worker_env
@@ -41,8 +42,13 @@ class Served:
     def serve(self, sid: str) -> None:
         """Queue ``sid``, wait for a remote (either) to run it, end it and wait for its release."""
         self.fleet.enqueue(sid)
-        released = lambda: self.fleet.calls("POST", f"/{sid}/release")  # noqa: E731
-        ran = lambda: self.remote.runs(sid) or self.evil.runs(sid) or released()  # noqa: E731
+
+        def released() -> Any:
+            return self.fleet.calls("POST", f"/{sid}/release")
+
+        def ran() -> Any:
+            return self.remote.runs(sid) or self.evil.runs(sid) or released()
+
         wait_serving(self.worker, ran, f"{sid} served")
         self.fleet.set_status(sid, "terminated")
         wait_serving(self.worker, lambda: self.fleet.calls("POST", f"/{sid}/release"), f"{sid} released")
