@@ -220,12 +220,13 @@ def confinement_plan(allowed: Upstream, denied: Upstream) -> list[list[Any]]:
     ]
 
 
-def client_calls_in_a_machine(plan: list[list[Any]]) -> list[dict[str, Any]]:
-    """The brain's tool calls that run the session client with ``plan`` in a machine that does not share
-    this checkout (a container, a Pod): write it into the session's working directory, run it there."""
+def client_calls_in_a_machine(plan: list[list[Any]], python: str = "python3") -> list[dict[str, Any]]:
+    """The brain's tool calls that run the session client with ``plan`` where the session does not see this
+    checkout (a container, a Pod, or a confined session, which sees neither /tmp nor the worker's
+    directories): write it into the session's working directory, run it there with ``python``."""
     return [
         tools.write("netpolicy_client.py", SESSION_CLIENT.read_text()),
-        tools.run(["python3", "netpolicy_client.py", json.dumps(plan)]),
+        tools.run([python, "netpolicy_client.py", json.dumps(plan)]),
     ]
 
 

@@ -43,7 +43,8 @@ from netpolicy_harness import WHY_NOT, ConnectServer, UDPListener, Upstream, can
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 CHECKS = HERE / "netpolicy_session_checks.py"
-#: The unprivileged user of the one run that proves no privilege is needed, and a python3 it can run.
+#: The unprivileged user of the one run that proves no privilege is needed, and a python3 every session can
+#: run (this venv's may be under /tmp, which a session does not see, or under /root).
 UNPRIVILEGED = "nobody"
 NFT = shutil.which("nft", path="/usr/sbin:/sbin:/usr/bin") or "/usr/sbin/nft"
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
@@ -181,7 +182,7 @@ def session_checks(shared_dir: Path, user: Optional[str]) -> tuple[Scenario, dic
     shutil.copy(
         CHECKS, scenario.work / CHECKS.name
     )  # the session's /tmp is its own: it runs from its workdir
-    checks = [python or sys.executable, str(scenario.work / CHECKS.name), scenario.ports()]
+    checks = [SYSTEM_PYTHON, str(scenario.work / CHECKS.name), scenario.ports()]
     done = run_confined(
         launcher_argv(scenario, checks, python=python),
         user,
@@ -366,7 +367,7 @@ def test_sigterm_ends_the_session_once(scenario: Scenario, to_group: bool) -> No
         "time.sleep(0.5)\n"  # or meanwhile
         "sys.exit(3)\n"
     )
-    launch = launcher_argv(scenario, [sys.executable, "-c", session])
+    launch = launcher_argv(scenario, [SYSTEM_PYTHON, "-c", session])
     proc = subprocess.Popen(
         launch.argv,
         pass_fds=launch.fds,
@@ -553,7 +554,7 @@ def test_a_hidden_host_socket_cannot_be_reached_even_if_made_after_launch(scenar
     )
     paths = [service_dir / "early.sock", service_dir / "late.sock", late_dir / "engine.sock"]
     spec = scenario.spec(hide=[str(service_dir), str(late_dir)])
-    launch = launcher_argv(scenario, [sys.executable, "-c", client, *map(str, paths)], spec=spec)
+    launch = launcher_argv(scenario, [SYSTEM_PYTHON, "-c", client, *map(str, paths)], spec=spec)
     proc = subprocess.Popen(
         launch.argv, pass_fds=launch.fds, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )

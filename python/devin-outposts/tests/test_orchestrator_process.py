@@ -31,7 +31,7 @@ from devin_outposts.orchestrator.drivers.process import ProcessDriver
 from devin_outposts_sim.remote import tools
 from devin_outposts_sim.testing import SimHandle, run_sim
 
-from netpolicy_harness import SESSION_CLIENT, WHY_NOT, Upstream, cannot_run
+from netpolicy_harness import WHY_NOT, Upstream, cannot_run, client_calls_in_a_machine
 from standin_harness import SESSION_PYTHON, SESSION_UID_RANGE
 from worker_fakes import (
     WorkerProcess,
@@ -349,9 +349,8 @@ def test_a_session_with_a_network_policy_is_confined_on_its_machine(harness: Har
             ["proxy", "127.0.0.2", denied.port],
             ["udp", "192.0.2.1", 53],
         ]
-        client = SESSION_CLIENT
-        h.sim.admin.add_calls(sid, [tools.run([SESSION_PYTHON, str(client), json.dumps(plan)])])
-        [call] = h.sim.admin.wait_calls(sid, timeout=90)
+        h.sim.admin.add_calls(sid, client_calls_in_a_machine(plan, SESSION_PYTHON))
+        call = h.sim.admin.wait_calls(sid, timeout=90)[-1]
         results = [json.loads(line) for line in call["result"]["output"].splitlines() if line.startswith("{")]
         assert [r.get("status") for r in results[:2]] == [200, 403], (results, h.logs())
         assert "error" in results[2], results

@@ -20,15 +20,13 @@ from typing import Any
 
 import pytest
 
-from devin_outposts_sim.remote import tools
-
 from netpolicy_harness import (
     LOOPBACK_POLICY,
-    SESSION_CLIENT,
     WHY_NOT,
     Upstream,
     assert_confined,
     cannot_run,
+    client_calls_in_a_machine,
     confinement_plan,
 )
 from standin_harness import SESSION_PYTHON, Harness, running_harness
@@ -58,10 +56,10 @@ def confinable() -> None:
 
 
 def client_output(harness: Harness, session_id: str, plan: list[list[Any]]) -> str:
-    """Run the session client with ``plan`` as the session's one command; its output."""
-    command = [SESSION_PYTHON, str(SESSION_CLIENT), json.dumps(plan)]
-    harness.sim.admin.add_calls(session_id, [tools.run(command)])
-    [call] = harness.calls_done(session_id)
+    """Run the session client with ``plan`` as the session's command (written into its working directory:
+    a confined session sees no path of this checkout's under /tmp); its output."""
+    harness.sim.admin.add_calls(session_id, client_calls_in_a_machine(plan, SESSION_PYTHON))
+    call = harness.calls_done(session_id)[-1]
     assert call["result"]["exit_code"] == 0, call
     return str(call["result"]["output"])
 
